@@ -1,0 +1,102 @@
+"""CPU lists and kernel masks, both directions, no I/O.
+
+Two textual forms of a CPU set appear on a Linux host:
+
+* the *cpulist* ("0-3,8,10-11"), printed by ``Cpus_allowed_list``, cgroup
+  ``cpuset.cpus`` and ``npu-smi info -t topo`` (which sometimes puts a space
+  after each comma);
+* the *hex mask* ("00000000,0000000f"), comma-separated 32-bit groups, most
+  significant first, as the kernel prints ``/proc/irq/<n>/smp_affinity``.
+
+Invariants (round-trip tested): ``parse_cpulist(format_cpulist(s)) == s`` and
+``parse_mask(format_mask(s)) == s`` for every finite set of non-negative ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask"]
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Parse "0-3, 8,10-11" into a frozenset. Empty or blank text is the empty set.
+
+    Raises ValueError naming the bad item; callers wrap it with the source.
+    """
+    cpus: set[int] = set()
+    text = text.strip()
+    if not text:
+        return frozenset()
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"empty item in cpu list {text!r}")
+        lo, sep, hi = item.partition("-")
+        try:
+            start = int(lo)
+            end = int(hi) if sep else start
+        except ValueError:
+            raise ValueError(f"bad item {item!r} in cpu list {text!r}") from None
+        if start < 0 or end < start:
+            raise ValueError(f"bad range {item!r} in cpu list {text!r}")
+        cpus.update(range(start, end + 1))
+    return frozenset(cpus)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Format a set of CPUs as the kernel does: sorted, ranges collapsed."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_mask(text: str) -> frozenset[int]:
+    """Parse a kernel hex mask ("00000000,00000003") into a set of CPUs."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty cpu mask")
+    value = 0
+    for group in text.split(","):
+        group = group.strip()
+        if not group or len(group) > 8:
+            raise ValueError(f"bad group {group!r} in cpu mask {text!r}")
+        try:
+            value = (value << 32) | int(group, 16)
+        except ValueError:
+            raise ValueError(f"bad group {group!r} in cpu mask {text!r}") from None
+    cpus = set()
+    bit = 0
+    while value:
+        if value & 1:
+            cpus.add(bit)
+        value >>= 1
+        bit += 1
+    return frozenset(cpus)
+
+
+def format_mask(cpus: Iterable[int], min_groups: int = 1) -> str:
+    """Format CPUs as comma-separated 32-bit hex groups, most significant first.
+
+    ``min_groups`` pads with leading zero groups so the width matches what the
+    kernel prints for the host (``nr_cpu_ids`` bits); the kernel accepts any width.
+    """
+    value = 0
+    for cpu in cpus:
+        if cpu < 0:
+            raise ValueError(f"negative cpu {cpu}")
+        value |= 1 << cpu
+    groups: list[str] = []
+    while value or not groups:
+        groups.append(f"{value & 0xFFFFFFFF:08x}")
+        value >>= 32
+    while len(groups) < min_groups:
+        groups.append("00000000")
+    return ",".join(reversed(groups))

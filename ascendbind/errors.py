@@ -1,0 +1,121 @@
+"""Every exception ascendbind raises on purpose, and the exit status each maps to.
+
+    AscendbindError                 base; ``code`` (a reason code) and ``exit_status``
+      UsageError          exit 2    bad flags / arguments
+      ConfigError         exit 2    bad config file, env value or unknown key (named)
+      PlanImpossible      exit 3    no plan for a target NPU, or refused by policy
+      DaemonUnreachable   exit 4    the socket is absent or nobody answers
+      DiscoveryError      exit 5    a host input is unavailable or unusable
+        ToolMissing                 the command does not exist on this host
+        CommandFailed               non-zero exit or timeout (named, with stderr)
+        ParseError                  malformed text: names the source and the line
+      ProcessGone         exit 6    no such pid, or the pid was recycled
+      NotPermitted        exit 7    the caller may not touch that process
+      StepFailed          exit 8    bound, but at least one step failed
+      Conflict            exit 9    another live worker holds the NPU, or a policy mismatch
+
+The CLI prints ``str(err)`` on one line and exits with ``err.exit_status``;
+no traceback ever reaches an operator for these.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AscendbindError",
+    "UsageError",
+    "ConfigError",
+    "PlanImpossible",
+    "DaemonUnreachable",
+    "DiscoveryError",
+    "ToolMissing",
+    "CommandFailed",
+    "ParseError",
+    "ProcessGone",
+    "NotPermitted",
+    "StepFailed",
+    "Conflict",
+]
+
+
+class AscendbindError(Exception):
+    exit_status = 1
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class UsageError(AscendbindError):
+    exit_status = 2
+    code = "usage"
+
+
+class ConfigError(AscendbindError):
+    exit_status = 2
+    code = "bad_config"
+
+
+class PlanImpossible(AscendbindError):
+    """No usable plan. ``plan`` (a model.Plan or None) carries the per-NPU errors."""
+
+    exit_status = 3
+    code = "plan_impossible"
+
+    def __init__(self, message: str, *, code: str | None = None, plan=None) -> None:
+        super().__init__(message, code=code)
+        self.plan = plan
+
+
+class DaemonUnreachable(AscendbindError):
+    exit_status = 4
+    code = "daemon_unreachable"
+
+
+class DiscoveryError(AscendbindError):
+    exit_status = 5
+    code = "discovery_failed"
+
+
+class ToolMissing(DiscoveryError):
+    code = "tool_missing"
+
+
+class CommandFailed(DiscoveryError):
+    code = "command_failed"
+
+
+class ParseError(DiscoveryError):
+    """Malformed input. The message always names the source and, when known, the line."""
+
+    code = "parse_error"
+
+    def __init__(self, source: str, message: str, *, line: int | None = None, text: str | None = None) -> None:
+        where = source if line is None else f"{source} line {line}"
+        detail = f"{where}: {message}"
+        if text is not None:
+            detail += f": {text.strip()[:120]!r}"
+        super().__init__(detail)
+        self.source = source
+        self.line = line
+
+
+class ProcessGone(AscendbindError):
+    exit_status = 6
+    code = "pid_gone"
+
+
+class NotPermitted(AscendbindError):
+    exit_status = 7
+    code = "not_permitted"
+
+
+class StepFailed(AscendbindError):
+    exit_status = 8
+    code = "step_failed"
+
+
+class Conflict(AscendbindError):
+    exit_status = 9
+    code = "conflict"

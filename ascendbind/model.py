@@ -1,0 +1,363 @@
+"""Frozen values shared by every layer: host facts, worker facts, plans, step results.
+
+Invariants:
+* CPU sets are ``frozenset[int]``; ordered CPU lists (pools, roles) are sorted
+  ``tuple[int, ...]``.
+* NPU ids in a ``Plan`` are *logical* ids (``Chip Logic ID`` of ``npu-smi info -m``;
+  on Ascend 950, the ``NPU ID``). Card and chip ids appear only in ``NpuChip``.
+* Nothing here does I/O. ``Plan.to_json()`` is exactly SPEC §4.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "DeviceType",
+    "Mode",
+    "CpuInfo",
+    "NpuChip",
+    "NpuProcess",
+    "HostFacts",
+    "WorkerFacts",
+    "ThreadInfo",
+    "NpuPlan",
+    "PlanIssue",
+    "Plan",
+    "Step",
+    "Outcome",
+    "Reason",
+    "StepResult",
+    "Binding",
+    "frozen_map",
+]
+
+
+def frozen_map(d: Mapping | None = None) -> Mapping:
+    """A read-only mapping, so frozen dataclasses stay frozen all the way down."""
+    return MappingProxyType(dict(d or {}))
+
+
+class DeviceType(str, enum.Enum):
+    A2 = "A2"
+    A3 = "A3"
+    P310 = "310P"
+    A950 = "950"
+    UNKNOWN = "unknown"
+
+
+class Mode(str, enum.Enum):
+    GLOBAL_SLICE = "global_slice"
+    TOPO_AFFINITY = "topo_affinity"
+    ASCEND950_CLUSTER = "ascend950_cluster"
+
+
+# ---------------------------------------------------------------- host facts
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """One row of ``lscpu -e``. ``node``/``core``/``socket`` are None when the
+    column is absent or the cell is ``-`` (offline CPUs print dashes)."""
+
+    cpu: int
+    node: int | None
+    socket: int | None
+    core: int | None
+    online: bool
+
+
+@dataclass(frozen=True)
+class NpuChip:
+    """One compute die from ``npu-smi info -m`` (``Mcu`` rows are not chips).
+
+    ``card`` is the ``NPU ID`` column (310P: 32768, 32896, …), ``chip`` the
+    ``Chip ID``, ``logic_id`` the ``Chip Logic ID`` (950: = card), ``phy_id``
+    the ``Chip Phy-ID`` column when printed.
+    """
+
+    card: int
+    chip: int
+    logic_id: int
+    name: str
+    phy_id: int | None = None
+
+
+@dataclass(frozen=True)
+class NpuProcess:
+    """One row of the ``npu-smi info`` process table, mapped to a logical NPU."""
+
+    npu: int  # logical id
+    pid: int  # as printed in ``Process id`` (host pid namespace)
+    name: str
+    container_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The static facts of a host: what ``npu-smi`` and ``lscpu`` say, plus sysfs."""
+
+    cpus: tuple[CpuInfo, ...]
+    threads_per_core: int | None
+    # NUMA node -> its online CPUs (from lscpu -e NODE, else sysfs node*/cpulist)
+    numa_nodes: Mapping[int, frozenset[int]]
+    # NUMA node -> distances to nodes in ascending node order (sysfs node*/distance); may be empty
+    numa_distances: Mapping[int, tuple[int, ...]]
+    chips: tuple[NpuChip, ...]
+    # npu-smi chip name of the first chip (e.g. "Ascend 910B3"), informational
+    chip_name: str | None
+    device_type: DeviceType
+    # logical NPU id -> CPU affinity from ``npu-smi info -t topo`` (absent when no column)
+    topo_affinity: Mapping[int, frozenset[int]]
+    # number of rows in the topo matrix (used by global_slice's NPU count fallback)
+    topo_rows: int
+    processes: tuple[NpuProcess, ...]
+    # logical NPU id -> PCI address ("0000:c1:00.0"), when known
+    pci_addresses: Mapping[int, str] = field(default_factory=frozen_map)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def logic_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(c.logic_id for c in self.chips))
+
+    def chip(self, logic_id: int) -> NpuChip | None:
+        for c in self.chips:
+            if c.logic_id == logic_id:
+                return c
+        return None
+
+    def node_of_cpu(self, cpu: int) -> int | None:
+        for node, cpus in self.numa_nodes.items():
+            if cpu in cpus:
+                return node
+        return None
+
+    def chips_on_card(self, card: int) -> tuple[NpuChip, ...]:
+        return tuple(sorted((c for c in self.chips if c.card == card), key=lambda c: c.chip))
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    tid: int
+    comm: str
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """Per-request facts about one worker process."""
+
+    pid: int
+    start_time: int | None  # field 22 of /proc/<pid>/stat, clock ticks since boot
+    allowed_cpus: frozenset[int]
+    allowed_source: str  # "cgroup" | "status"
+    mems_allowed: frozenset[int]
+    env: Mapping[str, str]
+    threads: tuple[ThreadInfo, ...] = ()
+    cpuset_path: str | None = None  # the cgroup cpuset the worker lives in, when known
+    warnings: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class NpuPlan:
+    npu: int
+    pool: tuple[int, ...]
+    irq: tuple[int, ...]
+    main: tuple[int, ...]
+    acl: tuple[int, ...]
+    release: tuple[int, ...]
+    numa_nodes: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pool": list(self.pool),
+            "irq": list(self.irq),
+            "main": list(self.main),
+            "acl": list(self.acl),
+            "release": list(self.release),
+            "numa_nodes": list(self.numa_nodes),
+        }
+
+
+@dataclass(frozen=True)
+class PlanIssue:
+    """An error (NPU not planned) or a warning (planned, but note this)."""
+
+    npu: int | None
+    code: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"npu": self.npu, "code": self.code, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: Mode
+    device_type: DeviceType
+    fallback: str | None
+    allowed_cpus: tuple[int, ...]
+    npus: tuple[NpuPlan, ...]  # target NPUs only, ascending logical id
+    uvb_cpus: tuple[int, ...] = ()
+    uvb_tids: tuple[int, ...] = ()
+    errors: tuple[PlanIssue, ...] = ()
+    warnings: tuple[PlanIssue, ...] = ()
+    # extra, meaning-preserving keys (SPEC §4 "more keys may be added"), e.g. "alignment"
+    extra: Mapping[str, Any] = field(default_factory=frozen_map)
+
+    def npu(self, logic_id: int) -> NpuPlan | None:
+        for p in self.npus:
+            if p.npu == logic_id:
+                return p
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Plan:
+        """Inverse of to_json (used by the daemon's state file)."""
+        known = {"mode", "device_type", "fallback", "allowed_cpus", "npus", "uvb", "errors", "warnings"}
+        npus = tuple(
+            NpuPlan(
+                npu=int(k),
+                pool=tuple(v["pool"]),
+                irq=tuple(v["irq"]),
+                main=tuple(v["main"]),
+                acl=tuple(v["acl"]),
+                release=tuple(v["release"]),
+                numa_nodes=tuple(v["numa_nodes"]),
+            )
+            for k, v in sorted(d["npus"].items(), key=lambda kv: int(kv[0]))
+        )
+        return cls(
+            mode=Mode(d["mode"]),
+            device_type=DeviceType(d["device_type"]),
+            fallback=d.get("fallback"),
+            allowed_cpus=tuple(d["allowed_cpus"]),
+            npus=npus,
+            uvb_cpus=tuple(d.get("uvb", {}).get("cpus", ())),
+            uvb_tids=tuple(d.get("uvb", {}).get("tids", ())),
+            errors=tuple(PlanIssue(e["npu"], e["code"], e["reason"]) for e in d.get("errors", ())),
+            warnings=tuple(PlanIssue(w["npu"], w["code"], w["reason"]) for w in d.get("warnings", ())),
+            extra=frozen_map({k: v for k, v in d.items() if k not in known}),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode.value,
+            "device_type": self.device_type.value,
+            "fallback": self.fallback,
+            "allowed_cpus": list(self.allowed_cpus),
+            "npus": {str(p.npu): p.to_json() for p in self.npus},
+            "uvb": {"tids": list(self.uvb_tids), "cpus": list(self.uvb_cpus)},
+            "errors": [e.to_json() for e in self.errors],
+            "warnings": [w.to_json() for w in self.warnings],
+        }
+        for k, v in self.extra.items():
+            out[k] = _plain(v)
+        return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return sorted(v)
+    return v
+
+
+# ---------------------------------------------------------------- applier results
+
+
+class Step(str, enum.Enum):
+    AFFINITY = "affinity"
+    IRQ = "irq"
+    MEMORY = "memory"
+    UVB = "uvb"
+
+
+class Outcome(str, enum.Enum):
+    APPLIED = "applied"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class Reason(str, enum.Enum):
+    """Why a step was skipped or failed. The one documented set (docs/reasons.md)."""
+
+    # affinity / uvb
+    PID_GONE = "pid_gone"
+    PID_RECYCLED = "pid_recycled"
+    NOT_PERMITTED = "not_permitted"
+    MASK_NARROWED = "mask_narrowed"
+    MASK_REFUSED = "mask_refused"
+    NO_THREADS = "no_threads"
+    NO_UVB_THREADS = "no_uvb_threads"
+    NOT_APPLICABLE = "not_applicable"  # e.g. uvb on a non-950 host, irq on 950
+    # irq
+    IRQ_NOT_WRITABLE = "irq_not_writable"
+    IRQ_UNCHANGEABLE = "irq_unchangeable"
+    IRQ_BINDING_DISABLED = "irq_binding_disabled"
+    NO_PCI_ADDRESS = "no_pci_address"
+    NO_MSI_IRQS = "no_msi_irqs"
+    NO_SQ_IRQ = "no_sq_irq"
+    NO_IRQ_CPUS = "no_irq_cpus"
+    IRQBALANCE_ACTIVE = "irqbalance_active"
+    # memory
+    MIGRATEPAGES_MISSING = "migratepages_missing"
+    MIGRATEPAGES_FAILED = "migratepages_failed"
+    SINGLE_NUMA_NODE = "single_numa_node"
+    NO_NUMA_INFO = "no_numa_info"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    outcome: Outcome
+    reason: Reason | None
+    detail: str
+    # step-specific facts worth keeping (IRQ numbers and previous masks, tids bound, …)
+    data: Mapping[str, Any] = field(default_factory=frozen_map)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "step": self.step.value,
+            "outcome": self.outcome.value,
+            "reason": self.reason.value if self.reason else None,
+            "detail": self.detail,
+        }
+        if self.data:
+            out["data"] = _plain(self.data)
+        return out
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What the applier did to one worker, and what it needs to undo it.
+
+    ``original_cpus`` is the worker's allowed CPUs before binding (what release
+    restores); ``saved_irq_masks`` maps IRQ number -> the mask text read before
+    the first write (what release writes back).
+    """
+
+    pid: int
+    start_time: int | None
+    npus: tuple[int, ...]
+    plan: Plan
+    original_cpus: frozenset[int]
+    saved_irq_masks: Mapping[int, str]
+    steps: tuple[StepResult, ...]
+
+    @property
+    def failed(self) -> bool:
+        return any(s.outcome is Outcome.FAILED for s in self.steps)
