@@ -158,6 +158,8 @@ class WorkerFacts:
     env: Mapping[str, str]
     threads: tuple[ThreadInfo, ...] = ()
     cpuset_path: str | None = None  # the cgroup cpuset the worker lives in, when known
+    # host-wide uvb_poll_window_thread tids (Ascend 950 only; from ps -Te / /proc/*/task/*/comm)
+    uvb_tids: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
