@@ -162,3 +162,37 @@ def load_config(
         explicit.add(key)
 
     return Config(**values, explicit=frozenset(explicit))
+
+
+# ---------------------------------------------------------------- CLI glue
+# Every verb that plans (plan, apply, serve) gets one flag per plan-shaping key
+# and --config; each flag overrides env and file exactly like SPEC §8 says.
+
+_FLAG_HELP = {
+    "device_type": "override the detected device type",
+    "small_pool": "fail (default) or share: roles share CPUs when a pool is below the minimum",
+    "irq_binding": "reserve two CPUs per NPU for its SQ/CQ IRQs (true/false)",
+    "topology_policy": "NUMA alignment policy",
+    "prefer_closest_numa": "break ties between equal-width NUMA masks by distance (true/false)",
+    "max_numa_nodes": "refuse alignment on hosts with more NUMA nodes than this",
+    "numa_extension": "how a one-node affinity pool is extended",
+    "cpu_bind_policy": "default, or full-pcpus to keep SMT siblings together",
+}
+
+
+def add_config_flags(parser, *, plan_keys: bool = True) -> None:
+    """Add --config and (optionally) one flag per plan-shaping key to an argparse parser."""
+    parser.add_argument("--config", metavar="FILE", help=f"config file (default {DEFAULT_CONFIG_PATH} if present)")
+    if not plan_keys:
+        return
+    for key in PLAN_KEYS:
+        flag = "--" + key.replace("_", "-")
+        choices = CHOICES.get(key)
+        parser.add_argument(flag, dest=key, default=None, choices=choices, metavar=None if choices else "VALUE",
+                            help=_FLAG_HELP.get(key))
+
+
+def config_from_args(args, *, env: Mapping[str, str] | None = None) -> Config:
+    """Load the config for a parsed argparse namespace made with add_config_flags."""
+    overrides = {k: getattr(args, k, None) for k in PLAN_KEYS}
+    return load_config(getattr(args, "config", None), env=env, overrides=overrides)
