@@ -1,0 +1,192 @@
+"""``ascendbind`` command line: argparse verbs that wire the layers together.
+
+No logic lives here: each verb is discover -> plan -> (apply) -> print. Every
+AscendbindError becomes one line on stderr and its SPEC §3 exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .config import Config, add_config_flags, config_from_args
+from .errors import AscendbindError, PlanImpossible, StepFailed, UsageError
+from .model import DeviceType, Plan
+
+__all__ = ["main", "build_parser"]
+
+
+def _pid(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a pid: {text!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a pid: {text!r}")
+    return pid
+
+
+def _npu(text: str) -> int:
+    try:
+        npu = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an NPU id: {text!r}") from None
+    if npu < 0:
+        raise argparse.ArgumentTypeError(f"not an NPU id: {text!r}")
+    return npu
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ascendbind", description="Bind Ascend NPU workers to nearby CPUs.")
+    parser.add_argument("--version", action="version", version=f"ascendbind {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    p = sub.add_parser("plan", help="discover (live or from a snapshot) and print the plan; changes nothing")
+    p.add_argument("--snapshot", metavar="DIR", help="plan from a snapshot directory instead of this host")
+    p.add_argument("--pid", type=_pid, help="the worker (default: this process / the snapshot's proc/self)")
+    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--explain", action="store_true", help="print the alignment hints, merge and decision")
+    add_config_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("snapshot", help="record every discovery input of this host into OUT_DIR")
+    p.add_argument("out_dir", metavar="OUT_DIR")
+    p.add_argument("--pid", type=_pid, help="also record this worker's /proc files")
+    add_config_flags(p, plan_keys=False)
+    p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser("apply", help="one-shot, no daemon: discover, plan and bind a process now")
+    p.add_argument("--pid", type=_pid, required=True)
+    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_config_flags(p)
+    p.set_defaults(func=cmd_apply)
+
+    if importlib.util.find_spec("ascendbind.daemon.cli_verbs") is not None:
+        from .daemon import cli_verbs
+
+        cli_verbs.register(sub)
+    return parser
+
+
+# ---------------------------------------------------------------- verbs
+
+
+def _plan_for(source, config: Config, pid: int | None, npus: Sequence[int] | None):
+    """discover -> targets -> plan; shared by plan and apply."""
+    from .discovery import discover_host, discover_worker
+    from .planner import make_plan, select_targets
+
+    host = discover_host(source, config)
+    worker = discover_worker(source, pid, config, want_uvb=host.device_type is DeviceType.A950)
+    targets = select_targets(host, worker, npus)
+    plan = make_plan(host, worker, targets, config)
+    return host, worker, plan
+
+
+def _print_plan(plan: Plan, fmt: str) -> None:
+    from .render import plan_table
+
+    if fmt == "json":
+        print(json.dumps(plan.to_json(), indent=2, sort_keys=False))
+    else:
+        print(plan_table(plan))
+
+
+def _plan_errors(plan: Plan) -> PlanImpossible:
+    first = plan.errors[0]
+    who = f"NPU{first.npu}: " if first.npu is not None else ""
+    return PlanImpossible(f"plan impossible: {who}{first.reason}", code=first.code, plan=plan)
+
+
+def cmd_plan(args) -> int:
+    from .discovery import LiveHost, SnapshotHost
+
+    config = config_from_args(args)
+    if args.snapshot:
+        if not os.path.isdir(args.snapshot):
+            raise UsageError(f"snapshot directory {args.snapshot} does not exist")
+        source = SnapshotHost(args.snapshot)
+    else:
+        source = LiveHost.from_config(config)
+    host, worker, plan = _plan_for(source, config, args.pid, args.npu)
+    if args.explain:
+        explain = _optional("ascendbind.planner.explain", "explain_plan")
+        if explain is None:
+            print("(no alignment explanation available in this build)")
+        else:
+            print(explain(host, worker, plan, config))
+            print()
+    _print_plan(plan, args.format)
+    if plan.errors:
+        for e in plan.errors:
+            print(f"NPU{e.npu}: {e.reason}" if e.npu is not None else e.reason, file=sys.stderr)
+        return PlanImpossible.exit_status
+    return 0
+
+
+def cmd_snapshot(args) -> int:
+    from .discovery.snapshot import record_snapshot
+
+    config = config_from_args(args)
+    written = record_snapshot(args.out_dir, args.pid, config)
+    print(f"wrote {len(written)} files to {args.out_dir}")
+    return 0
+
+
+def cmd_apply(args) -> int:
+    from .applier import apply_plan
+    from .discovery import LiveHost
+    from .render import steps_table
+
+    config = config_from_args(args)
+    source = LiveHost.from_config(config)
+    host, worker, plan = _plan_for(source, config, args.pid, args.npu)
+    for w in worker.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if plan.errors:
+        _print_plan(plan, args.format)
+        raise _plan_errors(plan)
+    binding = apply_plan(plan, worker, host, config)
+    if args.format == "json":
+        print(json.dumps({"plan": plan.to_json(), "steps": [s.to_json() for s in binding.steps]}, indent=2))
+    else:
+        _print_plan(plan, "table")
+        print()
+        print(steps_table(binding.steps))
+    if binding.failed:
+        failed = [s for s in binding.steps if s.outcome.value == "failed"]
+        raise StepFailed(f"bound pid {args.pid}, but step {failed[0].step.value} failed: {failed[0].detail}")
+    return 0
+
+
+def _optional(module: str, name: str):
+    if importlib.util.find_spec(module) is None:
+        return None
+    mod = importlib.import_module(module)
+    return getattr(mod, name, None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AscendbindError as err:
+        print(f"ascendbind: {err}", file=sys.stderr)
+        return err.exit_status
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Human-readable tables for plans and step results (what an operator reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .cpulist import format_cpulist
+from .model import Plan, StepResult
+
+__all__ = ["plan_table", "steps_table", "table"]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return "\n".join(lines)
+
+
+def _cl(cpus: Sequence[int]) -> str:
+    return format_cpulist(cpus) or "-"
+
+
+def plan_table(plan: Plan) -> str:
+    out = [
+        f"mode: {plan.mode.value}   device: {plan.device_type.value}   allowed: {_cl(plan.allowed_cpus)}",
+    ]
+    if plan.fallback:
+        out.append(f"fallback: {plan.fallback}")
+    if plan.npus:
+        rows = [
+            [str(p.npu), _cl(p.pool), _cl(p.irq), _cl(p.main), _cl(p.acl), _cl(p.release),
+             ",".join(map(str, p.numa_nodes)) or "-"]
+            for p in plan.npus
+        ]
+        out.append(table(["NPU", "POOL", "IRQ", "MAIN", "ACL", "RELEASE", "NUMA"], rows))
+    alignment = plan.extra.get("alignment")
+    if isinstance(alignment, dict) or hasattr(alignment, "get"):
+        try:
+            aligned = alignment.get("aligned")
+            policy = alignment.get("policy")
+            nodes = alignment.get("numa_nodes")
+            line = f"alignment: policy={policy} aligned={'yes' if aligned else 'no'}"
+            if nodes:
+                line += f" numa={','.join(map(str, nodes))}"
+            reason = alignment.get("reason")
+            if reason:
+                line += f" — {reason}"
+            out.append(line)
+        except AttributeError:
+            pass
+    if plan.uvb_cpus or plan.uvb_tids:
+        out.append(f"uvb: cpus {_cl(plan.uvb_cpus)}, threads {len(plan.uvb_tids)}")
+    for w in plan.warnings:
+        who = f"NPU{w.npu}: " if w.npu is not None else ""
+        out.append(f"warning [{w.code}] {who}{w.reason}")
+    for e in plan.errors:
+        who = f"NPU{e.npu}: " if e.npu is not None else ""
+        out.append(f"error [{e.code}] {who}{e.reason}")
+    return "\n".join(out)
+
+
+def steps_table(steps: Sequence[StepResult]) -> str:
+    rows = [[s.step.value, s.outcome.value, s.reason.value if s.reason else "-", s.detail] for s in steps]
+    return table(["STEP", "OUTCOME", "REASON", "DETAIL"], rows)
