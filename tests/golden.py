@@ -1,0 +1,97 @@
+"""Golden plan cases: fixtures/hosts/<host>/expected/<case>.json.
+
+Each file is {"argv": [...plan flags...], "exit": N, "plan": <plan JSON>}; the
+test runs ``ascendbind plan --snapshot <host> --format json <argv>`` in-process
+and compares. ``python -m tests.golden --write`` regenerates them (review the
+diff by hand: a golden is a claim about the seed's semantics, not a recording).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTS = os.path.join(ROOT, "fixtures", "hosts")
+
+# host -> case name -> plan flags
+CASES: dict[str, dict[str, list[str]]] = {
+    "a2-8x910b3": {
+        "npu0": ["--npu", "0"],
+        "npu3": ["--npu", "3"],
+        "npu3-single-numa-node": ["--npu", "3", "--topology-policy", "single-numa-node"],
+        "npu3-numa-extension-none": ["--npu", "3", "--numa-extension", "none"],
+        "all-npus": [*sum((["--npu", str(i)] for i in range(8)), [])],
+        "pid-4242": ["--pid", "4242"],
+        "irq-binding-off": ["--npu", "5", "--irq-binding", "false"],
+    },
+    "a2-container": {
+        "seed-npu0": ["--npu", "0"],
+        "seed-npu2": ["--npu", "2"],
+    },
+    "a3-16die": {
+        "seed-npu0": ["--npu", "0"],
+        "seed-npu5": ["--npu", "5"],
+        "seed-npu15": ["--npu", "15"],
+        "cpuset-3-200-npu5": ["--pid", "1001", "--npu", "5"],
+        "cpuset-3-200-npu5-single-numa-node": ["--pid", "1001", "--npu", "5", "--topology-policy", "single-numa-node"],
+        "cpuset-4-131-npu9-single-numa-node": ["--pid", "1002", "--npu", "9", "--topology-policy", "single-numa-node"],
+        "npu-out-of-range": ["--npu", "16"],
+    },
+    "310p-4card": {
+        "npu0": ["--npu", "0"],
+        "npu5": ["--npu", "5"],
+    },
+    "950-4numa": {
+        "npu0": ["--npu", "0"],
+        "npu3": ["--npu", "3"],
+        "npu6": ["--npu", "6"],
+    },
+    "malformed-a2": {
+        "npu0": ["--npu", "0"],
+    },
+}
+
+
+def run_plan(host: str, argv: list[str]) -> tuple[int, dict | None, str]:
+    from ascendbind.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["plan", "--snapshot", os.path.join(HOSTS, host), "--format", "json", *argv])
+    text = out.getvalue()
+    plan = json.loads(text) if text.strip().startswith("{") else None
+    return code, plan, err.getvalue()
+
+
+def golden_path(host: str, case: str) -> str:
+    return os.path.join(HOSTS, host, "expected", f"{case}.json")
+
+
+def all_cases():
+    for host, cases in CASES.items():
+        for case, argv in cases.items():
+            yield host, case, argv
+
+
+def write_all() -> None:
+    # the config file of the machine running this must not leak into goldens
+    os.environ.pop("ASCENDBIND_CONFIG", None)
+    for host, case, argv in all_cases():
+        if not os.path.isdir(os.path.join(HOSTS, host)):
+            print(f"skip {host}: no fixture")
+            continue
+        code, plan, err = run_plan(host, argv)
+        os.makedirs(os.path.dirname(golden_path(host, case)), exist_ok=True)
+        with open(golden_path(host, case), "w") as fh:
+            json.dump({"argv": argv, "exit": code, "plan": plan}, fh, indent=1)
+            fh.write("\n")
+        print(f"{host}/{case}: exit {code} {err.strip()[:100]}")
+
+
+if __name__ == "__main__":
+    if "--write" in sys.argv:
+        write_all()
