@@ -315,11 +315,17 @@ class Reason(str, enum.Enum):
     NO_SQ_IRQ = "no_sq_irq"
     NO_IRQ_CPUS = "no_irq_cpus"
     IRQBALANCE_ACTIVE = "irqbalance_active"
+    IRQ_WRITE_FAILED = "irq_write_failed"  # a write failed (not EPERM/EIO) or read back differently
+    INTERRUPTS_UNREADABLE = "interrupts_unreadable"  # /proc/interrupts missing or malformed
     # memory
     MIGRATEPAGES_MISSING = "migratepages_missing"
     MIGRATEPAGES_FAILED = "migratepages_failed"
     SINGLE_NUMA_NODE = "single_numa_node"
     NO_NUMA_INFO = "no_numa_info"
+    # release
+    NOTHING_TO_RESTORE = "nothing_to_restore"
+    # any step
+    OS_ERROR = "os_error"  # an OS error the step did not expect; the detail names it
 
 
 @dataclass(frozen=True)

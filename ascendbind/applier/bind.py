@@ -1,18 +1,151 @@
-"""Run every step for one worker (OWNER: applier helper — replace this stub)."""
+"""Run every step for one worker, and undo them on release.
+
+Steps, in order: affinity (every thread by role), irq (the NPUs' SQ/CQ
+interrupts), memory (migratepages), uvb (Ascend 950 host poll threads). Each
+yields a StepResult (applied | skipped | failed, a reason code from
+``model.Reason``, a sentence). The steps are independent: a failed one never
+stops the next, and whatever a step did change is in its ``data`` (IRQ masks
+saved before writing, counts of threads bound) so nothing is half-applied
+without being reported.
+
+Identity: the worker's pid and start time are verified before anything is
+touched (ProcessGone: ``pid_gone`` / ``pid_recycled``) and again after the
+affinity step, so a pid recycled mid-way is reported rather than silently
+treated as our worker.
+
+A worker driving several NPUs gets, per role, the union of those NPUs' role
+CPUs (the seed binds one NPU per worker; this keeps multi-NPU workers on their
+NPUs' pools instead of picking one).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..config import Config
-from ..model import Binding, HostFacts, Plan, StepResult, WorkerFacts
+from ..errors import PlanImpossible, ProcessGone
+from ..model import (
+    Binding,
+    HostFacts,
+    NpuPlan,
+    Outcome,
+    Plan,
+    Reason,
+    Step,
+    StepResult,
+    WorkerFacts,
+    frozen_map,
+)
+from .affinity import bind_threads, set_all_threads
+from .identity import verify_identity
+from .irq import bind_irqs, restore_irq_masks
+from .memory import migrate_memory
+from .uvb import bind_uvb_threads, restore_uvb_threads
+
+__all__ = ["apply_plan", "release_binding", "merge_npu_plans"]
+
+
+def merge_npu_plans(npus: tuple[NpuPlan, ...]) -> NpuPlan:
+    """One NpuPlan whose every role is the union of that role over ``npus``."""
+    if len(npus) == 1:
+        return npus[0]
+
+    def union(attr: str) -> tuple[int, ...]:
+        return tuple(sorted({c for p in npus for c in getattr(p, attr)}))
+
+    return NpuPlan(
+        npu=npus[0].npu,
+        pool=union("pool"),
+        irq=union("irq"),
+        main=union("main"),
+        acl=union("acl"),
+        release=union("release"),
+        numa_nodes=union("numa_nodes"),
+    )
+
+
+def _guard(step: Step, run: Callable[[], StepResult]) -> StepResult:
+    # Each step handles the errors it expects; this keeps an unexpected OS error
+    # in one step from stopping the independent ones.
+    try:
+        return run()
+    except OSError as exc:
+        return StepResult(step, Outcome.FAILED, Reason.OS_ERROR, f"{step.value}: unexpected error: {exc}")
 
 
 def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config) -> Binding:
     """Steps affinity, irq, memory, uvb; each yields a StepResult; a failed step never stops
     the independent ones. Verifies pid + start time first (ProcessGone if gone/recycled).
     """
-    raise NotImplementedError
+    if not plan.npus:
+        raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
+    pid, proc_root = worker.pid, config.proc_root
+    start = verify_identity(pid, worker.start_time, proc_root)
+    merged = merge_npu_plans(plan.npus)
+
+    steps: list[StepResult] = []
+    affinity = _guard(Step.AFFINITY, lambda: bind_threads(pid, merged, plan.mode, proc_root=proc_root))
+    alive = True
+    try:
+        verify_identity(pid, start, proc_root)
+    except ProcessGone as exc:
+        alive = False
+        if exc.code == "pid_recycled":
+            affinity = StepResult(
+                Step.AFFINITY, Outcome.FAILED, Reason.PID_RECYCLED, f"{exc} while binding", affinity.data
+            )
+    steps.append(affinity)
+    irq = _guard(Step.IRQ, lambda: bind_irqs(plan, host, config))
+    steps.append(irq)
+    if alive:
+        steps.append(_guard(Step.MEMORY, lambda: migrate_memory(plan, pid, host, config)))
+    else:
+        steps.append(StepResult(Step.MEMORY, Outcome.SKIPPED, Reason.PID_GONE, f"process {pid} exited while binding"))
+    steps.append(_guard(Step.UVB, lambda: bind_uvb_threads(plan)))
+
+    saved = {int(k): v for k, v in irq.data.get("previous", {}).items()}
+    return Binding(
+        pid=pid,
+        start_time=worker.start_time if worker.start_time is not None else start,
+        npus=tuple(p.npu for p in plan.npus),
+        plan=plan,
+        original_cpus=frozenset(worker.allowed_cpus),
+        saved_irq_masks=frozen_map(saved),
+        steps=tuple(steps),
+    )
 
 
-def release_binding(binding: Binding, config: Config, *, restore_irqs: bool = True) -> tuple[StepResult, ...]:
-    """Restore the worker's original affinity (all threads) and, if asked, the saved IRQ masks."""
-    raise NotImplementedError
+def release_binding(
+    binding: Binding, config: Config, *, restore_irqs: bool = True, restore_uvb: bool = False
+) -> tuple[StepResult, ...]:
+    """Restore the worker's original affinity (all threads) and, if asked, the saved IRQ masks.
+
+    ``restore_uvb`` puts the Ascend 950 UVB poll threads back on their old masks;
+    the daemon asks for it only when the last 950 worker is released, since the
+    threads serve every worker. A worker that has exited (or whose pid now names
+    another process) is skipped, never touched.
+    """
+    proc_root = config.proc_root
+    steps: list[StepResult] = []
+    try:
+        verify_identity(binding.pid, binding.start_time, proc_root)
+    except ProcessGone as exc:
+        steps.append(StepResult(Step.AFFINITY, Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing to restore"))
+    else:
+        res = _guard(Step.AFFINITY, lambda: set_all_threads(binding.pid, binding.original_cpus, proc_root=proc_root))
+        if res.outcome is Outcome.FAILED and res.reason is Reason.PID_GONE:
+            res = StepResult(Step.AFFINITY, Outcome.SKIPPED, Reason.PID_GONE, res.detail, res.data)
+        steps.append(res)
+
+    if restore_irqs:
+        steps.append(_guard(Step.IRQ, lambda: restore_irq_masks(binding.saved_irq_masks, proc_root=proc_root)))
+    else:
+        steps.append(
+            StepResult(Step.IRQ, Outcome.SKIPPED, Reason.NOT_APPLICABLE, "IRQ masks left as bound (restore_irqs=False)")
+        )
+
+    if restore_uvb:
+        uvb = next((s for s in binding.steps if s.step is Step.UVB), None)
+        previous = dict(uvb.data.get("previous", {})) if uvb else {}
+        steps.append(_guard(Step.UVB, lambda: restore_uvb_threads(previous)))
+    return tuple(steps)

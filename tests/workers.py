@@ -1,0 +1,175 @@
+"""A real worker process with real named threads, for tests that bind for real.
+
+    with start_worker(plain=3, acl=1, release=1) as w:
+        w.pid, w.start_time        # the child process
+        w.threads()                # {tid: comm} read from /proc/<pid>/task/*/comm
+        tid = w.spawn("acl_thread_2")   # start a late named thread, returns its tid
+        w.stop(tid)                # make that thread exit (returns once it has)
+        w.churn(True)              # keep creating short-lived threads until churn(False)
+        w.cpus_allowed()           # {tid: frozenset} from /proc/<pid>/task/*/status
+    # leaving the block always kills and reaps the child
+
+The child is ``python3 -c <script>`` driven over stdin/stdout, one command per
+line; every thread names itself with prctl(PR_SET_NAME) before it reports its
+tid, so a tid returned by ``spawn`` already carries its comm. Thread names are
+kernel ``comm`` values: at most 15 bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+from ascendbind.cpulist import parse_cpulist
+
+__all__ = ["Worker", "start_worker", "cpus_allowed_of"]
+
+_CHILD = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_NAME = 15
+def name_self(name):
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+stops = {}
+def run(name, ready, stop):
+    name_self(name)
+    ready.put(threading.get_native_id())
+    stop.wait()
+import queue
+def spawn(name):
+    q = queue.Queue(); ev = threading.Event()
+    t = threading.Thread(target=run, args=(name, q, ev), daemon=True)
+    t.start()
+    tid = q.get()
+    stops[tid] = (ev, t)
+    return tid
+churning = threading.Event()
+def churn_loop():
+    name_self("churner")
+    while True:
+        churning.wait()
+        ts = [threading.Thread(target=time.sleep, args=(0.002,), daemon=True) for _ in range(8)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+threading.Thread(target=churn_loop, daemon=True).start()
+for name in sys.argv[1:]:
+    spawn(name)
+out = sys.stdout
+out.write("ready\n"); out.flush()
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "spawn":
+        out.write(f"{spawn(arg)}\n")
+    elif cmd == "stop":
+        ev, t = stops.pop(int(arg))
+        ev.set(); t.join()
+        out.write("ok\n")
+    elif cmd == "churn":
+        (churning.set if arg == "on" else churning.clear)()
+        out.write("ok\n")
+    elif cmd == "quit":
+        break
+    else:
+        out.write("?\n")
+    out.flush()
+"""
+
+
+def cpus_allowed_of(pid: int, tid: int) -> frozenset[int] | None:
+    """``Cpus_allowed_list`` of one thread, read from /proc/<pid>/task/<tid>/status."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as fh:
+            for line in fh:
+                if line.startswith("Cpus_allowed_list:"):
+                    return parse_cpulist(line.split(":", 1)[1])
+    except OSError:
+        return None
+    return None
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        with open(f"/proc/{self.pid}/stat") as fh:
+            self.start_time = int(fh.read().rpartition(")")[2].split()[19])
+
+    def _ask(self, line: str) -> str:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().strip()
+        if not reply or reply == "?":
+            raise RuntimeError(f"worker {self.pid} did not answer {line!r}")
+        return reply
+
+    def spawn(self, name: str) -> int:
+        """Start a thread named ``name`` (<= 15 bytes); returns its tid once named."""
+        return int(self._ask(f"spawn {name}"))
+
+    def stop(self, tid: int) -> None:
+        """Make a thread started by this helper exit; returns after it has been joined."""
+        self._ask(f"stop {tid}")
+
+    def churn(self, on: bool) -> None:
+        """Start/stop a loop creating short-lived threads (8 at a time, ~2 ms each)."""
+        self._ask("churn on" if on else "churn off")
+
+    def threads(self) -> dict[int, str]:
+        out = {}
+        for name in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                with open(f"/proc/{self.pid}/task/{name}/comm") as fh:
+                    out[int(name)] = fh.read().rstrip("\n")
+            except OSError:
+                continue
+        return out
+
+    def cpus_allowed(self) -> dict[int, frozenset[int]]:
+        """tid -> Cpus_allowed_list for every live thread."""
+        out = {}
+        for tid in self.threads():
+            cpus = cpus_allowed_of(self.pid, tid)
+            if cpus is not None:
+                out[tid] = cpus
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for fh in (self.proc.stdin, self.proc.stdout):
+            if fh:
+                fh.close()
+
+
+@contextlib.contextmanager
+def start_worker(plain: int = 2, acl: int = 1, release: int = 1, names: tuple[str, ...] = ()) -> Iterator[Worker]:
+    """A child with ``plain`` threads named ``worker_<i>``, ``acl`` named ``acl_thread[_i]``,
+    ``release`` named ``release_thread[i]`` plus any extra ``names``; always reaped."""
+    all_names = [f"worker_{i}" for i in range(plain)]
+    all_names += ["acl_thread" if i == 0 else f"acl_thread_{i}" for i in range(acl)]
+    all_names += ["release_thread" if i == 0 else f"release_thread{i}" for i in range(release)]
+    all_names += list(names)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, *all_names],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = None
+    try:
+        assert proc.stdout
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("test worker did not start")
+        worker = Worker(proc)
+        yield worker
+    finally:
+        if worker is not None:
+            worker.close()
+        else:
+            proc.kill()
+            proc.wait(timeout=10)
