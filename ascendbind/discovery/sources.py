@@ -84,6 +84,9 @@ class LiveHost:
             return None
         full = [exe, *argv[1:]]
         env = {"LC_ALL": "C", "LANG": "C", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+        # our own ASCENDBIND_* variables travel along (the fixture npu-smi of
+        # tests and `make run` reads ASCENDBIND_FIXTURE_HOST / _FAKE_NPU_PIDS)
+        env.update({k: v for k, v in os.environ.items() if k.startswith("ASCENDBIND_")})
         try:
             proc = self._run_with_retry(full, env)
         except _Timeout:
