@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 from ascendbind.cpulist import parse_cpulist
 
-__all__ = ["Worker", "start_worker", "cpus_allowed_of"]
+__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan"]
 
 _CHILD = r"""
 import ctypes, os, sys, threading, time
@@ -173,3 +173,14 @@ def start_worker(plain: int = 2, acl: int = 1, release: int = 1, names: tuple[st
         else:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def small_pool_plan(cpus: list[int] | tuple[int, ...], npu: int = 0):
+    """The NpuPlan SPEC §2 gives a pool under ``small_pool = "share"`` (2+ CPUs:
+    irq = [pool[0]], main = pool[:-1], acl = release = [pool[-1]]; 1 CPU: all)."""
+    from ascendbind.model import NpuPlan
+
+    pool = tuple(sorted(cpus))
+    if len(pool) == 1:
+        return NpuPlan(npu, pool, pool, pool, pool, pool, (0,))
+    return NpuPlan(npu, pool, pool[:1], pool[:-1], pool[-1:], pool[-1:], (0,))

@@ -99,7 +99,8 @@ def read_irq_mask(irq: int, *, proc_root: str = "/proc") -> str | None:
 
 
 def _write_mask(irq: int, text: str, proc_root: str) -> None:
-    fd = os.open(_mask_path(irq, proc_root), os.O_WRONLY)
+    # O_TRUNC is what a shell's `>` does (procfs ignores it); it keeps fixture files exact
+    fd = os.open(_mask_path(irq, proc_root), os.O_WRONLY | os.O_TRUNC)
     try:
         os.write(fd, text.encode("ascii"))
     finally:

@@ -1,0 +1,80 @@
+"""A worker inside a real cpuset cgroup: the kernel narrows or refuses our masks, and we say so."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+
+from ascendbind.applier.affinity import bind_threads
+from ascendbind.model import Mode, NpuPlan, Outcome, Reason
+from tests.workers import cpus_allowed_of, start_worker
+
+CPUSET_ROOT = "/sys/fs/cgroup/cpuset"
+CPUS = sorted(os.sched_getaffinity(0))
+
+pytestmark = [
+    pytest.mark.skipif(len(CPUS) < 2, reason="narrowing needs 2 CPUs"),
+    pytest.mark.skipif(
+        not os.access(os.path.join(CPUSET_ROOT, "cgroup.procs"), os.W_OK),
+        reason=f"no writable cgroup v1 cpuset hierarchy at {CPUSET_ROOT}",
+    ),
+]
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def worker_in_cpuset(cpus: str):
+    """A test worker moved into a fresh cpuset cgroup limited to ``cpus``; the
+    worker is reaped and the cgroup removed whatever happens."""
+    path = os.path.join(CPUSET_ROOT, f"ascendbind-test-{os.getpid()}")
+    os.mkdir(path)
+    try:
+        with open(os.path.join(CPUSET_ROOT, "cpuset.mems")) as fh:
+            _write(os.path.join(path, "cpuset.mems"), fh.read().strip())
+        _write(os.path.join(path, "cpuset.cpus"), cpus)
+        with start_worker(plain=2, acl=1, release=1) as w:
+            _write(os.path.join(path, "cgroup.procs"), str(w.pid))
+            yield w
+    finally:
+        os.rmdir(path)
+
+
+def test_mask_outside_the_cpuset_is_refused_with_the_kept_cpus():
+    inside = CPUS[-1]
+    outside = CPUS[0]
+    # main wants a CPU the cpuset lacks; acl/release want the one it has
+    plan = NpuPlan(0, (outside, inside), (outside,), (outside,), (inside,), (inside,), (0,))
+    with worker_in_cpuset(str(inside)) as w:
+        res = bind_threads(w.pid, plan, Mode.TOPO_AFFINITY)
+        assert res.outcome is Outcome.FAILED
+        assert res.reason is Reason.MASK_REFUSED
+        refused = res.data["refused"]
+        assert res.data["refused_count"] == len(w.threads()) - 2
+        assert all(r["wanted"] == [outside] and r["kept"] == [inside] for r in refused)
+        assert f"kernel kept {inside}" in res.detail
+        # the threads that could be bound were bound
+        assert res.data["counts"] == {"main": 0, "acl": 1, "release": 1}
+        for tid, comm in w.threads().items():
+            assert cpus_allowed_of(w.pid, tid) == {inside}, comm
+
+
+def test_mask_partly_outside_the_cpuset_is_narrowed_and_reported():
+    inside = CPUS[-1]
+    pool = tuple(CPUS)
+    plan = NpuPlan(0, pool, pool[:1], pool, pool[-1:], pool[-1:], (0,))
+    with worker_in_cpuset(str(inside)) as w:
+        res = bind_threads(w.pid, plan, Mode.TOPO_AFFINITY)
+        assert res.outcome is Outcome.FAILED and res.reason is Reason.MASK_NARROWED
+        narrowed = res.data["narrowed"]
+        assert {n["role"] for n in narrowed} == {"main"}
+        assert all(n["kept"] == [inside] and n["wanted"] == list(pool) for n in narrowed)
+        assert "narrowed" in res.detail

@@ -1,0 +1,123 @@
+"""The memory step: a real migratepages call, the skip reasons, and the numa_maps share."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from ascendbind.applier.memory import migrate_memory, numa_page_share, read_numa_page_share, run_migratepages
+from ascendbind.config import Config
+from ascendbind.errors import ParseError, ProcessGone
+from ascendbind.model import (
+    CpuInfo,
+    DeviceType,
+    HostFacts,
+    Mode,
+    NpuChip,
+    NpuPlan,
+    Outcome,
+    Plan,
+    Reason,
+    frozen_map,
+)
+from tests.workers import start_worker
+
+needs_migratepages = pytest.mark.skipif(shutil.which("migratepages") is None, reason="numactl not installed")
+
+
+def host(nodes: dict[int, frozenset[int]]) -> HostFacts:
+    cpus = sorted(c for cs in nodes.values() for c in cs)
+    return HostFacts(
+        cpus=tuple(CpuInfo(c, None, 0, c, True) for c in cpus),
+        threads_per_core=1,
+        numa_nodes=frozen_map(nodes),
+        numa_distances=frozen_map(),
+        chips=(NpuChip(0, 0, 0, "Ascend 910B3"),),
+        chip_name="Ascend 910B3",
+        device_type=DeviceType.A2,
+        topo_affinity=frozen_map(),
+        topo_rows=1,
+        processes=(),
+    )
+
+
+def plan(pool=(2, 3, 4, 5, 6)) -> Plan:
+    return Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, pool, (NpuPlan(0, pool, pool[:2], pool[2:-2], pool[-2:-1], pool[-1:], (0,)),))
+
+
+@needs_migratepages
+def test_real_migratepages_node0_to_node0_through_the_command_path():
+    with start_worker(plain=0, acl=0, release=0) as w:
+        res = run_migratepages(w.pid, [0], 0)
+        assert res.outcome is Outcome.APPLIED, res.detail
+        assert res.data["exit_status"] == 0
+        assert res.data["argv"] == [str(w.pid), "0", "0"]
+
+
+@needs_migratepages
+def test_migratepages_failure_is_failed_with_stderr():
+    with start_worker(plain=0, acl=0, release=0) as w:
+        pid = w.pid
+    res = run_migratepages(pid, [0], 0)  # the pid no longer exists
+    assert res.outcome is Outcome.FAILED and res.reason is Reason.MIGRATEPAGES_FAILED
+    assert "exited" in res.detail and res.data["exit_status"] != 0
+
+
+def test_single_numa_node_host_skips():
+    res = migrate_memory(plan(), os.getpid(), host({0: frozenset(range(8))}), Config())
+    assert res.outcome is Outcome.SKIPPED and res.reason is Reason.SINGLE_NUMA_NODE
+
+
+def test_no_numa_info_skips():
+    res = migrate_memory(plan(), os.getpid(), host({}), Config())
+    assert res.reason is Reason.NO_NUMA_INFO
+
+
+def test_missing_tool_skips(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no migratepages anywhere
+    res = migrate_memory(plan(), os.getpid(), host({0: frozenset(range(4)), 1: frozenset(range(4, 8))}), Config())
+    assert res.outcome is Outcome.SKIPPED and res.reason is Reason.MIGRATEPAGES_MISSING
+
+
+@needs_migratepages
+def test_two_node_plan_targets_the_node_of_pool0():
+    # pool[0] = CPU 5 on node 1 of a (described) two-node host; this machine has one
+    # node, so the real migratepages refuses node 1 and the step reports it
+    facts = host({0: frozenset(range(4)), 1: frozenset(range(4, 8))})
+    with start_worker(plain=0, acl=0, release=0) as w:
+        res = migrate_memory(plan(pool=(5, 6, 7, 4, 3)), w.pid, facts, Config())
+    assert res.data["argv"][1:] == ["0,1", "1"]
+    assert res.data["target_node"] == 1
+    if not os.path.exists("/sys/devices/system/node/node1"):
+        assert res.outcome is Outcome.FAILED and res.reason is Reason.MIGRATEPAGES_FAILED
+
+
+NUMA_MAPS = """\
+55d0c0a00000 default file=/usr/bin/python3.11 mapped=60 N0=60 kernelpagesize_kB=4
+7f0000000000 default anon=1000 dirty=1000 N0=600 N1=400 kernelpagesize_kB=4
+7f1000000000 bind:1 anon=4 dirty=4 N1=4 kernelpagesize_kB=2048
+7ffd00000000 default stack anon=3 dirty=3 N0=3 kernelpagesize_kB=4
+"""
+
+
+def test_numa_page_share_sums_per_node():
+    assert numa_page_share(NUMA_MAPS) == {0: 663, 1: 404}
+
+
+def test_numa_page_share_malformed_names_line():
+    with pytest.raises(ParseError) as exc:
+        numa_page_share(NUMA_MAPS + "zz default N0=1\n", source="/proc/1/numa_maps")
+    assert "/proc/1/numa_maps line 5" in str(exc.value)
+    with pytest.raises(ParseError):
+        numa_page_share("7f00 default N0=x\n")
+
+
+def test_read_numa_page_share_of_a_real_worker():
+    with start_worker(plain=0, acl=0, release=0) as w:
+        share = read_numa_page_share(w.pid)
+        assert share and sum(share.values()) > 0 and set(share) <= {0} | set(range(64))
+        pid = w.pid
+    with pytest.raises(ProcessGone):
+        read_numa_page_share(pid)
