@@ -1,0 +1,203 @@
+"""The daemon's CLI verbs: ``serve``, and the socket clients ``bind``, ``release``,
+``status``, ``run`` (SPEC §3). ``register(subparsers)`` adds them to the
+``ascendbind`` parser (cli.py); each handler returns the exit status or raises an
+AscendbindError, which cli.main prints on one line with its exit status.
+
+The client verbs find the socket as: ``--socket`` > ``ASCENDBIND_SOCKET`` >
+the ``socket`` key of the config file (when readable) > the default path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..client import DEFAULT_SOCKET, Client, run_bound
+from ..config import CHOICES, add_config_flags, config_from_args, load_config
+from ..cpulist import format_cpulist
+from ..errors import ConfigError, StepFailed, UsageError
+
+__all__ = ["register"]
+
+
+def _pos_int(kind: str, minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {kind}: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"not {kind}: {text!r}")
+        return value
+
+    return parse
+
+
+_pid = _pos_int("a pid", 1)
+_npu = _pos_int("an NPU id", 0)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="run the daemon (socket API, reconcile loop, metrics)")
+    add_config_flags(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = subparsers.add_parser("bind", help="ask the daemon to bind a process")
+    p.add_argument("--pid", type=_pid, required=True)
+    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable; default: "
+                   "what npu-smi's process table lists for the pid)")
+    p.add_argument("--topology-policy", choices=CHOICES["topology_policy"], dest="topology_policy")
+    _client_flags(p)
+    p.set_defaults(func=cmd_bind)
+
+    p = subparsers.add_parser("release", help="ask the daemon to undo a binding")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--pid", type=_pid)
+    who.add_argument("--all", action="store_true", help="release every worker the daemon holds (root)")
+    _client_flags(p)
+    p.set_defaults(func=cmd_release)
+
+    p = subparsers.add_parser("status", help="list the workers the daemon holds")
+    p.add_argument("--memory", action="store_true", help="also show each worker's pages per NUMA node "
+                   "(reads /proc/<pid>/numa_maps; slow on big processes)")
+    _client_flags(p)
+    p.set_defaults(func=cmd_status)
+
+    p = subparsers.add_parser("run", help="run CMD bound to an NPU's CPUs (the child binds itself, then execs)")
+    p.add_argument("--npu", type=_npu, action="append", required=True)
+    p.add_argument("--require-binding", action="store_true", help="do not run CMD unbound if binding fails")
+    p.add_argument("--topology-policy", choices=CHOICES["topology_policy"], dest="topology_policy")
+    p.add_argument("--socket", metavar="PATH", help=f"daemon socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--config", metavar="FILE", help="config file to read the socket path from")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.set_defaults(func=cmd_run)
+
+
+def _client_flags(p) -> None:
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--socket", metavar="PATH", help=f"daemon socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--config", metavar="FILE", help="config file to read the socket path from")
+
+
+def _socket_of(args) -> str:
+    import os
+
+    if getattr(args, "socket", None):
+        return args.socket
+    if os.environ.get("ASCENDBIND_SOCKET"):
+        return os.environ["ASCENDBIND_SOCKET"]
+    try:
+        return load_config(getattr(args, "config", None)).socket
+    except ConfigError:
+        if getattr(args, "config", None):
+            raise
+        return DEFAULT_SOCKET  # an unreadable /etc file must not stop a client
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def cmd_serve(args) -> int:
+    from .logs import configure_logging
+    from .serve import serve
+
+    config = config_from_args(args)
+    configure_logging()
+    return serve(config, reload=lambda: config_from_args(args))
+
+
+def _cl(cpus) -> str:
+    return format_cpulist(cpus) or "-"
+
+
+def _npu_rows(plan: dict) -> list[str]:
+    rows = []
+    for npu, p in sorted(plan.get("npus", {}).items(), key=lambda kv: int(kv[0])):
+        rows.append(f"NPU{npu}: pool {_cl(p['pool'])}  irq {_cl(p['irq'])}  main {_cl(p['main'])}  "
+                    f"acl {_cl(p['acl'])}  release {_cl(p['release'])}  numa {','.join(map(str, p['numa_nodes']))}")
+    return rows
+
+
+def cmd_bind(args) -> int:
+    result = Client(_socket_of(args)).bind(args.pid, args.npu, args.topology_policy)
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"bound pid {result['pid']} to NPU {','.join(map(str, result['npus']))} ({result['outcome']})")
+        for line in _npu_rows(result["plan"]):
+            print("  " + line)
+        for s in result["steps"]:
+            print(f"  {s['step']:<8} {s['outcome']:<8} {s['reason'] or '-':<22} {s['detail']}")
+    if result.get("status") == "partial":
+        failed = next(s for s in result["steps"] if s["outcome"] == "failed")
+        raise StepFailed(f"bound pid {result['pid']}, but step {failed['step']} failed: {failed['detail']}")
+    return 0
+
+
+def cmd_release(args) -> int:
+    client = Client(_socket_of(args))
+    result = client.release(all=True) if args.all else client.release(args.pid)
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+    elif args.all:
+        released = result.get("released", [])
+        print(f"released {len(released)} workers" + (f": {', '.join(map(str, released))}" if released else ""))
+    else:
+        print(f"released pid {result['pid']}")
+        for s in result.get("steps", []):
+            print(f"  {s['step']:<8} {s['outcome']:<8} {s['reason'] or '-':<22} {s['detail']}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    client = Client(_socket_of(args))
+    health = client.health()
+    workers = client.workers()["workers"]
+    if args.memory:
+        from ..applier.memory import read_numa_page_share
+
+        for w in workers:
+            try:
+                w["memory_pages_by_node"] = {str(k): v for k, v in read_numa_page_share(w["pid"]).items()}
+            except Exception as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
+                w["memory_pages_by_node"] = {"error": f"{type(exc).__name__}: {exc}"[:120]}
+    if args.format == "json":
+        print(json.dumps({"health": health, "workers": workers}, indent=2))
+        return 0
+    print(f"daemon: {health['status']}  discovery: {health['discovery']}  workers: {health['workers']}  "
+          f"hotplug: {health.get('hotplug')}")
+    if not workers:
+        print("no bound workers")
+        return 0
+    from ..render import table
+
+    rows = []
+    for w in workers:
+        plan = w["plan"]
+        npus = plan.get("npus", {})
+        pools = ";".join(_cl(p["pool"]) for p in npus.values())
+        acl = ";".join(_cl(p["acl"]) for p in npus.values())
+        drift = w.get("drift", {})
+        row = [str(w["pid"]), ",".join(map(str, w["npus"])), w.get("outcome", "-"), pools, acl,
+               str(drift.get("events", 0)) + (f" ({drift['culprit']})" if drift.get("culprit") else ""),
+               str(w.get("late_threads_pinned", 0))]
+        if args.memory:
+            mem = w["memory_pages_by_node"]
+            row.append(" ".join(f"{k}:{v}" for k, v in mem.items()) or "-")
+        rows.append(row)
+    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE"] + (["PAGES/NODE"] if args.memory else [])
+    print(table(headers, rows))
+    return 0
+
+
+def cmd_run(args) -> int:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("run: no command given (ascendbind run --npu N -- CMD ...)")
+    npu = args.npu[0] if len(args.npu) == 1 else args.npu
+    sys.stdout.flush()
+    return run_bound(cmd, npu, require_binding=args.require_binding, socket_path=_socket_of(args),
+                     topology_policy=args.topology_policy)

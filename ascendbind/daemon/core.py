@@ -1,0 +1,377 @@
+"""The daemon's one piece of state and the operations on it: bind, release, drop.
+
+``Daemon.held`` maps pid -> Held (the applier's Binding plus reconcile
+bookkeeping). Every change to it happens under ``Daemon.lock`` and is followed by
+a state-file write, so what is on disk is what the daemon holds. The HTTP
+server, the reconcile loop, hot-plug and auto-bind all call in here; none of
+them touches ``held`` on its own.
+
+Ownership rules (issue 4):
+* one live worker per NPU unless ``allow_shared_npu``; a bind for an NPU whose
+  owner is dead *replaces* the dead entry (its saved IRQ masks are carried
+  over, since they are the host's originals) instead of answering 409;
+* IRQ masks are restored only when no live worker owns that NPU any more;
+* a worker bound again keeps its first ``original_cpus`` and first saved IRQ
+  masks, so release always returns to the state before ascendbind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ..applier import apply_plan, release_binding
+from ..applier.affinity import thread_masks
+from ..applier.identity import start_time as pid_start_time
+from ..applier.identity import verify_identity
+from ..config import Config
+from ..discovery import discover_worker
+from ..errors import AscendbindError, Conflict, NotPermitted, PlanImpossible, ProcessGone, UsageError
+from ..model import Binding, DeviceType, Mode, frozen_map
+from ..planner import make_plan, select_targets
+from .auth import Peer, authorize
+from .requests import _int_field, alignment_of, irq_owners, outcome_of_error, parse_bind_request, resolve_policy
+from .hostcache import HostCache
+from .metrics import Metrics
+from .state import StateFile, binding_from_json, binding_to_json
+
+__all__ = ["Daemon", "Held"]
+
+log = structlog.get_logger("ascendbind.daemon")
+
+
+@dataclass
+class Held:
+    """One bound worker and what the reconcile loop remembers about it."""
+
+    binding: Binding
+    bound_at: float
+    policy: str | None = None
+    known: dict[int, frozenset[int]] = field(default_factory=dict)  # tid -> mask we set / accepted
+    reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
+    irq_reasserts: deque = field(default_factory=deque)
+    culprit: str | None = None
+    left_alone: bool = False
+    irqs_left_alone: bool = False
+    drift_events: int = 0
+    late_threads: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        b = self.binding
+        return {
+            "pid": b.pid,
+            "start_time": b.start_time,
+            "npus": list(b.npus),
+            "bound_at": self.bound_at,
+            "topology_policy": self.policy,
+            "outcome": "aligned" if alignment_of(b.plan)[0] else "unaligned",
+            "plan": b.plan.to_json(),
+            "original_cpus": sorted(b.original_cpus),
+            "steps": [s.to_json() for s in b.steps],
+            "drift": {"events": self.drift_events, "culprit": self.culprit, "left_alone": self.left_alone,
+                      "irqs_left_alone": self.irqs_left_alone},
+            "late_threads_pinned": self.late_threads,
+        }
+
+
+# ------------------------------------------------------------------ the daemon
+
+
+class Daemon:
+    def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.hosts = HostCache(config, self.metrics, source=source)
+        self.state = StateFile(config.state_dir, proc_root=config.proc_root)
+        self.lock = threading.RLock()
+        self.held: dict[int, Held] = {}
+        self.started = time.time()
+        self.hotplug_status = "off"
+
+    # ---------------------------------------------------------- state
+
+    def save(self) -> None:
+        with self.lock:
+            entries = [
+                binding_to_json(h.binding, bound_at=h.bound_at, topology_policy=h.policy,
+                                culprit=h.culprit, left_alone=h.left_alone, irqs_left_alone=h.irqs_left_alone)
+                for h in self.held.values()
+            ]
+            try:
+                self.state.save(entries)
+            except OSError as exc:
+                # bindings stay in force; the next change retries the write
+                log.error("could not write the state file", path=self.state.path, error=exc.strerror)
+            self.metrics.bound_workers.set(len(self.held))
+
+    def restore(self) -> dict[str, int]:
+        """Load the state file: keep live workers, drop gone ones (SPEC: never a crash loop)."""
+        loaded = self.state.load()
+        kept = gone = bad = 0
+        with self.lock:
+            candidates: list[Held] = []
+            for raw in loaded.workers:
+                try:
+                    b = binding_from_json(raw)
+                except (KeyError, ValueError, TypeError) as exc:
+                    bad += 1
+                    log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
+                    continue
+                h = Held(b, float(raw.get("bound_at") or time.time()), raw.get("topology_policy"))
+                h.culprit, h.left_alone = raw.get("culprit"), bool(raw.get("left_alone"))
+                h.irqs_left_alone = bool(raw.get("irqs_left_alone"))
+                candidates.append(h)
+            alive = [self.is_alive(h) for h in candidates]
+            self.held = {h.binding.pid: h for h, ok in zip(candidates, alive) if ok}
+            for h, ok in zip(candidates, alive):
+                if not ok:
+                    gone += 1
+                    self._undo_gone(h, "exited")
+            kept = len(self.held)
+            self.save()
+        for _ in range(loaded.other_boot):
+            self.metrics.dropped_worker("other_boot")
+        log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
+                 skipped_malformed=bad, moved_aside=loaded.moved_aside)
+        return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
+
+    # ---------------------------------------------------------- ownership
+
+    def is_alive(self, h: Held) -> bool:
+        try:
+            verify_identity(h.binding.pid, h.binding.start_time, self.config.proc_root)
+        except ProcessGone:
+            return False
+        return True
+
+    def live_owner_of(self, npus, *, except_pid: int) -> int | None:
+        for pid, h in self.held.items():
+            if pid != except_pid and set(h.binding.npus) & set(npus) and self.is_alive(h):
+                return pid
+        return None
+
+    def _restorable(self, h: Held) -> Binding:
+        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns."""
+        b = h.binding
+        free = {n for n in b.npus if self.live_owner_of((n,), except_pid=b.pid) is None}
+        if free == set(b.npus):
+            return b
+        owner = irq_owners(b)
+        masks = {irq: m for irq, m in b.saved_irq_masks.items() if owner.get(irq) in free}
+        return dataclasses.replace(b, saved_irq_masks=frozen_map(masks))
+
+    def _last_950(self, h: Held) -> bool:
+        if h.binding.plan.mode is not Mode.ASCEND950_CLUSTER:
+            return False
+        return not any(o is not h and o.binding.plan.mode is Mode.ASCEND950_CLUSTER and self.is_alive(o)
+                       for o in self.held.values())
+
+    def _undo_gone(self, h: Held, reason: str) -> None:
+        """Forget a worker that no longer exists; restore IRQ masks of NPUs nobody live owns."""
+        b = self._restorable(h)
+        if b.saved_irq_masks or self._last_950(h):
+            try:
+                release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
+            except AscendbindError as exc:
+                log.warning("restoring IRQ masks of a gone worker failed", pid=b.pid, error=str(exc))
+        self.metrics.dropped_worker(reason)
+        log.info("worker dropped", pid=b.pid, npus=list(b.npus), reason=reason,
+                 irqs_restored=sorted(b.saved_irq_masks))
+
+    def drop(self, pid: int, reason: str) -> None:
+        with self.lock:
+            h = self.held.pop(pid, None)
+            if h is None:
+                return
+            self._undo_gone(h, reason)
+            self.save()
+
+    # ---------------------------------------------------------- bind
+
+    def bind_request(self, peer: Peer, body: Any) -> dict[str, Any]:
+        """POST /v1/bind: validate, authorize, bind; counts every outcome (SPEC §7)."""
+        t0 = time.monotonic()
+        try:
+            pid, npus, policy = parse_bind_request(body)
+            pid = pid or peer.pid
+            authorize(peer, pid, proc_root=self.config.proc_root)
+            result = self.bind_pid(pid, npus, policy)
+        except AscendbindError as exc:
+            self.metrics.bind_outcome(outcome_of_error(exc))
+            raise
+        finally:
+            self.metrics.bind_duration.observe(time.monotonic() - t0)
+        self.metrics.bind_outcome(result["outcome"])
+        return result
+
+    def _worker_facts(self, pid: int, config: Config, host):
+        expected = pid_start_time(pid, config.proc_root)
+        if expected is None:
+            raise ProcessGone(f"no process {pid}")
+        worker = discover_worker(self.hosts.source, pid, config, want_uvb=host.device_type is DeviceType.A950)
+        if worker.start_time is not None and worker.start_time != expected:
+            raise ProcessGone(f"pid {pid} was recycled while it was being read", code="pid_recycled")
+        return worker
+
+    def bind_pid(self, pid: int, npus: tuple[int, ...] | None, policy: str | None) -> dict[str, Any]:
+        config = resolve_policy(policy, self.config)
+        host = self.hosts.get()
+        if npus is None:
+            host = dataclasses.replace(host, processes=self.hosts.processes())
+        worker = self._worker_facts(pid, config, host)
+        with self.lock:
+            prev = self.held.get(pid)
+            if prev is not None and prev.binding.start_time != worker.start_time:
+                self.held.pop(pid)
+                self._undo_gone(prev, "recycled")
+                prev = None
+            if prev is not None and worker.allowed_source == "status":
+                # the mask we set is not the worker's allowance: plan from the first one seen
+                worker = dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
+            targets = tuple(select_targets(host, worker, npus))
+            replaced = self._claim(pid, targets)
+            plan = make_plan(host, worker, targets, config)
+            aligned, reason = alignment_of(plan)
+            if plan.errors:
+                if not aligned or any(e.code in ("topology_rejected", "too_many_numa_nodes") for e in plan.errors):
+                    self.metrics.alignment_failure(reason or plan.errors[0].code)
+                first = plan.errors[0]
+                raise PlanImpossible(first.reason, code=first.code, plan=plan)
+            binding = apply_plan(plan, worker, host, config)
+            binding = self._inherit(binding, [h for h in (prev, *replaced) if h is not None])
+            for h in replaced:
+                self.held.pop(h.binding.pid, None)
+                self.metrics.dropped_worker("replaced")
+                log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
+            held = Held(binding, time.time(), policy)
+            held.known = {tid: mask for tid, (_comm, mask) in thread_masks(pid, proc_root=config.proc_root).items()}
+            self.held[pid] = held
+            self.save()
+        self.metrics.step_results(binding.steps)
+        if not aligned:
+            self.metrics.alignment_failure(reason)
+        outcome = "aligned" if aligned else "unaligned"
+        log.info("worker bound", pid=pid, npus=list(binding.npus), outcome=outcome, failed_step=binding.failed)
+        return {
+            "pid": pid,
+            "npus": list(binding.npus),
+            "outcome": outcome,
+            "status": "partial" if binding.failed else "bound",
+            "replaced": [h.binding.pid for h in replaced],
+            "plan": plan.to_json(),
+            "steps": [s.to_json() for s in binding.steps],
+        }
+
+    def _claim(self, pid: int, targets: tuple[int, ...]) -> list[Held]:
+        """Held entries of dead owners of ``targets`` (to replace); Conflict when a live one holds one."""
+        dead: list[Held] = []
+        for other, h in list(self.held.items()):
+            shared = set(h.binding.npus) & set(targets)
+            if other == pid or not shared:
+                continue
+            if not self.is_alive(h):
+                dead.append(h)
+            elif not self.config.allow_shared_npu:
+                raise Conflict(
+                    f"NPU {min(shared)} is held by live worker {other} (set allow_shared_npu to share it)",
+                    code="npu_busy",
+                )
+        return dead
+
+    @staticmethod
+    def _inherit(binding: Binding, older: list[Held]) -> Binding:
+        """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours."""
+        masks = dict(binding.saved_irq_masks)
+        original = binding.original_cpus
+        for h in older:
+            masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in masks})
+            if h.binding.pid == binding.pid:
+                original = h.binding.original_cpus
+        return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original)
+
+    # ---------------------------------------------------------- release
+
+    def release_request(self, peer: Peer, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise UsageError("the body must be a JSON object", code="bad_request")
+        unknown = sorted(set(body) - {"pid", "all"})
+        if unknown:
+            raise UsageError(f"unknown field(s): {', '.join(map(str, unknown))}", code="bad_request")
+        if body.get("all") is True:
+            if not peer.is_root:
+                raise NotPermitted("only root may release every worker")
+            with self.lock:
+                pids = sorted(self.held)
+            return {"released": [self.release_pid(p)["pid"] for p in pids]}
+        if "all" in body and body["all"] is not False:
+            raise UsageError(f"field 'all' must be true or false, got {body['all']!r}", code="bad_request")
+        pid = _int_field(body, "pid", minimum=1) or peer.pid
+        with self.lock:
+            held = self.held.get(pid)
+        try:
+            authorize(peer, pid, proc_root=self.config.proc_root)
+        except ProcessGone:
+            if held is None or not peer.is_root:
+                raise
+        if held is None:
+            raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
+        return self.release_pid(pid)
+
+    def release_pid(self, pid: int) -> dict[str, Any]:
+        with self.lock:
+            h = self.held.get(pid)
+            if h is None:
+                raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
+            if not self.is_alive(h):
+                self.held.pop(pid)
+                self._undo_gone(h, "exited")
+                self.save()
+                return {"pid": pid, "steps": [], "note": "the process had exited; only IRQ masks were considered"}
+            b = self._restorable(h)
+            steps = release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
+            self.held.pop(pid)
+            self.metrics.dropped_worker("released")
+            self.save()
+        log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks))
+        return {"pid": pid, "irqs_restored": sorted(b.saved_irq_masks), "steps": [s.to_json() for s in steps]}
+
+    # ---------------------------------------------------------- read-only
+
+    def workers(self) -> dict[str, Any]:
+        with self.lock:
+            return {"workers": [h.to_json() for _, h in sorted(self.held.items())]}
+
+    def plan_request(self, peer: Peer, pid: int | None, npus: tuple[int, ...] | None,
+                     policy: str | None) -> dict[str, Any]:
+        pid = pid or peer.pid
+        authorize(peer, pid, proc_root=self.config.proc_root)
+        config = resolve_policy(policy, self.config)
+        host = self.hosts.get()
+        if npus is None:
+            host = dataclasses.replace(host, processes=self.hosts.processes())
+        worker = self._worker_facts(pid, config, host)
+        with self.lock:
+            prev = self.held.get(pid)
+        if prev is not None and worker.allowed_source == "status":
+            worker = dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
+        plan = make_plan(host, worker, tuple(select_targets(host, worker, npus)), config)
+        if plan.errors:
+            raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
+        return {"pid": pid, "plan": plan.to_json()}
+
+    def health(self) -> dict[str, Any]:
+        with self.lock:
+            n = len(self.held)
+        return {
+            "status": "ok" if self.hosts.status == "ok" else "degraded",
+            "discovery": self.hosts.status,
+            "workers": n,
+            "hotplug": self.hotplug_status,
+            "uptime_seconds": round(time.time() - self.started, 3),
+        }

@@ -1,0 +1,128 @@
+"""Hot-plug: CPU and PCI uevents trigger a debounced rediscovery (issue 4, item 6).
+
+pyudev listens on the *kernel* netlink group (``source="kernel"``): CI machines
+and containers run no udevd, and the kernel's own events are what we need (a CPU
+going on/offline, an NPU's PCI function appearing or leaving). Events come in
+bursts (one per CPU when a socket is onlined), so a rediscovery runs once the
+stream has been quiet for ``debounce`` seconds; then only workers whose plan
+changed are bound again.
+
+Where netlink is unavailable (no libudev, a sandbox without NETLINK_KOBJECT_UEVENT,
+a private network namespace) the daemon runs without hot-plug and says so in
+``/healthz`` and the log; SIGHUP still rediscovers.
+
+The listener blocks in select() on the monitor and a wake-up pipe: no polling.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+
+import structlog
+
+__all__ = ["HotplugMonitor", "Debouncer", "SUBSYSTEMS"]
+
+log = structlog.get_logger("ascendbind.hotplug")
+
+SUBSYSTEMS = ("cpu", "pci")
+
+
+class Debouncer:
+    """Call ``action`` once, ``delay`` seconds after the last ``poke()`` of a burst."""
+
+    def __init__(self, delay: float, action) -> None:
+        self.delay, self.action = delay, action
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.pokes = 0
+        self.fired = 0
+
+    def poke(self) -> None:
+        with self._lock:
+            self.pokes += 1
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.delay, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._timer = None
+            self.fired += 1
+        try:
+            self.action()
+        except Exception:
+            log.exception("rediscovery after hot-plug failed")
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+
+class HotplugMonitor:
+    def __init__(self, on_change, *, debounce: float = 2.0) -> None:
+        self.debouncer = Debouncer(debounce, on_change)
+        self.status = "off"
+        self._monitor = None
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = -1, -1
+
+    def start(self) -> str:
+        """Start listening; returns a status line ("kernel netlink: cpu, pci" or "disabled: why")."""
+        try:
+            import pyudev
+
+            ctx = pyudev.Context()
+            mon = pyudev.Monitor.from_netlink(ctx, source="kernel")
+            for sub in SUBSYSTEMS:
+                mon.filter_by(sub)
+            mon.start()
+        except Exception as exc:  # ImportError (no libudev), OSError (no netlink), pyudev errors
+            self.status = f"disabled: {type(exc).__name__}: {exc}"[:200]
+            log.warning("hot-plug monitoring unavailable; rediscovery only on SIGHUP", reason=self.status)
+            return self.status
+        self._monitor = mon
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name="hotplug", daemon=True)
+        self._thread.start()
+        self.status = "kernel netlink: " + ", ".join(SUBSYSTEMS)
+        log.info("hot-plug monitor started", subsystems=list(SUBSYSTEMS))
+        return self.status
+
+    def _run(self) -> None:
+        mon = self._monitor
+        while True:
+            try:
+                ready, _, _ = select.select([mon, self._wake_r], [], [])
+            except (OSError, ValueError):
+                return
+            if self._wake_r in ready:
+                return
+            try:
+                dev = mon.poll(timeout=0)
+            except Exception as exc:
+                log.warning("reading a uevent failed", error=str(exc))
+                continue
+            if dev is None:
+                continue
+            log.info("uevent", subsystem=dev.subsystem, action=dev.action, device=dev.sys_name)
+            self.debouncer.poke()
+
+    def stop(self) -> None:
+        self.debouncer.cancel()
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1

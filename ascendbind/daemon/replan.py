@@ -1,0 +1,67 @@
+"""Rediscover the host and bind again only the workers whose plan changed.
+
+Called after a hot-plug burst and on SIGHUP. A transient discovery failure
+keeps every current binding (unbinding a healthy worker because npu-smi hiccuped
+would be worse than a stale plan); a worker whose NPU can no longer be planned
+keeps its binding too, with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import structlog
+
+from ..applier import apply_plan
+from ..applier.affinity import thread_masks
+from ..discovery import discover_worker
+from ..errors import AscendbindError, DiscoveryError
+from ..model import DeviceType
+from ..planner import make_plan
+from .requests import resolve_policy
+
+__all__ = ["rediscover_and_replan"]
+
+log = structlog.get_logger("ascendbind.replan")
+
+
+def rediscover_and_replan(daemon) -> dict:
+    daemon.metrics.rediscoveries.inc()
+    try:
+        host, changed = daemon.hosts.refresh()
+    except DiscoveryError as exc:
+        log.warning("rediscovery failed; keeping current bindings", error=str(exc))
+        return {"changed": False, "rebound": [], "error": str(exc)}
+    if not changed:
+        log.info("rediscovered: host unchanged")
+        return {"changed": False, "rebound": []}
+    rebound: list[int] = []
+    with daemon.lock:
+        for pid, h in sorted(daemon.held.items()):
+            if not daemon.is_alive(h):
+                continue
+            try:
+                config = resolve_policy(h.policy, daemon.config)
+                worker = discover_worker(daemon.hosts.source, pid, config,
+                                         want_uvb=host.device_type is DeviceType.A950)
+                if worker.allowed_source == "status":
+                    worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
+                plan = make_plan(host, worker, h.binding.npus, config)
+                if plan.errors:
+                    log.warning("worker no longer plannable on the changed host; binding kept",
+                                pid=pid, reason=plan.errors[0].reason)
+                    continue
+                if plan.npus == h.binding.plan.npus and plan.uvb_cpus == h.binding.plan.uvb_cpus:
+                    continue
+                binding = apply_plan(plan, worker, host, config)
+                h.binding = daemon._inherit(binding, [h])
+                h.bound_at = time.time()
+                h.known = {t: m for t, (_c, m) in thread_masks(pid, proc_root=config.proc_root).items()}
+                daemon.metrics.step_results(binding.steps)
+                rebound.append(pid)
+            except AscendbindError as exc:
+                log.warning("re-plan failed; binding kept", pid=pid, error=str(exc))
+        daemon.save()
+    log.info("rediscovered: host changed", rebound=rebound)
+    return {"changed": True, "rebound": rebound}

@@ -1,0 +1,107 @@
+"""Request values and the small rules around them, shared by the API and the daemon core.
+
+Everything here is pure: validation of request bodies (400 on anything off),
+the policy precedence rule (Koordinator: request > node config > default, a
+mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, and which
+NPU each saved IRQ mask belongs to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import CHOICES, Config
+from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
+from ..model import Binding, Plan, Step
+
+__all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners"]
+
+
+def _int_field(body: dict, key: str, *, minimum: int) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise UsageError(f"field {key!r} must be an integer >= {minimum}, got {v!r}", code="bad_request")
+    return v
+
+
+def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, str | None]:
+    """Validate a /v1/bind body -> (pid, npus, topology_policy); UsageError (400) otherwise."""
+    if not isinstance(body, dict):
+        raise UsageError("the body must be a JSON object", code="bad_request")
+    unknown = sorted(set(body) - {"pid", "npu", "topology_policy"})
+    if unknown:
+        raise UsageError(f"unknown field(s): {', '.join(map(str, unknown))}", code="bad_request")
+    pid = _int_field(body, "pid", minimum=1)
+    npu = body.get("npu")
+    npus: tuple[int, ...] | None
+    if npu is None:
+        npus = None
+    elif isinstance(npu, list) and npu and len(npu) <= 64:
+        npus = tuple(sorted({_int_field({"npu": n}, "npu", minimum=0) for n in npu}))  # type: ignore[misc]
+    else:
+        npus = (_int_field(body, "npu", minimum=0),)  # type: ignore[assignment]
+    policy = body.get("topology_policy")
+    if policy is not None and policy not in CHOICES["topology_policy"]:
+        raise UsageError(
+            f"field 'topology_policy' must be one of {', '.join(CHOICES['topology_policy'])}, got {policy!r}",
+            code="bad_request",
+        )
+    return pid, npus, policy
+
+
+def alignment_of(plan: Plan) -> tuple[bool, str | None]:
+    """(aligned, failure reason code) from the planner's alignment report (issue 5).
+
+    Before the planner reports alignment, a plan counts as aligned when every
+    NPU's pool lies on one NUMA node.
+    """
+    al = plan.extra.get("alignment") if plan.extra else None
+    if isinstance(al, dict) or hasattr(al, "get"):
+        aligned = al.get("aligned")
+        if aligned is not None:
+            code = al.get("reason_code") or al.get("code")
+            return bool(aligned), (str(code) if code else None)
+    return all(len(p.numa_nodes) <= 1 for p in plan.npus), None
+
+
+def irq_owners(b: Binding) -> dict[int, int]:
+    """IRQ number -> the NPU it was bound for, from the irq step's report."""
+    out: dict[int, int] = {}
+    for s in b.steps:
+        if s.step is Step.IRQ:
+            for entry in s.data.get("npus", ()) or ():
+                for w in entry.get("writes", ()) or ():
+                    out[int(w["irq"])] = int(entry["npu"])
+    return out
+
+
+def outcome_of_error(exc: BaseException) -> str:
+    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'."""
+    if isinstance(exc, (UsageError, NotPermitted, ProcessGone)):
+        return "rejected"
+    if isinstance(exc, Conflict) and exc.code == "policy_mismatch":
+        return "rejected"
+    return "failed"
+
+
+def resolve_policy(request_policy: str | None, config: Config) -> Config:
+    """Koordinator precedence: request > node config > default; both set and different -> 409."""
+    from .. import planner
+
+    resolver = getattr(planner, "resolve_policy", None)
+    if resolver is not None:
+        out = resolver(request_policy, config)
+        if isinstance(out, Config):
+            return out
+        return config.replace(topology_policy=out) if isinstance(out, str) else config
+    if request_policy is None:
+        return config
+    if "topology_policy" in config.explicit and request_policy != config.topology_policy:
+        raise Conflict(
+            f"request asks for topology policy {request_policy!r} but this node is configured with "
+            f"{config.topology_policy!r}",
+            code="policy_mismatch",
+        )
+    return config.replace(topology_policy=request_policy)

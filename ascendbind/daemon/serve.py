@@ -1,0 +1,170 @@
+"""``ascendbind serve``: start every part of the daemon, run until SIGTERM.
+
+Start order: listening socket (so clients queue rather than fail), state
+restore, reconcile loop, hot-plug, auto-bind, metrics listener, the API; then
+READY=1. Host discovery runs in the background: a hanging npu-smi delays
+nothing, requests get 503 with the reason until it succeeds.
+
+SIGHUP reloads the config file (a bad file is logged and the old config kept)
+and rediscovers the host. SIGTERM/SIGINT stop the daemon; bindings stay in
+place (``ascendbind release --all`` undoes them).
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+
+import structlog
+
+from .. import __version__
+from ..config import Config
+from ..errors import AscendbindError, ConfigError
+from . import systemd
+from .autobind import AutoBinder
+from .core import Daemon
+from .hotplug import HotplugMonitor
+from .listen import open_listen_socket
+from .metrics import Metrics, start_tcp_listener
+from .reconcile import Reconciler
+from .replan import rediscover_and_replan
+from .server import ApiServer
+
+__all__ = ["serve", "RESTART_KEYS"]
+
+log = structlog.get_logger("ascendbind.serve")
+
+# keys a running daemon cannot change on SIGHUP
+RESTART_KEYS = ("socket", "state_dir", "metrics_listen", "socket_group", "proc_root", "sys_root")
+
+
+class _Service:
+    def __init__(self, config: Config, reload) -> None:
+        self.config = config
+        self.reload_config = reload
+        self.metrics = Metrics()
+        self.daemon = Daemon(config, metrics=self.metrics)
+        self.server: ApiServer | None = None
+        self.tcp = None
+        self.reconciler = Reconciler(self.daemon)
+        self.hotplug = HotplugMonitor(lambda: rediscover_and_replan(self.daemon))
+        self.autobind: AutoBinder | None = None
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.owned_path: str | None = None
+
+    def start(self) -> None:
+        cfg = self.config
+        sock, how, owned = open_listen_socket(cfg.socket, cfg.socket_group)
+        self.owned_path = cfg.socket if owned else None
+        self.server = ApiServer(sock, self.daemon)
+        restored = self.daemon.restore()
+        threading.Thread(target=self._warm_up, name="discovery", daemon=True).start()
+        self.reconciler.start()
+        self.daemon.hotplug_status = self.hotplug.start()
+        if cfg.auto_bind:
+            self.autobind = AutoBinder(self.daemon)
+            self.autobind.start()
+        try:
+            self.tcp = start_tcp_listener(self.metrics, cfg.metrics_listen)
+        except (OSError, ValueError) as exc:
+            log.error("metrics listener not started", listen=cfg.metrics_listen, error=str(exc))
+        threading.Thread(target=self.server.serve, name="api", daemon=True).start()
+        interval = systemd.watchdog_interval()
+        if interval:
+            threading.Thread(target=self._watchdog, args=(interval,), name="watchdog", daemon=True).start()
+        log.info("ascendbind serving", version=__version__, socket=sock.getsockname() or cfg.socket, via=how,
+                 metrics_listen=cfg.metrics_listen or None, workers=restored["kept"],
+                 reconcile_seconds=cfg.reconcile_seconds, auto_bind=cfg.auto_bind, hotplug=self.daemon.hotplug_status)
+        systemd.notify("READY=1", f"STATUS=serving; {restored['kept']} workers restored", f"MAINPID={_pid()}")
+
+    def _warm_up(self) -> None:
+        try:
+            facts = self.daemon.hosts.get()
+        except AscendbindError:
+            return  # logged by the cache; requests answer 503 until it works
+        log.info("host discovered", device_type=facts.device_type.value, npus=len(facts.chips),
+                 cpus=len(facts.cpus))
+
+    def _watchdog(self, interval: float) -> None:
+        # ping only while the reconcile loop makes progress: a wedged daemon gets restarted
+        while True:
+            time.sleep(interval)
+            if self.reconciler.healthy():
+                systemd.notify("WATCHDOG=1")
+
+    def reload(self) -> None:
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            log.error("SIGHUP: config not reloaded; keeping the running one", error=str(exc))
+            return
+        fixed = [k for k in RESTART_KEYS if getattr(new, k) != getattr(self.config, k)]
+        if fixed:
+            log.warning("SIGHUP: these keys need a restart to change; keeping the running values", keys=fixed)
+            new = new.replace(**{k: getattr(self.config, k) for k in fixed})
+        self.config = new
+        self.daemon.config = new
+        self.daemon.hosts.set_config(new)
+        if new.auto_bind and self.autobind is None:
+            self.autobind = AutoBinder(self.daemon)
+            self.autobind.start()
+        elif not new.auto_bind and self.autobind is not None:
+            self.autobind.stop()
+            self.autobind = None
+        log.info("SIGHUP: config reloaded")
+        threading.Thread(target=rediscover_and_replan, args=(self.daemon,), name="rediscover", daemon=True).start()
+
+    def stop(self) -> None:
+        systemd.notify("STOPPING=1")
+        if self.server is not None:
+            self.server.stop()
+        for part in (self.reconciler, self.hotplug, self.autobind):
+            if part is not None:
+                part.stop()
+        if self.tcp is not None:
+            self.tcp.shutdown()
+            self.tcp.server_close()
+        self.daemon.save()
+        if self.owned_path:
+            _unlink_if_socket(self.owned_path)
+        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.held))
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _unlink_if_socket(path: str) -> None:
+    import os
+    import stat
+
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def serve(config: Config, *, reload=None) -> int:
+    """Run until SIGTERM/SIGINT; ``reload()`` returns a fresh Config on SIGHUP."""
+    svc = _Service(config, reload or (lambda: config))
+    for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "hup")):
+        signal.signal(sig, lambda _s, _f, what=what: svc.events.put(what))
+    try:
+        svc.start()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {config.socket}: {exc.strerror or exc}") from None
+    while True:
+        event = svc.events.get()
+        if event == "hup":
+            systemd.notify("RELOADING=1")
+            svc.reload()
+            systemd.notify("READY=1", "STATUS=serving (config reloaded)")
+            continue
+        break
+    svc.stop()
+    return 0
