@@ -1,6 +1,35 @@
-"""Planner: (host facts, worker facts, target NPUs, config) -> Plan. Pure: no I/O."""
+"""Planner: (host facts, worker facts, target NPUs, config) -> Plan. Pure: no I/O.
 
+One file per rule family: ``global_slice.py``, ``topo_affinity.py``,
+``cluster950.py``, ``roles.py``; ``layout.py`` holds the host's CPU/NUMA
+lookups built once per plan; ``plan.py`` puts them together.
+
+Issue codes (``plan.errors`` / ``plan.warnings``), a fixed set (codes.py):
+
+errors (the NPU is not planned; exit status 3)
+    unknown_npu              the id is not a logical NPU of this host
+    npu_out_of_range         global_slice: id >= the number of logical NPUs
+    slice_too_small          global_slice: base = cpus // npus is below the role
+                             minimum ("need 80 CPUs for 16 NPUs, cpuset has 64")
+    pool_too_small           the final pool cannot hold the role split
+    no_affinity              topo/950 mode, but npu-smi reports no affinity for the NPU
+    affinity_outside_cpuset  the NPU's affinity does not meet the allowed CPUs
+    spans_numa_nodes         950: affinity ∩ allowed lies on more than one node
+    bad_threads_per_core     950: Thread(s) per core is not 1 or 2
+    too_few_clusters         950: the node has fewer full clusters than NPUs before this one
+    topology_rejected        the topology policy refused the NPU's alignment
+    too_many_numa_nodes      the host has more NUMA nodes than max_numa_nodes allows
+
+warnings (the NPU is planned)
+    pools_overlap            topo_affinity: two NPUs' pools overlap because their
+                             extended pools intersect without being identical
+    extension_fallback       numa_extension = closest without node distances used next
+
+Every reason is a sentence with the numbers an operator needs.
+"""
+
+from .codes import ERROR_CODES, WARNING_CODES
 from .plan import make_plan
 from .targets import select_targets
 
-__all__ = ["make_plan", "select_targets"]
+__all__ = ["make_plan", "select_targets", "ERROR_CODES", "WARNING_CODES"]

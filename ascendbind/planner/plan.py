@@ -1,11 +1,93 @@
-"""Entry point of the planner (OWNER: planner helper — replace this stub)."""
+"""Entry point of the planner: facts + targets + config -> Plan (SPEC §2). Pure.
+
+Order of work, each step in its own module:
+
+1. mode by device type (A3 -> global_slice, 950 -> ascend950_cluster, else
+   topo_affinity, which falls back to global_slice when the host reports no
+   CPU affinity at all);
+2. the seed pools (global_slice.py, topo_affinity.py, cluster950.py);
+3. NUMA alignment under ``topology_policy`` (alignment.py), which may rebuild a
+   pool inside the merged NUMA mask or refuse the NPU;
+4. the role split (roles.py).
+
+Per-NPU problems never raise: they become ``plan.errors`` and the NPU is left
+out of ``plan.npus``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ..config import Config
-from ..model import HostFacts, Plan, WorkerFacts
+from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts, frozen_map
+from .cluster950 import cluster_pools
+from .codes import issue
+from .global_slice import slice_pools, total_npus
+from .layout import Layout, cl
+from .roles import RoleSplitError, role_minimum, split_roles
+from .topo_affinity import affinity_pools
+
+__all__ = ["make_plan", "choose_mode", "effective_device_type", "SeedPools", "seed_pools"]
+
+FALLBACK_NO_AFFINITY = (
+    "npu-smi info -t topo reports no CPU affinity on this host, so topo_affinity fell back to "
+    "global_slice (pools cut from the cpuset by global logical NPU id)"
+)
+
+
+def effective_device_type(host: HostFacts, config: Config) -> DeviceType:
+    if config.device_type and config.device_type != "auto":
+        return DeviceType(config.device_type)
+    return host.device_type
+
+
+def choose_mode(device_type: DeviceType, host: HostFacts) -> tuple[Mode, str | None]:
+    """The seed's mode table, and the fallback sentence when topo_affinity has no affinity."""
+    if device_type is DeviceType.A3:
+        return Mode.GLOBAL_SLICE, None
+    if device_type is DeviceType.A950:
+        return Mode.ASCEND950_CLUSTER, None
+    if not host.topo_affinity:
+        return Mode.GLOBAL_SLICE, FALLBACK_NO_AFFINITY
+    return Mode.TOPO_AFFINITY, None
+
+
+class SeedPools:
+    """The seed rules' result for one request, kept whole for the alignment step."""
+
+    def __init__(self, mode: Mode) -> None:
+        self.mode = mode
+        self.pools: dict[int, tuple[int, ...]] = {}  # targets (and, in topo modes, hidden candidates)
+        self.candidates: tuple[int, ...] = ()
+        self.extended: dict[int, frozenset[int]] = {}
+        self.errors: list[PlanIssue] = []
+        self.warnings: list[PlanIssue] = []
+        self.uvb_cpus: tuple[int, ...] = ()
+        self.total: int = 0
+
+
+def seed_pools(host: HostFacts, layout: Layout, mode: Mode, targets: Sequence[int], config: Config) -> SeedPools:
+    seed = SeedPools(mode)
+    if mode is Mode.GLOBAL_SLICE:
+        total, source = total_npus(host, targets)
+        seed.total = total
+        pools, issues = slice_pools(layout, targets, total, role_minimum(config), source)
+        seed.pools, seed.errors = pools, issues
+        seed.candidates = tuple(sorted(pools))
+    elif mode is Mode.TOPO_AFFINITY:
+        res = affinity_pools(layout, host.topo_affinity, targets, config.numa_extension)
+        seed.pools, seed.extended, seed.candidates = res.pools, res.extended, res.candidates
+        seed.errors, seed.warnings = res.errors, res.warnings
+        if config.numa_extension == "closest" and not layout.has_distances():
+            seed.warnings.append(issue(None, "extension_fallback",
+                                       "numa_extension = closest needs NUMA distances "
+                                       "(/sys/devices/system/node/node*/distance), which this host does not "
+                                       "report; pools were extended to the next node instead"))
+    else:
+        res = cluster_pools(layout, host.topo_affinity, targets, host.threads_per_core)
+        seed.pools, seed.errors, seed.uvb_cpus = res.pools, res.errors, res.uvb_cpus
+        seed.candidates = tuple(sorted(res.pools))
+    return seed
 
 
 def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], config: Config) -> Plan:
@@ -13,4 +95,55 @@ def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], conf
     (code + sentence with the numbers) and the NPU is absent from ``plan.npus``.
     Planning uses ``worker.allowed_cpus`` only (never a mask ascendbind set).
     """
-    raise NotImplementedError
+    device_type = effective_device_type(host, config)
+    layout = Layout.build(host, worker.allowed_cpus, full_pcpus=config.cpu_bind_policy == "full-pcpus")
+    mode, fallback = choose_mode(device_type, host)
+    errors: list[PlanIssue] = []
+    known = set(host.logic_ids)
+    wanted: list[int] = []
+    for npu in sorted(set(targets)):
+        # global_slice reports ids past the end itself (npu_out_of_range)
+        if npu < 0 or (known and npu not in known and mode is not Mode.GLOBAL_SLICE):
+            errors.append(issue(npu, "unknown_npu",
+                                f"NPU {npu} is not a logical NPU of this host (npu-smi info -m lists "
+                                f"{cl(known)})"))
+        else:
+            wanted.append(npu)
+
+    seed = seed_pools(host, layout, mode, wanted, config)
+    if mode is Mode.GLOBAL_SLICE and known:
+        for npu in wanted:
+            if npu < seed.total and npu not in known:
+                seed.pools.pop(npu, None)
+                errors.append(issue(npu, "unknown_npu",
+                                    f"NPU {npu} is not a logical NPU of this host (npu-smi info -m lists "
+                                    f"{cl(known)})"))
+    errors.extend(e for e in seed.errors if e.npu in wanted)
+    failed = {e.npu for e in errors}
+
+    ascend950 = mode is Mode.ASCEND950_CLUSTER
+    npus: list[NpuPlan] = []
+    for npu in wanted:
+        pool = seed.pools.get(npu)
+        if npu in failed or pool is None:
+            continue
+        try:
+            roles = split_roles(pool, config, layout, ascend950=ascend950)
+        except RoleSplitError as exc:
+            errors.append(issue(npu, "pool_too_small", str(exc)))
+            continue
+        npus.append(NpuPlan(npu=npu, pool=pool, irq=roles.irq, main=roles.main, acl=roles.acl,
+                            release=roles.release, numa_nodes=layout.nodes_of(pool)))
+
+    return Plan(
+        mode=mode,
+        device_type=device_type,
+        fallback=fallback,
+        allowed_cpus=layout.allowed,
+        npus=tuple(npus),
+        uvb_cpus=seed.uvb_cpus if ascend950 else (),
+        uvb_tids=tuple(worker.uvb_tids) if ascend950 else (),
+        errors=tuple(sorted(errors, key=lambda e: (e.npu if e.npu is not None else -1, e.code))),
+        warnings=tuple(seed.warnings),
+        extra=frozen_map(),
+    )
