@@ -1,0 +1,174 @@
+"""Parsers for /proc text and ``ps -Te``. Pure: text in, frozen values out.
+
+Kernel facts these rely on:
+* ``/proc/<pid>/stat``: the comm (field 2) is in parentheses and may contain
+  spaces and ``)`` itself, so fields are counted from the *last* ``)``.
+  Field 22 is the start time in clock ticks since boot; with the pid it
+  identifies a process across pid reuse.
+* ``/proc/<pid>/environ`` is NUL-separated ``KEY=value`` entries.
+* ``/proc/<pid>/cgroup`` lines are ``id:controllers:path``; cgroup v1 names
+  ``cpuset`` among the controllers, the v2 line is ``0::/path``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..cpulist import parse_cpulist
+from ..errors import ParseError
+
+__all__ = [
+    "ProcStatus",
+    "CgroupEntry",
+    "PsThread",
+    "parse_status",
+    "parse_stat_start_time",
+    "parse_environ",
+    "parse_cgroup",
+    "cpuset_cgroup",
+    "parse_ps_te",
+]
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    name: str | None
+    tgid: int | None
+    state: str | None
+    cpus_allowed: frozenset[int] | None
+    mems_allowed: frozenset[int] | None
+
+
+def parse_status(text: str, source: str = "/proc/self/status") -> ProcStatus:
+    fields: dict[str, tuple[str, int, str]] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        key, sep, value = line.partition(":")
+        if not sep:
+            if line.strip():
+                raise ParseError(source, "expected 'Key:<tab>value'", line=lineno, text=line)
+            continue
+        fields.setdefault(key.strip(), (value.strip(), lineno, line))
+    if not fields:
+        raise ParseError(source, "empty status file")
+
+    def cpus(key: str) -> frozenset[int] | None:
+        if key not in fields:
+            return None
+        raw, lineno, line = fields[key]
+        try:
+            return parse_cpulist(raw)
+        except ValueError as exc:
+            raise ParseError(source, f"{key}: {exc}", line=lineno, text=line) from None
+
+    tgid: int | None = None
+    if "Tgid" in fields:
+        raw, lineno, line = fields["Tgid"]
+        try:
+            tgid = int(raw)
+        except ValueError:
+            raise ParseError(source, f"Tgid {raw!r} is not a number", line=lineno, text=line) from None
+    return ProcStatus(
+        name=fields["Name"][0] if "Name" in fields else None,
+        tgid=tgid,
+        state=fields["State"][0] if "State" in fields else None,
+        cpus_allowed=cpus("Cpus_allowed_list"),
+        mems_allowed=cpus("Mems_allowed_list"),
+    )
+
+
+def parse_stat_start_time(text: str, source: str = "/proc/self/stat") -> int:
+    """Field 22 (starttime) of ``/proc/<pid>/stat``."""
+    close = text.rfind(")")
+    if close < 0:
+        raise ParseError(source, "no ')' closing the comm field", line=1, text=text)
+    rest = text[close + 1 :].split()
+    # rest[0] is field 3 (state), so field 22 is rest[19]
+    if len(rest) < 20:
+        raise ParseError(source, f"only {len(rest) + 2} fields, need 22", line=1, text=text)
+    try:
+        value = int(rest[19])
+    except ValueError:
+        raise ParseError(source, f"starttime {rest[19]!r} is not a number", line=1, text=text) from None
+    return value
+
+
+def parse_environ(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for entry in text.split("\0"):
+        key, sep, value = entry.partition("=")
+        if sep and key:
+            env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class CgroupEntry:
+    hierarchy: int
+    controllers: tuple[str, ...]
+    path: str
+
+
+def parse_cgroup(text: str, source: str = "/proc/self/cgroup") -> tuple[CgroupEntry, ...]:
+    out: list[CgroupEntry] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            raise ParseError(source, "expected 'id:controllers:/path'", line=lineno, text=line)
+        try:
+            hierarchy = int(parts[0])
+        except ValueError:
+            raise ParseError(source, f"hierarchy id {parts[0]!r} is not a number", line=lineno, text=line) from None
+        controllers = tuple(c for c in parts[1].split(",") if c)
+        out.append(CgroupEntry(hierarchy, controllers, parts[2]))
+    return tuple(out)
+
+
+def cpuset_cgroup(entries: tuple[CgroupEntry, ...]) -> tuple[str, str] | None:
+    """("v1", path) for a v1 cpuset hierarchy, else ("v2", path) for the unified
+    line, else None. v1 wins on hybrid hosts: the cpuset controller lives there."""
+    for e in entries:
+        if "cpuset" in e.controllers:
+            return ("v1", e.path)
+    for e in entries:
+        if e.hierarchy == 0 and not e.controllers:
+            return ("v2", e.path)
+    return None
+
+
+class PsThread(NamedTuple):
+    pid: int
+    tid: int
+    comm: str
+
+
+def parse_ps_te(text: str, source: str = "ps -Te") -> tuple[PsThread, ...]:
+    """``ps -Te`` (PID SPID TTY TIME CMD). CMD is the thread's comm and may hold spaces."""
+    header: list[str] | None = None
+    out: list[PsThread] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if header is None:
+            header = line.split()
+            if "PID" not in header or header[-1] not in ("CMD", "COMMAND"):
+                raise ParseError(source, "expected the 'PID SPID TTY TIME CMD' header", line=lineno, text=line)
+            tid_col = next((c for c in ("SPID", "LWP", "TID") if c in header), None)
+            if tid_col is None:
+                raise ParseError(source, "header has no SPID/LWP column", line=lineno, text=line)
+            continue
+        cells = line.split(None, len(header) - 1)
+        if len(cells) < len(header) - 1:
+            raise ParseError(source, f"row has {len(cells)} cells, header has {len(header)}", line=lineno, text=line)
+        row = dict(zip(header, cells))
+        try:
+            pid = int(row["PID"])
+            tid = int(row[tid_col])
+        except ValueError:
+            raise ParseError(source, "PID/SPID is not a number", line=lineno, text=line) from None
+        out.append(PsThread(pid, tid, row.get(header[-1], "")))
+    if header is None:
+        raise ParseError(source, "no 'PID SPID ...' header found (empty output)")
+    return tuple(out)
