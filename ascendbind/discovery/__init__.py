@@ -1,6 +1,15 @@
 """Discovery: host text -> frozen facts. Pure parsers plus the HostSource edge."""
 
-from .host import discover_host, discover_worker
+from .host import discover_cpu_topology, discover_host, discover_processes, discover_worker, pci_address_of
 from .sources import HostSource, LiveHost, SnapshotHost
 
-__all__ = ["discover_host", "discover_worker", "HostSource", "LiveHost", "SnapshotHost"]
+__all__ = [
+    "discover_host",
+    "discover_worker",
+    "discover_processes",
+    "discover_cpu_topology",
+    "pci_address_of",
+    "HostSource",
+    "LiveHost",
+    "SnapshotHost",
+]

@@ -1,0 +1,154 @@
+"""Record a live host into a snapshot directory (SPEC §5): what users attach to bug reports.
+
+The recorder does not keep its own list of files to copy: it wraps the live
+host in a RecordingHost and runs the real discovery through it, so the
+snapshot holds exactly what discovery read (command output under ``cmd/``,
+/proc and /sys files under the same relative paths). On top of that it records
+what the applier reads later: ``/proc/interrupts``, each NPU's
+``msi_irqs`` directory, the NUMA node lists, and ``meta.json``.
+
+``/proc/<pid>/environ`` is never written: environments carry secrets (API
+keys, tokens). Only ``ASCEND_RT_VISIBLE_DEVICES`` goes to ``meta.json``'s
+``env``, which is where a SnapshotHost looks when environ is absent.
+
+A failing or missing npu-smi still yields a snapshot of everything else, with
+the reason in ``meta.json``'s ``warnings`` and on the returned list, because a
+host whose npu-smi output does not parse is exactly what a bug report is for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Sequence
+
+from ..config import Config
+from ..errors import DiscoveryError, UsageError
+from .host import NODE_ROOT, discover_cpu_topology, discover_host, discover_worker
+from .sources import HostSource, LiveHost, command_file_name
+
+__all__ = ["RecordingHost", "SnapshotFiles", "record_snapshot", "RECORDED_ENV"]
+
+RECORDED_ENV = ("ASCEND_RT_VISIBLE_DEVICES",)
+
+
+class RecordingHost:
+    """A HostSource that answers from ``inner`` and writes what it answered under ``directory``."""
+
+    def __init__(self, inner: HostSource, directory: str) -> None:
+        self.inner = inner
+        self.directory = os.path.abspath(directory)
+        self.written: set[str] = set()
+
+    def _target(self, rel: str) -> str:
+        rel = os.path.normpath(rel.lstrip("/"))
+        if rel.startswith("..") or os.path.isabs(rel):
+            raise UsageError(f"refusing to record outside the snapshot: {rel}")
+        return os.path.join(self.directory, rel)
+
+    def _write(self, rel: str, text: str) -> None:
+        path = self._target(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        self.written.add(os.path.relpath(path, self.directory))
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        out = self.inner.run(argv)
+        if out is not None:
+            self._write(os.path.join("cmd", command_file_name(argv).replace("/", "_")), out)
+        return out
+
+    def read(self, path: str) -> str | None:
+        text = self.inner.read(path)
+        if text is not None and not path.endswith("/environ"):
+            self._write(path, text)
+        return text
+
+    def listdir(self, path: str) -> list[str] | None:
+        names = self.inner.listdir(path)
+        if names is None:
+            return None
+        base = self._target(path)
+        os.makedirs(base, exist_ok=True)
+        live_path = getattr(self.inner, "host_path", lambda p: p)
+        for name in names:
+            if "/" in name or name in (".", ".."):
+                continue
+            entry = os.path.join(base, name)
+            if os.path.isdir(live_path(f"{path.rstrip('/')}/{name}")):
+                os.makedirs(entry, exist_ok=True)
+            elif not os.path.exists(entry):
+                # e.g. msi_irqs/<irq>: the name is the fact, the content is not read
+                open(entry, "w").close()
+                self.written.add(os.path.relpath(entry, self.directory))
+        return names
+
+
+class SnapshotFiles(list):
+    """The relative paths written (a plain ``list[str]``), plus ``warnings``:
+    what could not be recorded and why (npu-smi missing, unparsable output ...)."""
+
+    def __init__(self, files: Sequence[str], warnings: Sequence[str]) -> None:
+        super().__init__(files)
+        self.warnings = list(warnings)
+
+
+def record_snapshot(out_dir: str, pid: int | None, config: Config) -> SnapshotFiles:
+    """Record this host (and worker ``pid``, or this process when None) into ``out_dir``.
+
+    ``out_dir`` must be absent or empty. Raises ProcessGone for a pid that does
+    not exist, UsageError for a non-empty directory; discovery problems become
+    warnings, the raw text that caused them is in the snapshot.
+    """
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        raise UsageError(f"snapshot directory {out_dir} is not empty; pick a new one")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"snapshot target {out_dir} exists and is not a directory")
+    rec = RecordingHost(LiveHost.from_config(config), out_dir)
+    warnings: list[str] = []
+
+    # the worker first: a wrong --pid fails before anything is written
+    worker = None
+    try:
+        worker = discover_worker(rec, pid, config, want_uvb=True)
+    except DiscoveryError as exc:
+        warnings.append(f"worker: {exc}")
+
+    facts = None
+    try:
+        facts = discover_host(rec, config)
+        warnings.extend(facts.warnings)
+    except DiscoveryError as exc:
+        warnings.append(str(exc))
+        try:
+            discover_cpu_topology(rec)
+        except DiscoveryError as exc2:
+            warnings.append(str(exc2))
+
+    # what the applier reads later, and what helps whoever reads the report
+    rec.read("/proc/interrupts")
+    for addr in sorted(set(facts.pci_addresses.values()) if facts else ()):
+        if rec.listdir(f"/sys/bus/pci/devices/{addr}/msi_irqs") is None:
+            warnings.append(f"no /sys/bus/pci/devices/{addr}/msi_irqs on this host")
+    rec.read("/sys/devices/system/cpu/online")
+    rec.read(f"{NODE_ROOT}/online")
+    for node in sorted(facts.numa_nodes if facts else ()):
+        rec.read(f"{NODE_ROOT}/node{node}/cpulist")
+
+    env = {}
+    if worker is not None:
+        env = {k: worker.env[k] for k in RECORDED_ENV if k in worker.env}
+    meta = {
+        "arch": platform.machine(),
+        "env": env,
+        "pid": worker.pid if (worker is not None and pid is not None) else None,
+        "warnings": warnings,
+    }
+    os.makedirs(rec.directory, exist_ok=True)
+    with open(os.path.join(rec.directory, "meta.json"), "w", encoding="utf-8") as fh:
+        json.dump(meta, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    rec.written.add("meta.json")
+    return SnapshotFiles(sorted(rec.written), warnings)
