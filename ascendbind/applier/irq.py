@@ -131,16 +131,33 @@ def _write_checked(irq: int, text: str, cpus: frozenset[int], previous: str | No
     return IrqWrite(irq, "ok", previous, now)
 
 
+def _msi_irqs(npu: int, host: HostFacts, sys_root: str) -> set[int]:
+    pci = host.pci_addresses.get(npu)
+    if not pci:
+        return set()
+    try:
+        return {int(n) for n in os.listdir(f"{sys_root}/bus/pci/devices/{pci.lower()}/msi_irqs") if n.isdigit()}
+    except OSError:
+        return set()
+
+
+def _read_interrupts(proc_root: str) -> tuple[tuple[int, str], ...]:
+    try:
+        with open(f"{proc_root}/interrupts", encoding="utf-8", errors="replace") as fh:
+            return parse_interrupts(fh.read())
+    except OSError as exc:
+        raise _Skip(Reason.INTERRUPTS_UNREADABLE, f"{proc_root}/interrupts: {exc.strerror}") from None
+    except ParseError as exc:
+        raise _Skip(Reason.INTERRUPTS_UNREADABLE, str(exc)) from None
+
+
 def find_npu_irqs(npu: int, host: HostFacts, rows: tuple[tuple[int, str], ...], *, sys_root: str) -> NpuIrqs:
     """SQ/CQ IRQs of one NPU, or _Skip with the reason the seed would have skipped."""
     pci = host.pci_addresses.get(npu)
     if not pci:
         raise _Skip(Reason.NO_PCI_ADDRESS, f"NPU {npu}: npu-smi info -t board gave no PCIe Bus Info")
     msi_dir = f"{sys_root}/bus/pci/devices/{pci.lower()}/msi_irqs"
-    try:
-        msi = {int(n) for n in os.listdir(msi_dir) if n.isdigit()}
-    except OSError:
-        msi = set()
+    msi = _msi_irqs(npu, host, sys_root)
     if not msi:
         raise _Skip(Reason.NO_MSI_IRQS, f"NPU {npu}: no MSI IRQs under {msi_dir}")
     sq = cq = None
@@ -213,13 +230,7 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
         return _result(Outcome.SKIPPED, Reason.IRQ_BINDING_DISABLED, "irq_binding = false in config")
     if not os.access(f"{proc_root}/irq", os.W_OK):
         return _result(Outcome.SKIPPED, Reason.IRQ_NOT_WRITABLE, f"{proc_root}/irq is not writable (read-only mount?)")
-    try:
-        with open(f"{proc_root}/interrupts", encoding="utf-8", errors="replace") as fh:
-            rows = parse_interrupts(fh.read())
-    except OSError as exc:
-        return _result(Outcome.SKIPPED, Reason.INTERRUPTS_UNREADABLE, f"{proc_root}/interrupts: {exc.strerror}")
-    except ParseError as exc:
-        return _result(Outcome.SKIPPED, Reason.INTERRUPTS_UNREADABLE, str(exc))
+    rows: tuple[tuple[int, str], ...] | None = None  # /proc/interrupts, read once and only if needed
 
     per_npu: list[dict] = []
     targets: list[tuple[int, int, frozenset[int], dict]] = []  # (npu, irq, cpus, entry)
@@ -231,7 +242,9 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
             entry["detail"] = f"NPU {npu_plan.npu}: the plan reserves no IRQ CPUs"
             continue
         try:
-            found = find_npu_irqs(npu_plan.npu, host, rows, sys_root=sys_root)
+            if rows is None and _msi_irqs(npu_plan.npu, host, sys_root):
+                rows = _read_interrupts(proc_root)
+            found = find_npu_irqs(npu_plan.npu, host, rows or (), sys_root=sys_root)
         except _Skip as skip:
             entry.update(outcome="skipped", reason=skip.reason.value, detail=skip.detail)
             continue

@@ -1,0 +1,207 @@
+"""Binding speed: the applier against the reference path and against a bare loop (issue 3).
+
+    .venv/bin/python bench/bind.py [--runs N] [--threads N]
+
+One worker process with N named threads (default 200: mostly plain, 4
+``acl_thread*``, 4 ``release_thread*``) is bound again and again by four
+contenders, alternated within each round so drift hits them all alike:
+
+* ``reference``   what the seed implementation runs per worker, as subprocesses:
+                  ``npu-smi info -m``, ``npu-smi info``, ``npu-smi info -t topo``,
+                  ``lscpu -e=CPU,NODE``, ``ps -Te``, ``taskset -acp <main> <pid>``,
+                  one ``taskset -cp`` per acl/release thread, ``npu-smi info -t
+                  board -i 0`` (its ``systemctl`` and ``migratepages`` calls are
+                  left out, which only flatters it), with the fixture npu-smi;
+* ``reference-floor`` the same argv with ``npu-smi`` replaced by ``true``: the
+                  reference's cost with a free npu-smi;
+* ``apply_plan``  ascendbind's applier, all four steps (host facts discovered once,
+                  as the daemon caches them);
+* ``bind_threads`` the applier's affinity step alone;
+* ``bare``        a loop of the same /proc reads and syscalls as bind_threads
+                  (list tasks, read comm, sched_setaffinity, sched_getaffinity,
+                  re-list until stable) with no ascendbind code.
+
+Prints the median of each and the ratios. Goals: reference / apply_plan >= 10
+(also against the floor), bind_threads / bare <= 1.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ascendbind.applier import apply_plan  # noqa: E402
+from ascendbind.applier.affinity import bind_threads  # noqa: E402
+from ascendbind.config import Config  # noqa: E402
+from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
+from ascendbind.planner import make_plan  # noqa: E402
+
+FIXTURE_BIN = os.path.join(ROOT, "fixtures", "bin")
+
+_CHILD = r"""
+import ctypes, sys, threading
+libc = ctypes.CDLL(None)
+def run(name, ready):
+    libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    ready.set()
+    threading.Event().wait()
+for name in sys.argv[1:]:
+    ready = threading.Event()
+    threading.Thread(target=run, args=(name, ready), daemon=True).start()
+    ready.wait()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def start_worker(n_threads: int) -> subprocess.Popen:
+    # the main thread counts as one; 4 acl + 4 release, the rest plain
+    names = [f"acl_thread_{i}" for i in range(4)] + [f"release_thread{i}" for i in range(4)]
+    names += [f"worker_{i}" for i in range(n_threads - 1 - len(names))]
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, *names], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def run_quiet(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+
+
+def reference(pid: int, main: list[int], acl: list[int], rel: list[int], npu_smi: str) -> None:
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    run_quiet([npu_smi, "info", "-m"], env)
+    run_quiet([npu_smi, "info"], env)
+    run_quiet([npu_smi, "info", "-t", "topo"], env)
+    run_quiet(["lscpu", "-e=CPU,NODE"], env)
+    out = run_quiet(["ps", "-Te"], env).stdout
+    acl_tids, rel_tids = [], []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2 or parts[0] != str(pid):
+            continue
+        if "acl_thread" in line:
+            acl_tids.append(parts[1])
+        elif "release_thread" in line:
+            rel_tids.append(parts[1])
+    run_quiet(["taskset", "-acp", ",".join(map(str, main)), str(pid)], env)
+    for tid in acl_tids:
+        run_quiet(["taskset", "-cp", ",".join(map(str, acl)), tid], env)
+    for tid in rel_tids:
+        run_quiet(["taskset", "-cp", ",".join(map(str, rel)), tid], env)
+    run_quiet([npu_smi, "info", "-t", "board", "-i", "0"], env)
+
+
+def bare(pid: int, main: frozenset, acl: frozenset, rel: frozenset) -> int:
+    task = f"/proc/{pid}/task"
+    seen: set[str] = set()
+    bad = 0
+    for _ in range(8):
+        new = [n for n in os.listdir(task) if n not in seen]
+        if not new:
+            break
+        for n in new:
+            seen.add(n)
+            try:
+                fd = os.open(f"{task}/{n}/comm", os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                comm = os.read(fd, 64).decode()
+            finally:
+                os.close(fd)
+            cpus = acl if comm.startswith("acl_thread") else rel if comm.startswith("release_thread") else main
+            tid = int(n)
+            try:
+                os.sched_setaffinity(tid, cpus)
+                if os.sched_getaffinity(tid) != cpus:
+                    bad += 1
+            except ProcessLookupError:
+                pass
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=25, help="rounds (each contender once per round); >= 20")
+    ap.add_argument("--threads", type=int, default=200)
+    args = ap.parse_args()
+    if args.runs < 1 or args.threads < 10:
+        ap.error("need --runs >= 1 and --threads >= 10")
+
+    os.environ["PATH"] = f"{FIXTURE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ.pop("ASCENDBIND_FIXTURE_HOST", None)
+    floor_dir = tempfile.mkdtemp(prefix="ascendbind-bench-")
+    true_exe = shutil.which("true")
+    assert true_exe, "no `true` on PATH"
+    floor_npu_smi = os.path.join(floor_dir, "npu-smi")
+    os.symlink(true_exe, floor_npu_smi)
+
+    worker_proc = start_worker(args.threads)
+    try:
+        pid = worker_proc.pid
+        config = Config(small_pool="share")
+        source = LiveHost.from_config(config)
+        host = discover_host(source, config)
+        worker = discover_worker(source, pid, config)
+        plan = make_plan(host, worker, [0], config)
+        if plan.errors:
+            print("no plan:", plan.errors, file=sys.stderr)
+            return 3
+        npu = plan.npus[0]
+        m, a, r = frozenset(npu.main), frozenset(npu.acl), frozenset(npu.release)
+        n_threads = len(os.listdir(f"/proc/{pid}/task"))
+        fake = os.path.join(FIXTURE_BIN, "npu-smi")
+
+        contenders = {
+            "reference": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release), fake),
+            "reference-floor": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release), floor_npu_smi),
+            "apply_plan": lambda: apply_plan(plan, worker, host, config),
+            "bind_threads": lambda: bind_threads(pid, npu, plan.mode),
+            "bare": lambda: bare(pid, m, a, r),
+        }
+        # warm-up: imports, page cache, first-touch of /proc entries
+        for fn in contenders.values():
+            fn()
+        res = bind_threads(pid, npu, plan.mode)
+        assert res.outcome.value == "applied" and res.data["bound"] == n_threads, res.detail
+
+        times: dict[str, list[float]] = {k: [] for k in contenders}
+        names = list(contenders)
+        for i in range(args.runs):
+            order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
+            for name in order:
+                t0 = time.perf_counter()
+                contenders[name]()
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        if worker_proc.stdin:
+            worker_proc.stdin.close()
+        worker_proc.wait(timeout=10)
+        shutil.rmtree(floor_dir, ignore_errors=True)
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"worker: {n_threads} threads (4 acl, 4 release); {args.runs} alternated runs each; CPUs {os.cpu_count()}")
+    for k, v in med.items():
+        print(f"  {k:<16} median {v * 1e3:9.3f} ms   (min {min(times[k]) * 1e3:.3f}, max {max(times[k]) * 1e3:.3f})")
+    r_ref = med["reference"] / med["apply_plan"]
+    r_floor = med["reference-floor"] / med["apply_plan"]
+    r_bare = med["bind_threads"] / med["bare"]
+    r_apply_bare = med["apply_plan"] / med["bare"]
+    print(f"reference / apply_plan       = {r_ref:7.1f}x faster   (goal >= 10x: {'met' if r_ref >= 10 else 'MISSED'})")
+    print(f"reference-floor / apply_plan = {r_floor:7.1f}x faster   (goal >= 10x: {'met' if r_floor >= 10 else 'MISSED'})")
+    print(f"bind_threads / bare          = {r_bare:7.2f}x          (goal <= 1.5x: {'met' if r_bare <= 1.5 else 'MISSED'})")
+    print(f"apply_plan / bare            = {r_apply_bare:7.2f}x          (all four steps vs the bare affinity loop)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
