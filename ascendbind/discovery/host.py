@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config import Config
+from ..cpulist import format_cpulist
 from ..errors import DiscoveryError, ParseError, ProcessGone, ToolMissing, UsageError
 from ..model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, ThreadInfo, WorkerFacts, frozen_map
 from .lscpu import LscpuSummary, parse_lscpu, parse_lscpu_e
@@ -328,6 +329,25 @@ def _allowed_cpus(source: HostSource, key: str, status_cpus, warnings: list[str]
     return status_cpus, "status", where[1] if where else None
 
 
+def _warn_if_earlier_binding(source: HostSource, allowed: frozenset[int], warnings: list[str]) -> None:
+    """Without a readable cpuset, Cpus_allowed_list may be a mask somebody (maybe
+    ascendbind, maybe the worker itself) already set: say so, since planning from it
+    would shrink the pool again."""
+    text = source.read("/sys/devices/system/cpu/online")
+    if text is None:
+        return
+    try:
+        online = parse_cpulist_file(text, "/sys/devices/system/cpu/online")
+    except ParseError:
+        return
+    if allowed < online:
+        warnings.append(
+            f"cgroup cpuset unreadable: planning from Cpus_allowed_list {format_cpulist(allowed)}, "
+            f"narrower than the online CPUs {format_cpulist(online)}; it may be an earlier binding "
+            "(release it first, or make the cpuset readable)"
+        )
+
+
 def _uvb_tids(source: HostSource) -> tuple[int, ...]:
     text = source.run(["ps", "-Te"])
     if text is not None:
@@ -370,6 +390,8 @@ def discover_worker(
     stat_text = source.read(f"/proc/{key}/stat")
     start = parse_stat_start_time(stat_text, f"/proc/{key}/stat") if stat_text is not None else None
     allowed, allowed_source, cpuset_path = _allowed_cpus(source, key, status.cpus_allowed, warnings)
+    if allowed_source == "status":
+        _warn_if_earlier_binding(source, allowed, warnings)
 
     env_text = source.read(f"/proc/{key}/environ")
     if env_text is not None:
