@@ -37,7 +37,7 @@ from ..model import (
     frozen_map,
 )
 from .affinity import bind_threads, set_all_threads
-from .identity import verify_identity
+from .identity import check_may_bind, verify_identity
 from .irq import bind_irqs, restore_irq_masks
 from .memory import migrate_memory
 from .uvb import bind_uvb_threads, restore_uvb_threads
@@ -81,6 +81,7 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config)
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
     pid, proc_root = worker.pid, config.proc_root
     start = verify_identity(pid, worker.start_time, proc_root)
+    check_may_bind(pid, proc_root)
     merged = merge_npu_plans(plan.npus)
 
     steps: list[StepResult] = []

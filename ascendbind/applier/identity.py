@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ProcessGone
+from ..errors import NotPermitted, ProcessGone
 
-__all__ = ["start_time", "proc_state", "verify_identity"]
+__all__ = ["start_time", "proc_state", "verify_identity", "check_may_bind"]
+
+CAP_SYS_NICE = 23
 
 
 def _read_stat(pid: int, proc_root: str) -> tuple[str, int] | None:
@@ -72,3 +74,40 @@ def verify_identity(pid: int, expected_start: int | None, proc_root: str = "/pro
             code="pid_recycled",
         )
     return st[1]
+
+
+def _status_field(pid: int | str, name: str, proc_root: str) -> str | None:
+    try:
+        with open(f"{proc_root}/{pid}/status", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key == name:
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def check_may_bind(pid: int, proc_root: str = "/proc") -> None:
+    """Raise NotPermitted unless this process may set ``pid``'s affinity.
+
+    The kernel allows sched_setaffinity on another task when the caller's
+    effective uid is the target's real or effective uid, or with CAP_SYS_NICE.
+    Checking first means a refused caller changes nothing, instead of failing
+    thread by thread half-way through.
+    """
+    cap_eff = _status_field("self", "CapEff", proc_root)
+    try:
+        if cap_eff is not None and int(cap_eff, 16) >> CAP_SYS_NICE & 1:
+            return
+    except ValueError:
+        pass
+    uids = (_status_field(pid, "Uid", proc_root) or "").split()
+    euid = os.geteuid()
+    if len(uids) >= 2 and euid in (int(uids[0]), int(uids[1])):
+        return
+    owner = uids[0] if uids else "unknown"
+    raise NotPermitted(
+        f"may not bind pid {pid}: it belongs to uid {owner}, and this process (uid {euid}) "
+        "lacks CAP_SYS_NICE; run as root or ask the ascendbind daemon"
+    )

@@ -1,0 +1,31 @@
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+
+
+@functools.cache
+def _nobody_can_run_ascendbind() -> str | None:
+    """None if uid 65534 can import ascendbind from this checkout, else why not."""
+    try:
+        r = subprocess.run([*NOBODY, sys.executable, "-c", "import ascendbind"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"setpriv unusable: {exc}"
+    if r.returncode != 0:
+        return f"uid 65534 cannot run this checkout's python: {r.stderr.strip()[-200:]}"
+    return None
+
+
+@pytest.fixture
+def nobody_prefix():
+    """argv prefix running a command as uid/gid 65534 (an unprivileged peer)."""
+    why = _nobody_can_run_ascendbind()
+    if why:
+        pytest.skip(why)
+    return NOBODY
