@@ -1,0 +1,219 @@
+"""Daemon lifecycle with real processes: kill -9 and restart, npu-smi failing,
+SIGHUP, auto-bind, systemd socket activation / sd_notify / journald logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.daemon_harness import FIXTURE_BIN, ROOT, DaemonProc, base_env, free_port, metric_value, wait_for
+from tests.workers import cpus_allowed_of, start_worker
+
+TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
+
+
+def _daemon(tmp_path, *, argv=None, **extra) -> DaemonProc:
+    env = base_env(str(tmp_path / "ascendbind.sock"), str(tmp_path / "state"), free_port(), **extra)
+    return DaemonProc(str(tmp_path), env, argv)
+
+
+def test_kill_9_and_restart_keeps_live_workers_and_drops_gone_ones(tmp_path):
+    d = _daemon(tmp_path).start()
+    try:
+        with start_worker(plain=1, acl=0, release=0) as keep, start_worker(plain=1, acl=0, release=0) as gone:
+            assert d.curl("POST", "/v1/bind", {"pid": keep.pid, "npu": 0})[0] == 200
+            d.client.release(keep.pid)  # exercise release, then bind again: state reflects the last word
+            assert d.curl("POST", "/v1/bind", {"pid": keep.pid, "npu": 0})[0] == 200
+            state = json.loads((tmp_path / "state" / "state.json").read_text())
+            assert [w["pid"] for w in state["workers"]] == [keep.pid]
+            assert stat.S_IMODE(os.stat(tmp_path / "state" / "state.json").st_mode) == 0o600
+            d.stop(signal.SIGKILL)
+            assert os.path.exists(d.sock)  # a stale socket file is left behind by kill -9
+            gone_pid = gone.pid
+            gone.close()  # ... and one worker exits while no daemon is running
+
+            d2 = DaemonProc(str(tmp_path), d.env).start()
+            try:
+                workers = d2.client.workers()["workers"]
+                assert [w["pid"] for w in workers] == [keep.pid]
+                assert gone_pid not in [w["pid"] for w in workers]
+                if TWO_CPUS:
+                    # reconciling resumed: a late acl_thread is pinned by the new daemon
+                    acl = set(workers[0]["plan"]["npus"]["0"]["acl"])
+                    tid = keep.spawn("acl_thread")
+                    assert wait_for(lambda: cpus_allowed_of(keep.pid, tid) == acl, 5), d2.log()[-2000:]
+                status, body = d2.curl("POST", "/v1/release", {"pid": keep.pid})
+                assert status == 200, body
+            finally:
+                d2.stop()
+    finally:
+        d.stop()
+
+
+def test_a_second_daemon_refuses_a_live_socket(tmp_path):
+    d = _daemon(tmp_path).start()
+    try:
+        other = DaemonProc(str(tmp_path), dict(d.env, ASCENDBIND_METRICS_LISTEN=f"127.0.0.1:{free_port()}"))
+        other.start(wait=False)
+        assert other.proc.wait(timeout=15) == 2
+        assert "already listening" in other.log()
+        d.wait_discovered()
+        assert d.client.health()["status"] == "ok"
+    finally:
+        d.stop()
+
+
+def test_corrupt_or_untrusted_state_is_moved_aside_and_the_daemon_starts(tmp_path):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "state.json").write_text('{"version": 1, "workers": [tru')
+    d = _daemon(tmp_path).start()
+    try:
+        assert d.client.workers() == {"workers": []}
+        assert [p.name for p in state_dir.iterdir() if p.name.startswith("state.json.corrupt-")]
+        assert "state file not used" in d.log()
+    finally:
+        d.stop()
+
+
+_FAKES = {
+    "garbage": "#!/bin/sh\necho '### not an npu-smi table at all ###'\n",
+    "hang": "#!/bin/sh\nexec sleep 30\n",
+    "good": f'#!/bin/sh\nexec "{FIXTURE_BIN}/npu-smi" "$@"\n',
+}
+
+
+def _install(path, kind: str) -> None:
+    tmp = f"{path}.new"
+    with open(tmp, "w") as fh:
+        fh.write(_FAKES[kind])
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+
+
+def test_npu_smi_missing_hanging_or_garbage_gives_503_and_the_daemon_stays_up(tmp_path):
+    npu_smi = tmp_path / "bin" / "npu-smi"
+    npu_smi.parent.mkdir()
+    d = _daemon(tmp_path, ASCENDBIND_NPU_SMI=str(npu_smi), ASCENDBIND_COMMAND_TIMEOUT_SECONDS="0.5").start()
+    try:
+        with start_worker(plain=1, acl=0, release=0) as w:
+            def bind():
+                return d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+
+            status, body = bind()
+            assert status == 503 and body["error"] in ("tool_missing", "npu_smi_missing"), body
+            assert "npu-smi" in body["detail"]
+            health = d.client.health()
+            assert health["status"] == "degraded" and health["discovery"] != "ok"
+
+            _install(npu_smi, "garbage")
+            assert wait_for(lambda: bind()[1]["error"] not in ("tool_missing", "npu_smi_missing"), 6)
+            status, body = bind()
+            assert status == 503 and body["error"] == "parse_error", body
+
+            _install(npu_smi, "hang")
+            assert wait_for(lambda: bind()[1]["error"] == "command_timeout", 10), d.log()[-2000:]
+            assert bind()[0] == 503
+
+            _install(npu_smi, "good")
+            assert wait_for(lambda: bind()[0] == 200, 10), d.log()[-2000:]
+        assert d.alive()
+        text = d.metrics_text()
+        assert metric_value(text, "ascendbind_discovery_errors_total", code="command_timeout") >= 1
+        assert metric_value(text, "ascendbind_bind_requests_total", outcome="failed") >= 3
+    finally:
+        d.stop()
+
+
+def test_sighup_reloads_the_config_file_and_keeps_the_old_one_when_bad(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("reconcile_seconds = 1\n")
+    argv = [sys.executable, "-m", "ascendbind.cli", "serve", "--config", str(cfg)]
+    d = _daemon(tmp_path, argv=argv).start()
+    try:
+        with start_worker(plain=1, acl=0, release=0) as a, start_worker(plain=1, acl=0, release=0) as b:
+            assert d.curl("POST", "/v1/bind", {"pid": a.pid, "npu": 0})[0] == 200
+            assert d.curl("POST", "/v1/bind", {"pid": b.pid, "npu": 0})[0] == 409
+            cfg.write_text("reconcile_seconds = 1\nallow_shared_npu = true\n")
+            d.proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: "config reloaded" in d.log(), 5)
+            assert d.curl("POST", "/v1/bind", {"pid": b.pid, "npu": 0})[0] == 200
+            assert len(d.client.workers()["workers"]) == 2
+            cfg.write_text("reconcile_seconds = 1\nno_such_key = 3\n")
+            d.proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: "config not reloaded" in d.log(), 5)
+            assert "no_such_key" in d.log() and d.client.health()["status"] == "ok"
+    finally:
+        d.stop()
+
+
+def test_auto_bind_binds_what_the_npu_smi_process_table_lists(tmp_path):
+    with start_worker(plain=1, acl=1, release=1) as w:
+        d = _daemon(tmp_path, ASCENDBIND_AUTO_BIND="true", ASCENDBIND_AUTO_BIND_SECONDS="1",
+                    ASCENDBIND_FAKE_NPU_PIDS=str(w.pid)).start()
+        try:
+            assert wait_for(lambda: [x["pid"] for x in d.client.workers()["workers"]] == [w.pid], 10), d.log()
+            worker = d.client.workers()["workers"][0]
+            assert worker["npus"] == [0]
+            acl = set(worker["plan"]["npus"]["0"]["acl"])
+            acl_tid = next(t for t, c in w.threads().items() if c == "acl_thread")
+            assert cpus_allowed_of(w.pid, acl_tid) == acl
+        finally:
+            d.stop()
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
+def test_socket_activation_sd_notify_watchdog_and_journald_lines(tmp_path):
+    sock_path = str(tmp_path / "activated.sock")
+    notify_path = str(tmp_path / "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(15)
+    log_path = tmp_path / "daemon.log"
+    log = open(log_path, "w")
+    st = os.fstat(log.fileno())
+    env = base_env(str(tmp_path / "unused.sock"), str(tmp_path / "state"), free_port())
+    env.update(NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="1000000", JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+    argv = ["systemd-socket-activate", "-l", sock_path]
+    for key in sorted(env):
+        if key.startswith(("ASCENDBIND_", "NOTIFY_SOCKET", "WATCHDOG_", "JOURNAL_STREAM")) or key in ("PATH",
+                                                                                                    "PYTHONPATH"):
+            argv += ["-E", f"{key}={env[key]}"]
+    argv += [sys.executable, "-m", "ascendbind.cli", "serve"]
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+    try:
+        assert wait_for(lambda: os.path.exists(sock_path), 5)
+        from ascendbind.client import Client
+
+        client = Client(sock_path, timeout=20)
+        assert client.health()["status"] in ("ok", "degraded")  # the first connection starts the daemon
+        messages = []
+        while not any("WATCHDOG=1" in m for m in messages):
+            messages.append(notify.recv(4096).decode())
+        assert any("READY=1" in m for m in messages), messages
+        assert not os.path.exists(tmp_path / "unused.sock")  # it used systemd's socket, made none
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert os.path.exists(sock_path)  # systemd's socket is systemd's to remove
+        text = log_path.read_text()
+        # what systemd-socket-activate itself prints ends with its "Execing ..." line
+        lines = [ln for ln in text[text.index("Execing"):].splitlines()[1:] if ln.strip()]
+        assert lines and all(ln.startswith("<") for ln in lines), lines[:3]
+        first = lines[0]
+        assert first[1] in "01234567" and first[2] == ">" and json.loads(first[3:])["event"]
+        assert any('"via": "systemd"' in ln for ln in lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        notify.close()

@@ -1,0 +1,232 @@
+"""The daemon's parts on their own: state file, peer authorization, request
+validation, sd_notify, the listening socket, the hot-plug debouncer, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+
+import pytest
+
+from ascendbind.daemon import systemd
+from ascendbind.daemon.auth import Peer, authorize
+from ascendbind.daemon.hotplug import Debouncer
+from ascendbind.daemon.listen import open_listen_socket
+from ascendbind.daemon.metrics import Metrics
+from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
+from ascendbind.daemon.state import StateFile, binding_from_json, binding_to_json
+from ascendbind.config import load_config
+from ascendbind.errors import ConfigError, Conflict, NotPermitted, ProcessGone, UsageError
+from ascendbind.model import (Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Reason, Step, StepResult,
+                              frozen_map)
+
+PLAN = Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, (0, 1, 2, 3, 4), (
+    NpuPlan(0, (0, 1, 2, 3, 4), (0, 1), (2,), (3,), (4,), (0,)),))
+BINDING = Binding(4242, 777, (0,), PLAN, frozenset({0, 1, 2, 3, 4}), frozen_map({120: "00000001"}), (
+    StepResult(Step.AFFINITY, Outcome.APPLIED, None, "bound 3 threads"),
+    StepResult(Step.IRQ, Outcome.SKIPPED, Reason.NO_MSI_IRQS, "none", frozen_map({"previous": {}})),
+))
+
+
+# ---------------------------------------------------------------- state file
+
+
+def test_state_round_trips_a_binding(tmp_path):
+    sf = StateFile(str(tmp_path / "st"))
+    sf.save([binding_to_json(BINDING, bound_at=1.5)])
+    assert stat.S_IMODE(os.stat(sf.path).st_mode) == 0o600
+    assert os.listdir(sf.dir) == ["state.json"]  # no temp file left behind
+    loaded = sf.load()
+    assert loaded.moved_aside is None and len(loaded.workers) == 1
+    assert binding_from_json(loaded.workers[0]) == BINDING
+
+
+def test_state_with_a_bad_checksum_is_moved_aside(tmp_path):
+    sf = StateFile(str(tmp_path))
+    sf.save([binding_to_json(BINDING)])
+    doc = json.loads(open(sf.path).read())
+    doc["workers"][0]["pid"] = 1  # tampered
+    with open(sf.path, "w") as fh:
+        json.dump(doc, fh)
+    os.chmod(sf.path, 0o600)
+    result = sf.load()
+    assert result.workers == [] and "checksum" in result.problem
+    assert not os.path.exists(sf.path) and os.path.exists(result.moved_aside)
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"version": 99, "boot_id": "x", "workers": []}'])
+def test_unreadable_state_never_raises(tmp_path, content):
+    sf = StateFile(str(tmp_path))
+    with open(sf.path, "w") as fh:
+        fh.write(content)
+    os.chmod(sf.path, 0o600)
+    result = sf.load()
+    assert result.workers == [] and result.moved_aside
+
+
+def test_state_of_another_boot_is_dropped_whole(tmp_path):
+    old = StateFile(str(tmp_path))
+    old.boot_id = "00000000-0000-0000-0000-000000000000"
+    old.save([binding_to_json(BINDING)])
+    result = StateFile(str(tmp_path)).load()
+    assert result.workers == [] and result.other_boot == 1 and result.moved_aside is None
+
+
+def test_state_writable_by_others_is_not_trusted(tmp_path):
+    sf = StateFile(str(tmp_path))
+    sf.save([binding_to_json(BINDING)])
+    os.chmod(sf.path, 0o666)
+    result = sf.load()
+    assert result.workers == [] and "writable" in result.problem
+
+
+# ---------------------------------------------------------------- authorization (real processes)
+
+
+@pytest.fixture
+def nobody_tree():
+    """A uid-65534 shell with a uid-65534 child: (parent pid, child pid)."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv not installed")
+    proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                             "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        yield proc.pid, child
+    finally:
+        proc.kill()
+        proc.wait()
+        try:
+            os.kill(child, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_root_may_bind_any_live_pid_and_nobody_only_its_own_descendants(nobody_tree):
+    parent, child = nobody_tree
+    authorize(Peer(os.getpid(), 0, 0), os.getpid())
+    authorize(Peer(parent, 65534, 65534), child)  # its own child
+    authorize(Peer(child, 65534, 65534), child)  # itself
+    with pytest.raises(NotPermitted, match="neither the caller"):
+        authorize(Peer(child, 65534, 65534), parent)  # its parent is not its descendant
+    with pytest.raises(NotPermitted, match="does not belong to uid"):
+        authorize(Peer(parent, 65534, 65534), os.getpid())  # a root process
+    with pytest.raises(ProcessGone):
+        authorize(Peer(os.getpid(), 0, 0), 4194303)
+
+
+# ---------------------------------------------------------------- request values
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({}, (None, None, None)),
+        ({"pid": 7, "npu": 3}, (7, (3,), None)),
+        ({"npu": [2, 1, 2]}, (None, (1, 2), None)),
+        ({"npu": 0, "topology_policy": "restricted"}, (None, (0,), "restricted")),
+    ],
+)
+def test_bind_bodies_that_are_fine(body, expected):
+    assert parse_bind_request(body) == expected
+
+
+@pytest.mark.parametrize("body", [[], "x", {"pid": 0}, {"pid": 1.5}, {"npu": True}, {"npu": []},
+                                  {"npu": [0] * 65}, {"extra": 1}, {"topology_policy": 3}])
+def test_bind_bodies_that_are_not(body):
+    with pytest.raises(UsageError):
+        parse_bind_request(body)
+
+
+def test_request_policy_must_not_contradict_the_node():
+    node = load_config(None, env={"ASCENDBIND_TOPOLOGY_POLICY": "restricted"})
+    assert resolve_policy(None, node).topology_policy == "restricted"
+    assert resolve_policy("restricted", node).topology_policy == "restricted"
+    with pytest.raises(Conflict) as err:
+        resolve_policy("best-effort", node)
+    assert err.value.code == "policy_mismatch" and err.value.exit_status == 9
+    assert resolve_policy("best-effort", load_config(None, env={})).topology_policy == "best-effort"
+
+
+def test_alignment_outcome_prefers_the_planners_report():
+    assert alignment_of(PLAN) == (True, None)
+    two_nodes = Plan(PLAN.mode, PLAN.device_type, None, PLAN.allowed_cpus,
+                     (NpuPlan(0, (0, 1, 2, 3, 4), (0, 1), (2,), (3,), (4,), (0, 1)),))
+    assert alignment_of(two_nodes)[0] is False
+    reported = Plan(PLAN.mode, PLAN.device_type, None, PLAN.allowed_cpus, two_nodes.npus,
+                    extra=frozen_map({"alignment": {"aligned": True, "policy": "none"}}))
+    assert alignment_of(reported)[0] is True
+
+
+# ---------------------------------------------------------------- systemd protocols, socket
+
+
+def test_sd_notify_sends_one_datagram(tmp_path, monkeypatch):
+    path = str(tmp_path / "n")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind(path)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        assert systemd.notify("READY=1", "STATUS=up")
+        assert s.recv(100) == b"READY=1\nSTATUS=up"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert systemd.notify("READY=1") is False
+
+
+def test_listen_fds_only_for_our_pid(monkeypatch):
+    monkeypatch.setenv("LISTEN_PID", "1")
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    assert systemd.listen_fds() == [] and "LISTEN_PID" not in os.environ
+
+
+def test_created_socket_is_0660_and_replaces_only_a_stale_socket(tmp_path):
+    path = str(tmp_path / "run" / "a.sock")
+    sock, how, owned = open_listen_socket(path)
+    assert (how, owned) == ("created", True)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    with pytest.raises(ConfigError, match="already listening"):
+        open_listen_socket(path)
+    sock.close()  # now the file is stale
+    sock2, _, _ = open_listen_socket(path)
+    sock2.close()
+    os.unlink(path)
+    with open(path, "w") as fh:
+        fh.write("precious")
+    with pytest.raises(ConfigError, match="not a socket"):
+        open_listen_socket(path)
+    with pytest.raises(ConfigError, match="not a group"):
+        open_listen_socket(str(tmp_path / "b.sock"), "no-such-group-ascendbind")
+
+
+# ---------------------------------------------------------------- hot-plug debounce, metrics
+
+
+def test_a_burst_of_pokes_fires_once_after_the_quiet_period():
+    fired = threading.Event()
+    calls = []
+    d = Debouncer(0.2, lambda: (calls.append(time.monotonic()), fired.set()))
+    t0 = time.monotonic()
+    for _ in range(5):
+        d.poke()
+        time.sleep(0.05)
+    assert fired.wait(2)
+    time.sleep(0.3)
+    assert len(calls) == 1 and calls[0] - t0 >= 0.2 + 4 * 0.05 and d.pokes == 5
+
+
+def test_metric_labels_come_from_fixed_sets():
+    m = Metrics()
+    m.bind_outcome("exploded")  # unknown -> failed, never a new series
+    m.alignment_failure("some free text")
+    m.drifted("pid 4242")
+    m.http_request("/v1/../../etc", 299)
+    text = m.render().decode()
+    assert 'outcome="exploded"' not in text and "free text" not in text and "4242" not in text
+    assert 'ascendbind_bind_requests_total{outcome="failed"} 1.0' in text
+    assert 'ascendbind_alignment_failures_total{reason="other"} 1.0' in text
+    assert 'path="other"' in text and "_created" not in text
