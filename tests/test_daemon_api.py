@@ -186,6 +186,13 @@ def test_plan_endpoint_plans_without_binding(daemon):
         assert daemon.curl("GET", f"/v1/plan?pid={w.pid}&colour=red")[0] == 400
 
 
+def test_bind_without_npu_and_nothing_to_go_by_is_422(daemon):
+    with start_worker(plain=1, acl=0, release=0) as w:
+        status, body = daemon.curl("POST", "/v1/bind", {"pid": w.pid})
+        assert status == 422 and body["error"] == "no_target_npu", body
+        assert daemon.client.workers()["workers"] == []
+
+
 # ---------------------------------------------------------------- conflicts
 
 

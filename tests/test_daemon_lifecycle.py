@@ -136,12 +136,16 @@ def test_npu_smi_missing_hanging_or_garbage_gives_503_and_the_daemon_stays_up(tm
 
 def test_sighup_reloads_the_config_file_and_keeps_the_old_one_when_bad(tmp_path):
     cfg = tmp_path / "config.toml"
-    cfg.write_text("reconcile_seconds = 1\n")
+    cfg.write_text('reconcile_seconds = 1\ntopology_policy = "none"\n')
     argv = [sys.executable, "-m", "ascendbind.cli", "serve", "--config", str(cfg)]
     d = _daemon(tmp_path, argv=argv).start()
     try:
         with start_worker(plain=1, acl=0, release=0) as a, start_worker(plain=1, acl=0, release=0) as b:
-            assert d.curl("POST", "/v1/bind", {"pid": a.pid, "npu": 0})[0] == 200
+            # the node names a policy: a request may repeat it, never contradict it
+            status, body = d.curl("POST", "/v1/bind", {"pid": a.pid, "npu": 0, "topology_policy": "restricted"})
+            assert status == 409 and body["error"] == "policy_mismatch", body
+            assert metric_value(d.metrics_text(), "ascendbind_bind_requests_total", outcome="rejected") == 1
+            assert d.curl("POST", "/v1/bind", {"pid": a.pid, "npu": 0, "topology_policy": "none"})[0] == 200
             assert d.curl("POST", "/v1/bind", {"pid": b.pid, "npu": 0})[0] == 409
             cfg.write_text("reconcile_seconds = 1\nallow_shared_npu = true\n")
             d.proc.send_signal(signal.SIGHUP)
@@ -217,3 +221,12 @@ def test_socket_activation_sd_notify_watchdog_and_journald_lines(tmp_path):
             proc.wait()
         log.close()
         notify.close()
+
+
+def test_make_run_demo_binds_through_the_socket():
+    r = subprocess.run([sys.executable, "-m", "ascendbind.daemon.demo"], capture_output=True, text=True,
+                       cwd=str(ROOT), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "before:" in r.stdout and "after:" in r.stdout and "released" in r.stdout
+    late = [ln for ln in r.stdout.splitlines() if "acl_thread_2" in ln]
+    assert late and 'ascendbind_bind_requests_total{outcome="aligned"} 1.0' in r.stdout

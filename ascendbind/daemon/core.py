@@ -45,6 +45,9 @@ __all__ = ["Daemon", "Held"]
 
 log = structlog.get_logger("ascendbind.daemon")
 
+# plan errors that mean "refused by the topology policy" (SPEC §7: failed + an alignment failure)
+_POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
+
 
 @dataclass
 class Held:
@@ -239,8 +242,8 @@ class Daemon:
             plan = make_plan(host, worker, targets, config)
             aligned, reason = alignment_of(plan)
             if plan.errors:
-                if not aligned or any(e.code in ("topology_rejected", "too_many_numa_nodes") for e in plan.errors):
-                    self.metrics.alignment_failure(reason or plan.errors[0].code)
+                if any(e.code in _POLICY_REFUSALS for e in plan.errors):
+                    self.metrics.alignment_failure(reason or "other")
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             binding = apply_plan(plan, worker, host, config)
@@ -264,6 +267,7 @@ class Daemon:
             "outcome": outcome,
             "status": "partial" if binding.failed else "bound",
             "replaced": [h.binding.pid for h in replaced],
+            "warnings": list(worker.warnings),
             "plan": plan.to_json(),
             "steps": [s.to_json() for s in binding.steps],
         }

@@ -10,13 +10,18 @@ the first scrape.
 from __future__ import annotations
 
 import platform
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .. import __version__
 
-__all__ = ["Metrics", "OUTCOMES", "CULPRITS", "DISCOVERY_ERRORS", "HTTP_PATHS", "alignment_reasons"]
+__all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
+           "DISCOVERY_ERRORS", "HTTP_PATHS", "alignment_reasons"]
 
 # `_created` series double every counter for no operator value (issue 4)
 prometheus_client.disable_created_metrics()
@@ -165,10 +170,56 @@ def parse_listen(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def start_tcp_listener(metrics: Metrics, listen: str):
-    """Serve /metrics on ``listen`` for Prometheus; returns the server (``.shutdown()``) or None."""
+class _MetricsHandler(BaseHTTPRequestHandler):
+    server_version = "ascendbind-metrics"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        if urlsplit(self.path).path not in ("/metrics", "/"):
+            self.send_error(404)
+            return
+        body = self.server.metrics.render()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *args) -> None:
+        pass
+
+
+class MetricsListener(ThreadingHTTPServer):
+    """/metrics over TCP for Prometheus. Its accept loop blocks in select() with no
+    timeout (prometheus_client's own server wakes twice a second); ``stop()``
+    wakes it by connecting."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, addr: tuple[str, int], metrics: Metrics) -> None:
+        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        super().__init__(addr, _MetricsHandler)
+        self.metrics = metrics
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": None},
+                                        name="metrics-tcp", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        stopper = threading.Thread(target=self.shutdown, daemon=True)
+        stopper.start()
+        try:
+            with socket.create_connection(self.server_address[:2], timeout=1):
+                pass
+        except OSError:
+            pass
+        stopper.join(5)
+        self.server_close()
+
+
+def start_tcp_listener(metrics: Metrics, listen: str) -> MetricsListener | None:
+    """Serve /metrics on ``listen`` (host:port); None when ``listen`` is empty (disabled)."""
     addr = parse_listen(listen)
     if addr is None:
         return None
-    server, _thread = prometheus_client.start_http_server(addr[1], addr=addr[0], registry=metrics.registry)
-    return server
+    return MetricsListener(addr, metrics)

@@ -61,7 +61,7 @@ def alignment_of(plan: Plan) -> tuple[bool, str | None]:
     if isinstance(al, dict) or hasattr(al, "get"):
         aligned = al.get("aligned")
         if aligned is not None:
-            code = al.get("reason_code") or al.get("code")
+            code = al.get("failure") or al.get("reason_code")
             return bool(aligned), (str(code) if code else None)
     return all(len(p.numa_nodes) <= 1 for p in plan.npus), None
 
@@ -87,15 +87,16 @@ def outcome_of_error(exc: BaseException) -> str:
 
 
 def resolve_policy(request_policy: str | None, config: Config) -> Config:
-    """Koordinator precedence: request > node config > default; both set and different -> 409."""
-    from .. import planner
+    """Koordinator precedence: request > node config > default; both set and different -> 409.
 
-    resolver = getattr(planner, "resolve_policy", None)
-    if resolver is not None:
-        out = resolver(request_policy, config)
-        if isinstance(out, Config):
-            return out
-        return config.replace(topology_policy=out) if isinstance(out, str) else config
+    The rule is the planner's (planner/alignment.py); this returns the Config to plan with.
+    """
+    try:
+        from ..planner.alignment import resolve_policy as planner_resolve
+    except ImportError:  # a planner without issue 5: the same rule, here
+        planner_resolve = None
+    if planner_resolve is not None:
+        return config.replace(topology_policy=planner_resolve(request_policy, config))
     if request_policy is None:
         return config
     if "topology_policy" in config.explicit and request_policy != config.topology_policy:

@@ -124,8 +124,7 @@ class _Service:
             if part is not None:
                 part.stop()
         if self.tcp is not None:
-            self.tcp.shutdown()
-            self.tcp.server_close()
+            self.tcp.stop()
         self.daemon.save()
         if self.owned_path:
             _unlink_if_socket(self.owned_path)
