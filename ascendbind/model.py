@@ -119,6 +119,9 @@ class HostFacts:
     # logical NPU id -> PCI address ("0000:c1:00.0"), when known
     pci_addresses: Mapping[int, str] = field(default_factory=frozen_map)
     warnings: tuple[str, ...] = ()
+    # logical NPU id -> NUMA node of its PCI device (sysfs <addr>/numa_node; -1 there means
+    # unknown and is left out). The alignment's device hint when topo has no affinity.
+    pci_numa_nodes: Mapping[int, int] = field(default_factory=frozen_map)
 
     @property
     def logic_ids(self) -> tuple[int, ...]:

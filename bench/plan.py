@@ -61,9 +61,9 @@ def build_host(n_cpus: int, n_nodes: int, n_npus: int, device_type: DeviceType,
     )
 
 
-def build_worker(n_cpus: int) -> WorkerFacts:
+def build_worker(n_cpus: int, n_nodes: int) -> WorkerFacts:
     return WorkerFacts(pid=1, start_time=1, allowed_cpus=frozenset(range(n_cpus)), allowed_source="status",
-                       mems_allowed=frozenset(), env=frozen_map())
+                       mems_allowed=frozenset(range(n_nodes)), env=frozen_map())
 
 
 def measure(host, worker, targets, config, repeat, allow_warnings=False):
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     for n_cpus, n_nodes, n_npus in SHAPES:
         for dt, label in modes:
             host = build_host(n_cpus, n_nodes, n_npus, dt)
-            worker = build_worker(n_cpus)
+            worker = build_worker(n_cpus, n_nodes)
             for cname, cfg in configs:
                 for targets in ([n_npus // 2 + 1], list(range(n_npus))):
                     ms, kib = measure(host, worker, targets, cfg, args.repeat)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                           f"{ms:>9.2f}  {kib:>8.0f}")
     host = build_host(4096, 32, 128, DeviceType.A2, every_node=True)
     for targets in ([65], list(range(128))):
-        ms, kib = measure(host, build_worker(4096), targets, Config(), args.repeat, allow_warnings=True)
+        ms, kib = measure(host, build_worker(4096, 32), targets, Config(), args.repeat, allow_warnings=True)
         worst = max(worst, ms)
         print(f"{4096:>5} {32:>5} {128:>4}  {'topo (overlap)':<14} {'default':<11} {len(targets):>7}  "
               f"{ms:>9.2f}  {kib:>8.0f}")

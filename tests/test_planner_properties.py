@@ -189,3 +189,29 @@ def test_950_clusters_are_full_disjoint_and_on_one_node(case, tpc):
     # clusters are kept out of the UVB pool unless they fill node 0 (then: node 0 minus CPU 0)
     if uvb != node0:
         assert not uvb & set().union(*pools(a).values())
+
+
+@SETTINGS
+@given(topo_cases(), st.sampled_from(["single-numa-node", "restricted", "best-effort"]),
+       st.sampled_from([DeviceType.A2, DeviceType.A3]))
+def test_aligned_pools_are_disjoint_across_workers_and_on_their_merged_node(case, policy, dt):
+    import dataclasses
+
+    h, allowed, _, _, cfg, per, n_nodes = case
+    h = dataclasses.replace(h, device_type=dt)
+    cfg = cfg.replace(topology_policy=policy)
+    aligned = {}
+    for npu in range(len(h.chips)):  # one single-NPU worker per NPU, all with the same cpuset
+        plan = make_plan(h, worker(allowed, mems=range(n_nodes)), [npu], cfg)
+        al = plan.to_json()["alignment"]
+        p = plan.npu(npu)
+        if policy != "best-effort":
+            # admitted means aligned; refused means absent with a topology_rejected error
+            assert (p is not None) == al["aligned"] or any(e.code != "topology_rejected" for e in plan.errors)
+        if p is not None and al["aligned"]:
+            assert p.numa_nodes == tuple(al["numa_nodes"]) and len(p.numa_nodes) == 1
+            aligned[npu] = set(p.pool)
+    for x in aligned:
+        for y in aligned:
+            if x < y:
+                assert not aligned[x] & aligned[y], (x, y)

@@ -2,7 +2,18 @@
 
 One file per rule family: ``global_slice.py``, ``topo_affinity.py``,
 ``cluster950.py``, ``roles.py``; ``layout.py`` holds the host's CPU/NUMA
-lookups built once per plan; ``plan.py`` puts them together.
+lookups built once per plan; ``plan.py`` puts them together. NUMA alignment
+(issue 5): ``providers.py`` (device/cpu/memory hints), ``hints.py`` (the
+kubelet merge), ``alignment.py`` (policies, precedence, failure reasons),
+``explain.py`` (``plan --explain``) and ``lint.py`` (config tensions).
+
+Public API:
+    make_plan(host, worker, targets, config, *, request_policy=None) -> Plan
+    select_targets(host, worker, requested) -> tuple[int, ...]
+    resolve_policy(request_policy, config) -> str      (Conflict "policy_mismatch")
+    explain_plan(host, worker, plan, config) -> str
+    lint_config(config, host) -> list[str]
+    ALIGNMENT_FAILURE_REASONS                          (metrics label set)
 
 Issue codes (``plan.errors`` / ``plan.warnings``), a fixed set (codes.py):
 
@@ -28,8 +39,12 @@ warnings (the NPU is planned)
 Every reason is a sentence with the numbers an operator needs.
 """
 
+from .alignment import ALIGNMENT_FAILURE_REASONS, resolve_policy
 from .codes import ERROR_CODES, WARNING_CODES
+from .explain import explain_plan
+from .lint import lint_config
 from .plan import make_plan
 from .targets import select_targets
 
-__all__ = ["make_plan", "select_targets", "ERROR_CODES", "WARNING_CODES"]
+__all__ = ["make_plan", "select_targets", "resolve_policy", "explain_plan", "lint_config",
+           "ALIGNMENT_FAILURE_REASONS", "ERROR_CODES", "WARNING_CODES"]

@@ -6,8 +6,10 @@ Order of work, each step in its own module:
    topo_affinity, which falls back to global_slice when the host reports no
    CPU affinity at all);
 2. the seed pools (global_slice.py, topo_affinity.py, cluster950.py);
-3. NUMA alignment under ``topology_policy`` (alignment.py), which may rebuild a
-   pool inside the merged NUMA mask or refuse the NPU;
+3. NUMA alignment under ``topology_policy`` (alignment.py: hints from
+   providers.py merged as in hints.py), which may rebuild a pool inside the
+   merged NUMA mask or refuse the NPU; the decision lands in
+   ``plan.extra["alignment"]``;
 4. the role split (roles.py).
 
 Per-NPU problems never raise: they become ``plan.errors`` and the NPU is left
@@ -20,14 +22,16 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts, frozen_map
+from .alignment import Alignment, align, resolve_policy
 from .cluster950 import cluster_pools
 from .codes import issue
 from .global_slice import slice_pools, total_npus
 from .layout import Layout, cl
+from .providers import HintContext
 from .roles import RoleSplitError, role_minimum, split_roles
 from .topo_affinity import affinity_pools
 
-__all__ = ["make_plan", "choose_mode", "effective_device_type", "SeedPools", "seed_pools"]
+__all__ = ["make_plan", "plan_with_alignment", "choose_mode", "effective_device_type", "SeedPools", "seed_pools"]
 
 FALLBACK_NO_AFFINITY = (
     "npu-smi info -t topo reports no CPU affinity on this host, so topo_affinity fell back to "
@@ -90,11 +94,24 @@ def seed_pools(host: HostFacts, layout: Layout, mode: Mode, targets: Sequence[in
     return seed
 
 
-def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], config: Config) -> Plan:
+def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], config: Config, *,
+              request_policy: str | None = None) -> Plan:
     """SPEC §2. Never raises for a per-NPU problem: it goes into ``plan.errors``
     (code + sentence with the numbers) and the NPU is absent from ``plan.npus``.
     Planning uses ``worker.allowed_cpus`` only (never a mask ascendbind set).
+
+    ``request_policy`` is a per-request ``topology_policy`` (the API's bind
+    field); it goes through ``resolve_policy`` and so may raise
+    Conflict(code="policy_mismatch") or UsageError — request-level problems,
+    not per-NPU ones.
     """
+    return plan_with_alignment(host, worker, targets, config, resolve_policy(request_policy, config))[0]
+
+
+def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], config: Config,
+                        policy: str) -> tuple[Plan, Alignment]:
+    """make_plan with an already resolved policy, also returning the alignment decisions
+    (hints with their notes) that explain.py renders."""
     device_type = effective_device_type(host, config)
     layout = Layout.build(host, worker.allowed_cpus, full_pcpus=config.cpu_bind_policy == "full-pcpus")
     mode, fallback = choose_mode(device_type, host)
@@ -121,6 +138,20 @@ def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], conf
     errors.extend(e for e in seed.errors if e.npu in wanted)
     failed = {e.npu for e in errors}
 
+    planned = [npu for npu in wanted if npu not in failed and npu in seed.pools]
+    ctx = HintContext(host=host, worker=worker, layout=layout, config=config, mode=mode, device_type=device_type,
+                      pools=seed.pools, candidates=tuple(seed.extended))
+    alignment = align(ctx, planned, policy)
+    rebuilt = set()
+    for a in alignment.npus:
+        if a.rebuilt:
+            seed.pools[a.npu] = a.pool
+            rebuilt.add(a.npu)
+    errors.extend(alignment.errors)
+    failed |= {e.npu for e in alignment.errors}
+    # a pools_overlap warning about the seed pool no longer applies once the pool is rebuilt
+    warnings = [w for w in seed.warnings if w.npu not in rebuilt]
+
     ascend950 = mode is Mode.ASCEND950_CLUSTER
     npus: list[NpuPlan] = []
     for npu in wanted:
@@ -144,6 +175,6 @@ def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], conf
         uvb_cpus=seed.uvb_cpus if ascend950 else (),
         uvb_tids=tuple(worker.uvb_tids) if ascend950 else (),
         errors=tuple(sorted(errors, key=lambda e: (e.npu if e.npu is not None else -1, e.code))),
-        warnings=tuple(seed.warnings),
-        extra=frozen_map(),
-    )
+        warnings=tuple(warnings),
+        extra=frozen_map({"alignment": alignment.to_json()}),
+    ), alignment
