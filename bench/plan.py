@@ -4,8 +4,11 @@
 
 For hosts of 192 to 4096 CPUs and 8 to 128 NPUs, prints the median wall time
 of ``make_plan`` (over N runs) and its peak traced memory, for one target NPU
-and for every NPU at once, in each mode. Target: 4096 CPUs / 128 NPUs under
-20 ms. The host facts are built in memory, so this measures the planner only.
+and for every NPU at once, in each mode, with the default config (the seed
+plan plus the alignment report) and with ``topology_policy = single-numa-node``
+(``max_numa_nodes`` raised to 64 so the 16- and 32-node hosts are evaluated).
+Target: 4096 CPUs / 128 NPUs under 20 ms with the default config. The host
+facts are built in memory, so this measures the planner only.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
              f"{'median ms':>9}  {'peak KiB':>8}"
     print(header)
     print("-" * len(header))
-    worst = 0.0
+    worst = worst_aligned = 0.0
     for n_cpus, n_nodes, n_npus in SHAPES:
         for dt, label in modes:
             host = build_host(n_cpus, n_nodes, n_npus, dt)
@@ -103,7 +106,10 @@ def main(argv=None) -> int:
                 for targets in ([n_npus // 2 + 1], list(range(n_npus))):
                     ms, kib = measure(host, worker, targets, cfg, args.repeat)
                     if (n_cpus, n_npus) == (4096, 128):
-                        worst = max(worst, ms)
+                        if cname == "default":
+                            worst = max(worst, ms)
+                        else:
+                            worst_aligned = max(worst_aligned, ms)
                     print(f"{n_cpus:>5} {n_nodes:>5} {n_npus:>4}  {label:<14} {cname:<11} {len(targets):>7}  "
                           f"{ms:>9.2f}  {kib:>8.0f}")
     host = build_host(4096, 32, 128, DeviceType.A2, every_node=True)
@@ -113,7 +119,11 @@ def main(argv=None) -> int:
         print(f"{4096:>5} {32:>5} {128:>4}  {'topo (overlap)':<14} {'default':<11} {len(targets):>7}  "
               f"{ms:>9.2f}  {kib:>8.0f}")
     verdict = "OK" if worst < TARGET_MS else "OVER"
-    print(f"\n4096 CPUs / 128 NPUs, slowest case: {worst:.2f} ms (target < {TARGET_MS:.0f} ms): {verdict}")
+    print(f"\n4096 CPUs / 128 NPUs, default config, slowest case: {worst:.2f} ms "
+          f"(target < {TARGET_MS:.0f} ms): {verdict}")
+    if worst_aligned:
+        print(f"4096 CPUs / 128 NPUs, single-numa-node over 32 nodes (max_numa_nodes raised past the default 8), "
+              f"slowest case: {worst_aligned:.2f} ms (informational)")
     return 0
 
 

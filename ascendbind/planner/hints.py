@@ -83,11 +83,10 @@ class Hint:
     note: str = ""  # why the provider offers it, for explain
 
     def to_json(self, npu: int | None = None) -> dict:
-        out = {} if npu is None else {"npu": npu}
-        out["numa_nodes"] = None if self.mask is None else list(nodes_in(self.mask))
-        out["preferred"] = self.preferred
-        out["score"] = self.score
-        return out
+        nodes = None if self.mask is None else list(_nodes_in(self.mask))
+        if npu is None:
+            return {"numa_nodes": nodes, "preferred": self.preferred, "score": self.score}
+        return {"npu": npu, "numa_nodes": nodes, "preferred": self.preferred, "score": self.score}
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,19 @@ def _overlaps(layout: Layout, groups: dict[frozenset[int], list[int]], pools: di
     spans = [(min(k), max(k)) for k in keys]
     seen: set[tuple[int, int]] = set()
     warnings: list[PlanIssue] = []
+    sets: dict[int, frozenset[int]] = {}
+    ext_nodes: dict[frozenset[int], str] = {}
+
+    def pool_set(npu: int) -> frozenset[int]:
+        if npu not in sets:
+            sets[npu] = frozenset(pools[npu])
+        return sets[npu]
+
+    def nodes_of_ext(ext: frozenset[int]) -> str:
+        if ext not in ext_nodes:
+            ext_nodes[ext] = nodes_text(layout.nodes_of(ext))
+        return ext_nodes[ext]
+
     for ga, ka in enumerate(keys):
         if targets.isdisjoint(groups[ka]):
             continue
@@ -107,7 +120,7 @@ def _overlaps(layout: Layout, groups: dict[frozenset[int], list[int]], pools: di
                     pair = (min(a, b), max(a, b))
                     if pair in seen:
                         continue
-                    shared = set(pools[a]).intersection(pools[b])
+                    shared = pool_set(a) & pool_set(b)
                     if not shared:
                         continue
                     seen.add(pair)
@@ -116,7 +129,7 @@ def _overlaps(layout: Layout, groups: dict[frozenset[int], list[int]], pools: di
                     warnings.append(issue(
                         x if x in targets else y, "pools_overlap",
                         f"NPU {x}'s pool {cl(pools[x])} overlaps NPU {y}'s pool {cl(pools[y])} on CPUs "
-                        f"{cl(shared)}: their NUMA-extended affinity pools (NUMA {nodes_text(layout.nodes_of(ex))} "
-                        f"and NUMA {nodes_text(layout.nodes_of(ey))}) intersect without being identical, and "
+                        f"{cl(shared)}: their NUMA-extended affinity pools (NUMA {nodes_of_ext(ex)} "
+                        f"and NUMA {nodes_of_ext(ey)}) intersect without being identical, and "
                         f"the seed's split only separates NPUs with identical pools"))
     return sorted(warnings, key=lambda w: (w.npu, w.reason))
