@@ -160,7 +160,7 @@ def serve(config: Config, *, reload=None) -> int:
     while True:
         event = svc.events.get()
         if event == "hup":
-            systemd.notify("RELOADING=1")
+            systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
             svc.reload()
             systemd.notify("READY=1", "STATUS=serving (config reloaded)")
             continue
