@@ -1,0 +1,95 @@
+"""IRQ masks in the daemon: drift re-asserted with a culprit, and restored on
+drop only for NPUs no live worker owns. Runs on a fixture proc tree
+(``proc_root``): plain ``irq/<n>/smp_affinity`` files, ``<pid>/stat`` for the
+workers' identities and ``<pid>/comm`` for an irqbalance process; the daemon
+code reads and writes them exactly as it does /proc."""
+
+from __future__ import annotations
+
+from ascendbind.config import load_config
+from ascendbind.daemon.core import Daemon, Held
+from ascendbind.daemon.reconcile import Reconciler
+from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Step, StepResult, frozen_map
+
+START = 5000
+
+
+def _proc_tree(tmp_path, irqs: dict[int, str], live_pids=()):
+    proc = tmp_path / "proc"
+    for irq, mask in irqs.items():
+        (proc / "irq" / str(irq)).mkdir(parents=True)
+        (proc / "irq" / str(irq) / "smp_affinity").write_text(mask + "\n")
+    for pid in live_pids:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (worker) S " + " ".join(["0"] * 18) + f" {START} 0 0\n")
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text("test-boot\n")
+    return proc
+
+
+def _binding(pid: int, npu: int, sq: int, cq: int, cpus=(2, 3), saved=("0000ffff", "0000ffff")) -> Binding:
+    pool = tuple(range(cpus[0], cpus[0] + 5))
+    plan = Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, pool,
+                (NpuPlan(npu, pool, tuple(cpus), pool[2:3], pool[3:4], pool[4:5], (0,)),))
+    writes = [{"irq": sq, "cpus": [cpus[0]], "status": "ok"}, {"irq": cq, "cpus": [cpus[1]], "status": "ok"}]
+    irq_step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound",
+                          frozen_map({"npus": [{"npu": npu, "writes": writes}], "previous": {}}))
+    return Binding(pid, START, (npu,), plan, frozenset(range(16)),
+                   frozen_map({sq: saved[0], cq: saved[1]}), (irq_step,))
+
+
+def _daemon(tmp_path, proc) -> Daemon:
+    cfg = load_config(None, env={}).replace(proc_root=str(proc), state_dir=str(tmp_path / "state"))
+    return Daemon(cfg)
+
+
+def test_moved_irq_mask_is_set_back_and_blamed_on_irqbalance_when_it_runs(tmp_path):
+    proc = _proc_tree(tmp_path, {120: "00000004", 121: "00000008"}, live_pids=[4242])
+    d = _daemon(tmp_path, proc)
+    h = Held(_binding(4242, 0, 120, 121), 0.0)
+    rec = Reconciler(d, reassert_limit=2)
+    assert rec._irqs(h) is False  # as we left them
+
+    (proc / "irq/120/smp_affinity").write_text("0000ffff\n")
+    assert rec._irqs(h) is True
+    assert (proc / "irq/120/smp_affinity").read_text().strip() == "00000004"
+    assert h.culprit == "unknown"
+
+    (proc / "777").mkdir()
+    (proc / "777" / "comm").write_text("irqbalance\n")
+    (proc / "irq/121/smp_affinity").write_text("0000ffff\n")
+    assert rec._irqs(h) is True and h.culprit == "irqbalance"
+    assert (proc / "irq/121/smp_affinity").read_text().strip() == "00000008"
+
+    # past the per-window limit the IRQs are left to irqbalance, the threads are not
+    (proc / "irq/121/smp_affinity").write_text("0000ffff\n")
+    rec._irqs(h)
+    assert h.irqs_left_alone and not h.left_alone and h.culprit == "irqbalance"
+    assert (proc / "irq/121/smp_affinity").read_text().strip() == "0000ffff"
+    text = d.metrics.render().decode()
+    assert 'ascendbind_drift_total{culprit="irqbalance"} 2.0' in text
+
+
+def test_dropping_a_gone_worker_restores_irqs_only_of_npus_nobody_live_owns(tmp_path):
+    # pid 100 (gone) had NPUs 0 and 1 bound; pid 200 (live) shares NPU 1
+    proc = _proc_tree(tmp_path, {120: "00000004", 121: "00000008", 130: "00000010", 131: "00000020"},
+                      live_pids=[200])
+    d = _daemon(tmp_path, proc)
+    gone = _binding(100, 0, 120, 121, saved=("000000ff", "000000ff"))
+    irq_step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound", frozen_map({"npus": [
+        {"npu": 0, "writes": [{"irq": 120, "cpus": [2], "status": "ok"}, {"irq": 121, "cpus": [3], "status": "ok"}]},
+        {"npu": 1, "writes": [{"irq": 130, "cpus": [4], "status": "ok"}, {"irq": 131, "cpus": [5], "status": "ok"}]},
+    ]}))
+    gone = Binding(100, START, (0, 1), gone.plan, gone.original_cpus,
+                   frozen_map({120: "000000ff", 121: "000000ff", 130: "000000ff", 131: "000000ff"}), (irq_step,))
+    live = _binding(200, 1, 130, 131, cpus=(4, 5))
+    d.held = {100: Held(gone, 0.0), 200: Held(live, 0.0)}
+
+    Reconciler(d).pass_once()
+
+    assert sorted(d.held) == [200]
+    assert (proc / "irq/120/smp_affinity").read_text().strip() == "000000ff"  # NPU 0: restored
+    assert (proc / "irq/121/smp_affinity").read_text().strip() == "000000ff"
+    assert (proc / "irq/130/smp_affinity").read_text().strip() == "00000010"  # NPU 1: the live owner's
+    assert (proc / "irq/131/smp_affinity").read_text().strip() == "00000020"
+    assert 'ascendbind_workers_dropped_total{reason="exited"} 1.0' in d.metrics.render().decode()
