@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 
@@ -230,3 +231,11 @@ def test_metric_labels_come_from_fixed_sets():
     assert 'ascendbind_bind_requests_total{outcome="failed"} 1.0' in text
     assert 'ascendbind_alignment_failures_total{reason="other"} 1.0' in text
     assert 'path="other"' in text and "_created" not in text
+
+
+def test_client_imports_only_the_standard_library():
+    code = ("import sys, ascendbind.client; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('structlog', 'prometheus_client', 'tenacity', 'pyudev', 'psutil')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
