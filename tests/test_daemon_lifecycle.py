@@ -11,7 +11,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
