@@ -18,15 +18,17 @@ test: install
 	$(BIN)/python -m pytest -q
 
 run: install
-	$(BIN)/python -m ascendbind.demo
+	$(BIN)/python -m ascendbind.daemon.demo
 
 lint: install
 	$(BIN)/python -m compileall -q ascendbind tests bench
-	$(BIN)/python -m pyflakes ascendbind tests bench 2>/dev/null || true
+	$(BIN)/python -m pip install -q pyflakes
+	$(BIN)/python -m pyflakes ascendbind tests bench
 
 bench: install
 	$(BIN)/python bench/plan.py
 	$(BIN)/python bench/bind.py
+	$(BIN)/python bench/daemon_idle.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
