@@ -356,3 +356,23 @@ def test_live_self_and_uvb_threads():
         assert len(uvb) == 1
         assert set(uvb) <= set(discover_worker(live, w.pid, CFG, want_uvb=True).uvb_tids)
         assert set(uvb) <= set(discover_worker(NoPs(), w.pid, CFG, want_uvb=True).uvb_tids)
+
+
+def test_pci_numa_node_from_sysfs_is_the_device_hint_without_affinity(tmp_path):
+    """A3 prints no CPU Affinity; sysfs <addr>/numa_node is then the NPU's node (-1 = unknown)."""
+    from ascendbind.config import load_config
+    from ascendbind.discovery import SnapshotHost, discover_host
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts", "a3-16die")
+    host_dir = tmp_path / "a3"
+    shutil.copytree(src, host_dir)
+    cfg = load_config(None, env={})
+    facts = discover_host(SnapshotHost(str(host_dir)), cfg)
+    addr0, addr1 = facts.pci_addresses[0], facts.pci_addresses[1]
+    for addr, node in ((addr0, "3\n"), (addr1, "-1\n")):
+        d = host_dir / "sys" / "bus" / "pci" / "devices" / addr
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "numa_node").write_text(node)
+    facts = discover_host(SnapshotHost(str(host_dir)), cfg)
+    assert facts.pci_numa_nodes.get(0) == 3
+    assert 1 not in facts.pci_numa_nodes

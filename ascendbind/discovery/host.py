@@ -171,6 +171,17 @@ def pci_address_of(source: HostSource, chips: Sequence[NpuChip], chip: NpuChip) 
     return parse_board(text, board_source(chip.card, chip.chip if "-c" in argv else None))
 
 
+def pci_numa_node(source: HostSource, addr: str) -> int | None:
+    """The NUMA node sysfs reports for a PCI device; None when absent or -1 (unknown),
+    which is what single-node hosts and many VMs print."""
+    text = source.read(f"/sys/bus/pci/devices/{addr}/numa_node")
+    try:
+        node = int(text.strip()) if text is not None else -1
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
 def _topo_to_logic(table: TopoTable, chips: tuple[NpuChip, ...], warnings: list[str]) -> dict[int, frozenset[int]]:
     logic_ids = {c.logic_id for c in chips}
     by_phy = {c.phy_id: c.logic_id for c in chips if c.phy_id is not None}
@@ -275,6 +286,7 @@ def discover_host(source: HostSource, config: Config, *, want_pci: bool = True) 
                 continue
             if addr is not None:
                 pci[chip.logic_id] = addr
+    pci_nodes = {npu: node for npu, addr in pci.items() if (node := pci_numa_node(source, addr)) is not None}
 
     cpu = discover_cpu_topology(source)
     if config.device_type != "auto":
@@ -293,5 +305,6 @@ def discover_host(source: HostSource, config: Config, *, want_pci: bool = True) 
         topo_rows=len(topo.rows),
         processes=processes,
         pci_addresses=frozen_map(pci),
+        pci_numa_nodes=frozen_map(pci_nodes),
         warnings=cpu.warnings + tuple(warnings),
     )
