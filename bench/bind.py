@@ -44,33 +44,9 @@ from ascendbind.applier.affinity import bind_threads  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
+from tests.workers import start_worker  # noqa: E402
 
 FIXTURE_BIN = os.path.join(ROOT, "fixtures", "bin")
-
-_CHILD = r"""
-import ctypes, sys, threading
-libc = ctypes.CDLL(None)
-def run(name, ready):
-    libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    ready.set()
-    threading.Event().wait()
-for name in sys.argv[1:]:
-    ready = threading.Event()
-    threading.Thread(target=run, args=(name, ready), daemon=True).start()
-    ready.wait()
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
-def start_worker(n_threads: int) -> subprocess.Popen:
-    # the main thread counts as one; 4 acl + 4 release, the rest plain
-    names = [f"acl_thread_{i}" for i in range(4)] + [f"release_thread{i}" for i in range(4)]
-    names += [f"worker_{i}" for i in range(n_threads - 1 - len(names))]
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, *names], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout and proc.stdout.readline().strip() == "ready"
-    return proc
-
 
 def run_quiet(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -145,9 +121,9 @@ def main() -> int:
     floor_npu_smi = os.path.join(floor_dir, "npu-smi")
     os.symlink(true_exe, floor_npu_smi)
 
-    worker_proc = start_worker(args.threads)
-    try:
-        pid = worker_proc.pid
+    # the main thread and the helper's idle "churner" count too; 4 acl + 4 release, the rest plain
+    with start_worker(plain=args.threads - 10, acl=4, release=4) as live:
+        pid = live.pid
         config = Config(small_pool="share")
         source = LiveHost.from_config(config)
         host = discover_host(source, config)
@@ -182,12 +158,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 contenders[name]()
                 times[name].append(time.perf_counter() - t0)
-    finally:
-        if worker_proc.stdin:
-            worker_proc.stdin.close()
-        worker_proc.wait(timeout=10)
-        shutil.rmtree(floor_dir, ignore_errors=True)
-
+    shutil.rmtree(floor_dir, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"worker: {n_threads} threads (4 acl, 4 release); {args.runs} alternated runs each; CPUs {os.cpu_count()}")
     for k, v in med.items():

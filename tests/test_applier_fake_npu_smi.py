@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from ascendbind.cpulist import parse_cpulist
@@ -47,24 +46,3 @@ def test_replay_mode_reads_the_snapshot_command_files(tmp_path):
     assert ok.returncode == 0 and ok.stdout == "recorded topo\n"
     missing = run("info", "-m", ASCENDBIND_FIXTURE_HOST=str(tmp_path))
     assert missing.returncode == 1 and "npu-smi_info_-m.txt" in missing.stderr
-
-
-def test_demo_binds_its_worker_and_releases_it():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCENDBIND_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ascendbind.demo"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    out = proc.stdout
-    after = out.split("\nafter:\n", 1)[1].split("\nrelease:", 1)[0]
-    by_role: dict[str, set[int]] = {}
-    for line in after.strip().splitlines():
-        fields = line.split()
-        by_role.setdefault(fields[3], set()).update(parse_cpulist(fields[-1]))
-    assert set(by_role) == {"main", "acl", "release"}
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) == 2:  # the acceptance case: main on the first CPU, acl/release on the last
-        assert by_role == {"main": {cpus[0]}, "acl": {cpus[1]}, "release": {cpus[1]}}
-    elif len(cpus) > 2:
-        assert not by_role["main"] & (by_role["acl"] | by_role["release"])
-    assert "affinity  applied" in out and "irq       skipped" in out
