@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ..model import PlanIssue
 from .codes import issue
 from .layout import Layout, cl, nodes_text
-from .topo_affinity import candidate_npus
+from .topo_affinity import base_pool, candidate_npus
 
 __all__ = ["ClusterPools", "cluster_pools", "cluster_size"]
 
@@ -65,19 +65,10 @@ def cluster_pools(layout: Layout, affinity: Mapping[int, frozenset[int]], target
         return out
 
     target_set = set(targets)
-    allowed = layout.allowed_set
     by_node: dict[int, list[int]] = {}
     for npu in candidate_npus(layout, affinity, targets):
-        aff = affinity.get(npu)
-        if aff is None:
-            out.errors.append(issue(npu, "no_affinity",
-                                    f"npu-smi info -t topo reports no CPU affinity for NPU {npu}"))
-            continue
-        base = aff & allowed
-        if not base:
-            out.errors.append(issue(npu, "affinity_outside_cpuset",
-                                    f"NPU {npu}'s CPU affinity {cl(aff)} does not intersect the worker's "
-                                    f"allowed CPUs {cl(layout.allowed)}"))
+        base = base_pool(layout, affinity, npu, out.errors)
+        if base is None:
             continue
         nodes = layout.nodes_of(base)
         if len(nodes) != 1:

@@ -24,7 +24,7 @@ from ..model import PlanIssue
 from .codes import issue
 from .layout import Layout, cl, nodes_text
 
-__all__ = ["AffinityPools", "affinity_pools", "candidate_npus"]
+__all__ = ["AffinityPools", "affinity_pools", "candidate_npus", "base_pool"]
 
 
 @dataclass
@@ -42,25 +42,32 @@ def candidate_npus(layout: Layout, affinity: Mapping[int, frozenset[int]], targe
     return tuple(sorted(set(targets).union(hidden)))
 
 
+def base_pool(layout: Layout, affinity: Mapping[int, frozenset[int]], npu: int,
+              errors: list[PlanIssue]) -> frozenset[int] | None:
+    """A candidate's affinity ∩ allowed, or None after recording why there is none."""
+    aff = affinity.get(npu)
+    if aff is None:
+        errors.append(issue(npu, "no_affinity", f"npu-smi info -t topo reports no CPU affinity for NPU {npu}"))
+        return None
+    base = aff & layout.allowed_set
+    if not base:
+        # only a target can get here: hidden candidates intersect by construction
+        errors.append(issue(npu, "affinity_outside_cpuset",
+                            f"NPU {npu}'s CPU affinity {cl(aff)} does not intersect the worker's "
+                            f"allowed CPUs {cl(layout.allowed)}"))
+        return None
+    return base
+
+
 def affinity_pools(layout: Layout, affinity: Mapping[int, frozenset[int]], targets: Sequence[int],
                    extension: str = "next") -> AffinityPools:
     out = AffinityPools()
     target_set = set(targets)
     out.candidates = candidate_npus(layout, affinity, targets)
-    allowed = layout.allowed_set
     groups: dict[frozenset[int], list[int]] = {}
     for npu in out.candidates:
-        aff = affinity.get(npu)
-        if aff is None:
-            out.errors.append(issue(npu, "no_affinity",
-                                    f"npu-smi info -t topo reports no CPU affinity for NPU {npu}"))
-            continue
-        base = aff & allowed
-        if not base:
-            # only a target can get here: hidden candidates intersect by construction
-            out.errors.append(issue(npu, "affinity_outside_cpuset",
-                                    f"NPU {npu}'s CPU affinity {cl(aff)} does not intersect the worker's "
-                                    f"allowed CPUs {cl(layout.allowed)}"))
+        base = base_pool(layout, affinity, npu, out.errors)
+        if base is None:
             continue
         pool = base
         nodes = layout.nodes_of(base)
