@@ -8,6 +8,10 @@ naming the reason instead of each waiting out the command timeout again.
 
 The process table (``npu-smi info``) changes with every worker, so it is read
 fresh when a request needs it (bind without ``npu``, auto-bind).
+
+``on_discovered(facts)``, when set, runs after every successful discovery
+(under the cache's lock, so keep it short); ``serve`` uses it to log the config
+lint once the host is known, whichever request or thread discovered it first.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -43,6 +48,7 @@ class HostCache:
         self._error: DiscoveryError | None = None
         self._error_at = 0.0
         self.generation = 0  # bumped when the static facts change (hot-plug re-plans)
+        self.on_discovered: Callable[[HostFacts], None] | None = None
 
     def set_config(self, config) -> None:
         self.config = config
@@ -129,4 +135,10 @@ class HostCache:
             if self.metrics:
                 self.metrics.discovery_duration.observe(time.monotonic() - start)
         self._facts, self._error = facts, None
+        hook = self.on_discovered
+        if hook is not None:
+            try:
+                hook(facts)
+            except Exception:  # a listener's bug must not turn good facts into a failed discovery
+                log.exception("on_discovered hook failed")
         return facts

@@ -6,8 +6,15 @@ READY=1. Host discovery runs in the background: a hanging npu-smi delays
 nothing, requests get 503 with the reason until it succeeds.
 
 SIGHUP reloads the config file (a bad file is logged and the old config kept)
-and rediscovers the host. SIGTERM/SIGINT stop the daemon; bindings stay in
-place (``ascendbind release --all`` undoes them).
+and rediscovers the host.
+
+Config lint (planner/lint.py: legal settings that contradict each other or do
+nothing on this host) needs the host's facts, so it is logged as warnings after
+the first successful discovery, whether the start-up warm-up or a later request
+made it, and once more after the discovery that follows each SIGHUP reload.
+
+SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
+--all`` undoes them).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import structlog
 from .. import __version__
 from ..config import Config
 from ..errors import AscendbindError, ConfigError
+from ..model import HostFacts
+from ..planner import lint_config
 from . import systemd
 from .autobind import AutoBinder
 from .core import Daemon
@@ -53,6 +62,19 @@ class _Service:
         self.autobind: AutoBinder | None = None
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.owned_path: str | None = None
+        # the config whose lint is still to be logged; None once it has been
+        self._lint_due: Config | None = config
+        self._lint_lock = threading.Lock()
+        self.daemon.hosts.on_discovered = self._lint
+
+    def _lint(self, facts: HostFacts) -> None:
+        """Log each lint sentence of the pending config once (runs on every discovery)."""
+        with self._lint_lock:
+            config, self._lint_due = self._lint_due, None
+        if config is None:
+            return  # already said for this config: a hot-plug rediscovery repeats nothing
+        for sentence in lint_config(config, facts):
+            log.warning("config lint", detail=sentence)
 
     def start(self) -> None:
         cfg = self.config
@@ -107,6 +129,8 @@ class _Service:
         self.config = new
         self.daemon.config = new
         self.daemon.hosts.set_config(new)
+        with self._lint_lock:
+            self._lint_due = new  # said again after the rediscovery below
         if new.auto_bind and self.autobind is None:
             self.autobind = AutoBinder(self.daemon)
             self.autobind.start()
