@@ -155,14 +155,22 @@ def test_request_policy_must_not_contradict_the_node():
     assert resolve_policy("best-effort", load_config(None, env={})).topology_policy == "best-effort"
 
 
-def test_alignment_outcome_prefers_the_planners_report():
-    assert alignment_of(PLAN) == (True, None)
-    two_nodes = Plan(PLAN.mode, PLAN.device_type, None, PLAN.allowed_cpus,
-                     (NpuPlan(0, (0, 1, 2, 3, 4), (0, 1), (2,), (3,), (4,), (0, 1)),))
-    assert alignment_of(two_nodes)[0] is False
-    reported = Plan(PLAN.mode, PLAN.device_type, None, PLAN.allowed_cpus, two_nodes.npus,
-                    extra=frozen_map({"alignment": {"aligned": True, "policy": "none"}}))
-    assert alignment_of(reported)[0] is True
+def test_alignment_outcome_is_the_planners_report_and_survives_the_state_file():
+    from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
+    from ascendbind.planner import make_plan
+
+    src = SnapshotHost(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "fixtures", "hosts", "a2-8x910b3"))
+    cfg = load_config(None, env={})
+    host, worker = discover_host(src, cfg), discover_worker(src, None, cfg)
+    # issue 5's example: the seed pool of NPU3 lies on the neighbour node
+    seed = make_plan(host, worker, (3,), cfg)
+    assert alignment_of(seed) == (False, "pool_off_mask")
+    assert alignment_of(Plan.from_json(seed.to_json())) == (False, "pool_off_mask")
+    single = make_plan(host, worker, (3,), cfg, request_policy="single-numa-node")
+    assert alignment_of(single) == (True, None)
+    # a plan without the planner's block (an old state file) was never evaluated
+    assert alignment_of(PLAN) == (False, None)
 
 
 # ---------------------------------------------------------------- systemd protocols, socket

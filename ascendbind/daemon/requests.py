@@ -13,6 +13,7 @@ from typing import Any
 from ..config import CHOICES, Config
 from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
 from ..model import Binding, Plan, Step
+from ..planner.alignment import resolve_policy as planner_resolve_policy
 
 __all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners"]
 
@@ -52,18 +53,16 @@ def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, s
 
 
 def alignment_of(plan: Plan) -> tuple[bool, str | None]:
-    """(aligned, failure reason code) from the planner's alignment report (issue 5).
+    """(aligned, failure reason code) from the planner's ``alignment`` block (issue 5).
 
-    Before the planner reports alignment, a plan counts as aligned when every
-    NPU's pool lies on one NUMA node.
+    The planner puts that block on every plan; a plan without one (a state file
+    written before it existed) was never evaluated, so it does not count as aligned.
     """
     al = plan.extra.get("alignment") if plan.extra else None
-    if isinstance(al, dict) or hasattr(al, "get"):
-        aligned = al.get("aligned")
-        if aligned is not None:
-            code = al.get("failure") or al.get("reason_code")
-            return bool(aligned), (str(code) if code else None)
-    return all(len(p.numa_nodes) <= 1 for p in plan.npus), None
+    if al is None or not hasattr(al, "get"):
+        return False, None
+    code = al.get("failure")
+    return bool(al.get("aligned")), (str(code) if code else None)
 
 
 def irq_owners(b: Binding) -> dict[int, int]:
@@ -91,18 +90,4 @@ def resolve_policy(request_policy: str | None, config: Config) -> Config:
 
     The rule is the planner's (planner/alignment.py); this returns the Config to plan with.
     """
-    try:
-        from ..planner.alignment import resolve_policy as planner_resolve
-    except ImportError:  # a planner without issue 5: the same rule, here
-        planner_resolve = None
-    if planner_resolve is not None:
-        return config.replace(topology_policy=planner_resolve(request_policy, config))
-    if request_policy is None:
-        return config
-    if "topology_policy" in config.explicit and request_policy != config.topology_policy:
-        raise Conflict(
-            f"request asks for topology policy {request_policy!r} but this node is configured with "
-            f"{config.topology_policy!r}",
-            code="policy_mismatch",
-        )
-    return config.replace(topology_policy=request_policy)
+    return config.replace(topology_policy=planner_resolve_policy(request_policy, config))
