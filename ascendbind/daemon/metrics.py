@@ -19,9 +19,10 @@ import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .. import __version__
+from ..planner import ALIGNMENT_FAILURE_REASONS
 
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
-           "DISCOVERY_ERRORS", "HTTP_PATHS", "alignment_reasons"]
+           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS"]
 
 # `_created` series double every counter for no operator value (issue 4)
 prometheus_client.disable_created_metrics()
@@ -36,24 +37,8 @@ DROP_REASONS = ("exited", "recycled", "released", "replaced", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 HTTP_CODES = ("200", "400", "403", "404", "405", "409", "413", "422", "500", "503")
 
-# Used until the planner publishes ALIGNMENT_FAILURE_REASONS (issue 5).
-_FALLBACK_ALIGNMENT_REASONS = ("not_preferred", "too_many_numa_nodes", "no_pool_in_mask", "other")
-
-
-def alignment_reasons() -> tuple[str, ...]:
-    import importlib
-
-    reasons: tuple[str, ...] = ()
-    for name in ("ascendbind.planner", "ascendbind.planner.alignment"):
-        try:
-            reasons = tuple(getattr(importlib.import_module(name), "ALIGNMENT_FAILURE_REASONS", ()))
-        except ImportError:
-            continue
-        if reasons:
-            break
-    if not reasons:
-        reasons = _FALLBACK_ALIGNMENT_REASONS
-    return reasons if "other" in reasons else (*reasons, "other")
+# the planner's fixed alignment-failure set, plus "other" for anything unforeseen
+ALIGNMENT_REASONS = (*ALIGNMENT_FAILURE_REASONS, "other")
 
 
 class Metrics:
@@ -64,7 +49,7 @@ class Metrics:
         self.bind_requests = Counter(
             "ascendbind_bind_requests", "Bind requests by outcome (SPEC §7)", ["outcome"], registry=r
         )
-        self.alignment_reasons = alignment_reasons()
+        self.alignment_reasons = ALIGNMENT_REASONS
         self.alignment_failures = Counter(
             "ascendbind_alignment_failures", "Plans that could not be NUMA-aligned, by reason", ["reason"], registry=r
         )
