@@ -213,30 +213,39 @@ class Daemon:
         self.metrics.bind_outcome(result["outcome"])
         return result
 
-    def _worker_facts(self, pid: int, config: Config, host):
+    def _request_facts(self, pid: int, npus: tuple[int, ...] | None, policy: str | None):
+        """(config, host, worker) for one bind or plan request: the policy resolved, the
+        cached static facts (plus a fresh process table when the request names no NPU),
+        and the worker's facts, read twice-checked against a pid recycled under us."""
+        config = resolve_policy(policy, self.config)
+        host = self.hosts.get()
+        if npus is None:
+            host = dataclasses.replace(host, processes=self.hosts.processes())
         expected = pid_start_time(pid, config.proc_root)
         if expected is None:
             raise ProcessGone(f"no process {pid}")
         worker = discover_worker(self.hosts.source, pid, config, want_uvb=host.device_type is DeviceType.A950)
         if worker.start_time is not None and worker.start_time != expected:
             raise ProcessGone(f"pid {pid} was recycled while it was being read", code="pid_recycled")
+        return config, host, worker
+
+    @staticmethod
+    def _first_allowance(worker, prev: Held | None):
+        """Without a readable cpuset, a bound worker's Cpus_allowed_list is the mask we
+        set: plan from the allowance first seen, so re-planning gives the same plan."""
+        if prev is not None and worker.allowed_source == "status":
+            return dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
         return worker
 
     def bind_pid(self, pid: int, npus: tuple[int, ...] | None, policy: str | None) -> dict[str, Any]:
-        config = resolve_policy(policy, self.config)
-        host = self.hosts.get()
-        if npus is None:
-            host = dataclasses.replace(host, processes=self.hosts.processes())
-        worker = self._worker_facts(pid, config, host)
+        config, host, worker = self._request_facts(pid, npus, policy)
         with self.lock:
             prev = self.held.get(pid)
             if prev is not None and prev.binding.start_time != worker.start_time:
                 self.held.pop(pid)
                 self._undo_gone(prev, "recycled")
                 prev = None
-            if prev is not None and worker.allowed_source == "status":
-                # the mask we set is not the worker's allowance: plan from the first one seen
-                worker = dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
+            worker = self._first_allowance(worker, prev)
             targets = tuple(select_targets(host, worker, npus))
             replaced = self._claim(pid, targets)
             plan = make_plan(host, worker, targets, config)
@@ -355,15 +364,9 @@ class Daemon:
                      policy: str | None) -> dict[str, Any]:
         pid = pid or peer.pid
         authorize(peer, pid, proc_root=self.config.proc_root)
-        config = resolve_policy(policy, self.config)
-        host = self.hosts.get()
-        if npus is None:
-            host = dataclasses.replace(host, processes=self.hosts.processes())
-        worker = self._worker_facts(pid, config, host)
+        config, host, worker = self._request_facts(pid, npus, policy)
         with self.lock:
-            prev = self.held.get(pid)
-        if prev is not None and worker.allowed_source == "status":
-            worker = dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
+            worker = self._first_allowance(worker, self.held.get(pid))
         plan = make_plan(host, worker, tuple(select_targets(host, worker, npus)), config)
         if plan.errors:
             raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
