@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask"]
+__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask", "bits"]
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -72,14 +72,18 @@ def parse_mask(text: str) -> frozenset[int]:
             value = (value << 32) | int(group, 16)
         except ValueError:
             raise ValueError(f"bad group {group!r} in cpu mask {text!r}") from None
-    cpus = set()
-    bit = 0
+    return frozenset(bits(value))
+
+
+def bits(value: int) -> tuple[int, ...]:
+    """The positions of the set bits of a non-negative int, ascending (CPUs of a mask,
+    NUMA nodes of a bitmask)."""
+    out = []
     while value:
-        if value & 1:
-            cpus.add(bit)
-        value >>= 1
-        bit += 1
-    return frozenset(cpus)
+        low = value & -value
+        out.append(low.bit_length() - 1)
+        value ^= low
+    return tuple(out)
 
 
 def format_mask(cpus: Iterable[int], min_groups: int = 1) -> str:

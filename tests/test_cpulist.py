@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from ascendbind.cpulist import format_cpulist, format_mask, parse_cpulist, parse_mask
+from ascendbind.cpulist import bits, format_cpulist, format_mask, parse_cpulist, parse_mask
 
 cpu_sets = st.frozensets(st.integers(min_value=0, max_value=4200), max_size=300)
 
@@ -41,3 +41,9 @@ def test_bad_cpulist_is_value_error(bad):
 def test_bad_mask_is_value_error(bad):
     with pytest.raises(ValueError):
         parse_mask(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**300))
+def test_bits_are_the_set_positions(value):
+    assert sum(1 << b for b in bits(value)) == value
+    assert list(bits(value)) == sorted(bits(value))

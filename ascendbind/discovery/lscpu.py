@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..cpulist import parse_cpulist
 from ..errors import ParseError
 from ..model import CpuInfo, frozen_map
+from .cells import count
 
 __all__ = ["LscpuSummary", "parse_lscpu_e", "parse_lscpu", "SRC_LSCPU", "SRC_LSCPU_E"]
 
@@ -48,13 +49,7 @@ def parse_lscpu_e(text: str, source: str = SRC_LSCPU_E) -> tuple[CpuInfo, ...]:
             raw = cells.get(col)
             if raw is None or raw in _DASH:
                 return None
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ParseError(source, f"{col} {raw!r} is not a number", line=lineno, text=line) from None
-            if value < 0:
-                raise ParseError(source, f"{col} {raw!r} is negative", line=lineno, text=line)
-            return value
+            return count(raw, source, col, lineno, line)
 
         cpu = num("CPU")
         if cpu is None:
@@ -116,10 +111,7 @@ def parse_lscpu(text: str, source: str = SRC_LSCPU) -> LscpuSummary:
         raw, lineno, line = values[key]
         if raw in _DASH:
             return None
-        try:
-            return int(raw)
-        except ValueError:
-            raise ParseError(source, f"{key} {raw!r} is not a number", line=lineno, text=line) from None
+        return count(raw, source, key, lineno, line)
 
     online: frozenset[int] | None = None
     if "On-line CPU(s) list" in values:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ..cpulist import parse_cpulist
 from ..errors import ParseError
 from ..model import NpuChip
+from .cells import count
 
 __all__ = [
     "SRC_CHIP_MAP",
@@ -55,16 +56,6 @@ _ABSENT = {"-", "NA", "N/A", "--"}
 def _is_noise(stripped: str) -> bool:
     # npu-smi appends "[WARNING] ..." / "[ERROR] ..." notes to otherwise good output
     return not stripped or stripped.startswith("[WARNING]") or stripped.startswith("[INFO]")
-
-
-def _int(cell: str, source: str, what: str, lineno: int, line: str) -> int:
-    try:
-        value = int(cell)
-    except ValueError:
-        raise ParseError(source, f"{what} {cell!r} is not a number", line=lineno, text=line) from None
-    if value < 0:
-        raise ParseError(source, f"{what} {cell!r} is negative", line=lineno, text=line)
-    return value
 
 
 # ---------------------------------------------------------------- npu-smi info -m
@@ -99,13 +90,13 @@ def parse_chip_map(text: str, source: str = SRC_CHIP_MAP) -> tuple[NpuChip, ...]
         cells = dict(zip(header[:name_at], tokens[:name_at]))
         name = " ".join(tokens[name_at : len(tokens) - n_after])
         cells.update(zip(header[name_at + 1 :], tokens[len(tokens) - n_after :]))
-        card = _int(cells["NPU ID"], source, "NPU ID", lineno, line)
-        chip = _int(cells["Chip ID"], source, "Chip ID", lineno, line)
+        card = count(cells["NPU ID"], source, "NPU ID", lineno, line)
+        chip = count(cells["Chip ID"], source, "Chip ID", lineno, line)
         if "Chip Logic ID" in cells:
             raw_logic = cells["Chip Logic ID"]
             if raw_logic.upper() in _ABSENT:
                 continue  # Mcu, or a die the driver does not expose
-            logic = _int(raw_logic, source, "Chip Logic ID", lineno, line)
+            logic = count(raw_logic, source, "Chip Logic ID", lineno, line)
         else:
             logic = card  # Ascend 950: the NPU ID is the logic id
         if name.lower() == "mcu":
@@ -113,7 +104,7 @@ def parse_chip_map(text: str, source: str = SRC_CHIP_MAP) -> tuple[NpuChip, ...]
         phy: int | None = None
         raw_phy = cells.get("Chip Phy-ID")
         if raw_phy is not None and raw_phy.upper() not in _ABSENT:
-            phy = _int(raw_phy, source, "Chip Phy-ID", lineno, line)
+            phy = count(raw_phy, source, "Chip Phy-ID", lineno, line)
         if logic in seen_logic:
             raise ParseError(
                 source, f"logic id {logic} appears twice (first on line {seen_logic[logic]})", line=lineno, text=line
@@ -185,22 +176,22 @@ def parse_process_table(text: str, source: str = SRC_INFO) -> tuple[RawProcessRo
         if npu_form == "card+chip":
             if len(npu_cell) != 2:
                 raise ParseError(source, "expected '<npu> <chip>' in the first cell", line=lineno, text=line)
-            card = _int(npu_cell[0], source, "NPU", lineno, line)
-            chip: int | None = _int(npu_cell[1], source, "Chip", lineno, line)
+            card = count(npu_cell[0], source, "NPU", lineno, line)
+            chip: int | None = count(npu_cell[1], source, "Chip", lineno, line)
         else:
             if len(npu_cell) != 1:
                 raise ParseError(source, "expected one NPU ID in the first cell", line=lineno, text=line)
-            card = _int(npu_cell[0], source, "NPU ID", lineno, line)
+            card = count(npu_cell[0], source, "NPU ID", lineno, line)
             chip = None
-        pid = _int(col["process id"], source, "Process id", lineno, line)
+        pid = count(col["process id"], source, "Process id", lineno, line)
         cpid: int | None = None
         raw_cpid = col.get("process id in container")
         if raw_cpid is not None and raw_cpid.upper() not in _ABSENT and raw_cpid:
-            cpid = _int(raw_cpid, source, "Process id in container", lineno, line)
+            cpid = count(raw_cpid, source, "Process id in container", lineno, line)
         mem: int | None = None
         raw_mem = col.get("process memory(mb)")
         if raw_mem and raw_mem.upper() not in _ABSENT:
-            mem = _int(raw_mem, source, "Process memory(MB)", lineno, line)
+            mem = count(raw_mem, source, "Process memory(MB)", lineno, line)
         rows.append(RawProcessRow(card, chip, pid, col.get("process name", ""), cpid, mem))
     if header is None:
         raise ParseError(source, "no process table ('| NPU ... | Process id |') found (truncated output?)")

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from ..cpulist import bits
+
 __all__ = ["Hint", "Merged", "mask_of", "nodes_in", "width", "merge", "filter_single_numa",
            "aggregate_score", "average_distance", "mask_text"]
 
@@ -49,14 +51,7 @@ def mask_of(nodes) -> int:
 
 @lru_cache(maxsize=4096)
 def _nodes_in(mask: int) -> tuple[int, ...]:
-    out = []
-    n = 0
-    while mask:
-        if mask & 1:
-            out.append(n)
-        mask >>= 1
-        n += 1
-    return tuple(out)
+    return bits(mask)
 
 
 def nodes_in(mask: int | None) -> tuple[int, ...]:
