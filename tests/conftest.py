@@ -29,3 +29,11 @@ def nobody_prefix():
     if why:
         pytest.skip(why)
     return NOBODY
+
+
+# Machines here are shared and noisy: a property test must fail on a wrong answer,
+# never on a slow example.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ascendbind", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ascendbind")
