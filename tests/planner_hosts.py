@@ -7,6 +7,8 @@ The shapes follow the real hosts of SPEC / issue 2: an 8x910B3 A2 (192 CPUs,
 
 from __future__ import annotations
 
+import dataclasses
+
 from ascendbind.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, WorkerFacts, frozen_map
 
 
@@ -62,6 +64,15 @@ def host(
         topo_rows=len(aff) if topo_rows is None else topo_rows,
         processes=processes,
     )
+
+
+def one_npu_host(nodes: dict[int, frozenset[int]], *, affinity: dict[int, frozenset[int]] | None = None,
+                 pci: dict[int, str] | None = None) -> HostFacts:
+    """A one-NPU A2 host (910B3, logic id 0) over the given NUMA map: what the applier tests need."""
+    n_cpus = max((c for cs in nodes.values() for c in cs), default=-1) + 1
+    h = host(n_cpus, len(nodes), device_type=DeviceType.A2, chips=[(0, 0, 0)], affinity=affinity, topo_rows=1,
+             chip_name="Ascend 910B3", nodes=nodes)
+    return dataclasses.replace(h, pci_addresses=frozen_map(pci or {}))
 
 
 def worker(allowed, *, pid: int = 4242, env: dict | None = None, mems=None, uvb=()) -> WorkerFacts:

@@ -14,11 +14,9 @@ from ascendbind.applier.identity import proc_state, start_time, verify_identity
 from ascendbind.config import Config
 from ascendbind.errors import PlanImpossible, ProcessGone
 from ascendbind.model import (
-    CpuInfo,
     DeviceType,
     HostFacts,
     Mode,
-    NpuChip,
     NpuPlan,
     Outcome,
     Plan,
@@ -27,6 +25,7 @@ from ascendbind.model import (
     WorkerFacts,
     frozen_map,
 )
+from tests.planner_hosts import one_npu_host
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -34,19 +33,7 @@ CONFIG = Config(small_pool="share")
 
 
 def host_facts(pci: dict[int, str] | None = None) -> HostFacts:
-    return HostFacts(
-        cpus=tuple(CpuInfo(c, 0, 0, c, True) for c in CPUS),
-        threads_per_core=1,
-        numa_nodes=frozen_map({0: frozenset(CPUS)}),
-        numa_distances=frozen_map({0: (10,)}),
-        chips=(NpuChip(0, 0, 0, "Ascend 910B3"),),
-        chip_name="Ascend 910B3",
-        device_type=DeviceType.A2,
-        topo_affinity=frozen_map({0: frozenset(CPUS)}),
-        topo_rows=1,
-        processes=(),
-        pci_addresses=frozen_map(pci or {}),
-    )
+    return one_npu_host({0: frozenset(CPUS)}, affinity={0: frozenset(CPUS)}, pci=pci)
 
 
 def plan_for(npu_plan: NpuPlan, mode: Mode = Mode.TOPO_AFFINITY, **kw) -> Plan:

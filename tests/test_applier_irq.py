@@ -17,17 +17,15 @@ from ascendbind.config import Config
 from ascendbind.cpulist import parse_mask
 from ascendbind.discovery.irqs import parse_interrupts
 from ascendbind.errors import ParseError
+from tests.planner_hosts import one_npu_host
 from ascendbind.model import (
-    CpuInfo,
     DeviceType,
     HostFacts,
     Mode,
-    NpuChip,
     NpuPlan,
     Outcome,
     Plan,
     Reason,
-    frozen_map,
 )
 
 PCI = "0000:c1:00.0"
@@ -110,19 +108,7 @@ def cfg(tree, **kw) -> Config:
 
 
 def host(pci=PCI) -> HostFacts:
-    return HostFacts(
-        cpus=tuple(CpuInfo(c, 0, 0, c, True) for c in range(4)),
-        threads_per_core=1,
-        numa_nodes=frozen_map({0: frozenset(range(4))}),
-        numa_distances=frozen_map(),
-        chips=(NpuChip(0, 0, 0, "Ascend 910B3"),),
-        chip_name="Ascend 910B3",
-        device_type=DeviceType.A2,
-        topo_affinity=frozen_map(),
-        topo_rows=1,
-        processes=(),
-        pci_addresses=frozen_map({0: pci} if pci else {}),
-    )
+    return one_npu_host({0: frozenset(range(4))}, pci={0: pci} if pci else None)
 
 
 def plan(irq=(2, 3), mode=Mode.TOPO_AFFINITY) -> Plan:

@@ -11,36 +11,22 @@ from ascendbind.applier.memory import migrate_memory, numa_page_share, read_numa
 from ascendbind.config import Config
 from ascendbind.errors import ParseError, ProcessGone
 from ascendbind.model import (
-    CpuInfo,
     DeviceType,
     HostFacts,
     Mode,
-    NpuChip,
     NpuPlan,
     Outcome,
     Plan,
     Reason,
-    frozen_map,
 )
+from tests.planner_hosts import one_npu_host
 from tests.workers import start_worker
 
 needs_migratepages = pytest.mark.skipif(shutil.which("migratepages") is None, reason="numactl not installed")
 
 
 def host(nodes: dict[int, frozenset[int]]) -> HostFacts:
-    cpus = sorted(c for cs in nodes.values() for c in cs)
-    return HostFacts(
-        cpus=tuple(CpuInfo(c, None, 0, c, True) for c in cpus),
-        threads_per_core=1,
-        numa_nodes=frozen_map(nodes),
-        numa_distances=frozen_map(),
-        chips=(NpuChip(0, 0, 0, "Ascend 910B3"),),
-        chip_name="Ascend 910B3",
-        device_type=DeviceType.A2,
-        topo_affinity=frozen_map(),
-        topo_rows=1,
-        processes=(),
-    )
+    return one_npu_host(nodes)
 
 
 def plan(pool=(2, 3, 4, 5, 6)) -> Plan:
