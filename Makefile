@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test run lint bench clean
+.PHONY: install test test-stress run lint bench clean
 
 install: $(STAMP)
 
@@ -16,6 +16,14 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Each test file FILES names (default: all) must pass RUNS consecutive runs while
+# BURNERS busy-looping processes keep the CPUs busy:  make test-stress FILES=tests/test_daemon_api.py
+FILES   ?= $(wildcard tests/test_*.py)
+RUNS    ?= 30
+BURNERS ?= 2
+test-stress: install
+	$(BIN)/python tests/stress.py --runs $(RUNS) --burners $(BURNERS) $(FILES)
 
 run: install
 	$(BIN)/python -m ascendbind.daemon.demo
