@@ -37,3 +37,17 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ascendbind", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ascendbind")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", metavar="SEED", default=None,
+                     help="run the collected tests in an order shuffled with SEED (finds tests that "
+                          "depend on the tests before them)")
+
+
+def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        import random
+
+        random.Random(seed).shuffle(items)

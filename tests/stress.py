@@ -6,7 +6,8 @@
 A flaky test blocks every landing, so a test file is only done when it passes
 many consecutive runs on a loaded machine. Each file gets its own run of
 ``--runs`` consecutive pytest invocations; the first failing run stops that
-file and its output is printed. The burners are plain busy-looping processes
+file and its output is printed. Run i shuffles the file's tests with seed i
+(``--in-order`` keeps them as written), so order dependence fails too. The burners are plain busy-looping processes
 (no extra tool needed) and are killed whatever happens. Exit status: 0 when
 every file passed every run, 1 otherwise.
 """
@@ -38,11 +39,13 @@ def stop_burners(burners: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def stress_file(path: str, runs: int, extra: list[str]) -> tuple[int, str | None]:
-    """(runs passed, output of the failing run or None)."""
+def stress_file(path: str, runs: int, extra: list[str], shuffle: bool) -> tuple[int, str | None]:
+    """(runs passed, output of the failing run or None). With ``shuffle`` run i
+    orders the tests with seed i, so a test that needs another before it shows up."""
     for i in range(runs):
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *extra, path],
-                           cwd=ROOT, capture_output=True, text=True)
+        order = [f"--shuffle={i}"] if shuffle else []
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *order, *extra,
+                            path], cwd=ROOT, capture_output=True, text=True)
         if r.returncode not in (0, 5):  # 5: every test in the file was deselected or skipped
             return i, r.stdout + r.stderr
     return runs, None
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", help="test files (or pytest node ids)")
     ap.add_argument("--runs", type=int, default=30, help="consecutive runs per file (default 30)")
     ap.add_argument("--burners", type=int, default=2, help="busy-looping processes (default 2)")
+    ap.add_argument("--in-order", action="store_true", help="keep the file's order (default: shuffle each run)")
     ap.add_argument("--pytest-arg", action="append", default=[], help="extra pytest argument (repeatable)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.burners < 0:
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in args.files:
             t0 = time.monotonic()
-            passed, output = stress_file(path, args.runs, args.pytest_arg)
+            passed, output = stress_file(path, args.runs, args.pytest_arg, not args.in_order)
             took = time.monotonic() - t0
             if output is None:
                 print(f"PASS {path}: {passed}/{args.runs} runs with {args.burners} burners ({took:.0f} s)", flush=True)

@@ -70,10 +70,14 @@ def test_apply_small_pool_from_a_config_file(tmp_path):
 
 
 def test_apply_impossible_plan_exits_3_and_changes_nothing():
-    if len(os.sched_getaffinity(0)) >= 5:
-        return  # a big host can build a full pool; the refusal needs < 5 CPUs
+    # The pool needs 5 CPUs; a worker allowed at most 2 (its Cpus_allowed_list as
+    # first seen) cannot get one, on this host or a bigger one.
+    narrow = set(sorted(os.sched_getaffinity(0))[:2])
     with start_worker(plain=1) as w:
+        for tid in w.threads():
+            os.sched_setaffinity(tid, narrow)
         before = w.cpus_allowed()
+        assert set(before.values()) == {frozenset(narrow)}
         r = ascendbind("apply", "--pid", str(w.pid), "--npu", "0", env={"ASCENDBIND_SMALL_POOL": "fail"})
         assert r.returncode == 3, r.stdout + r.stderr
         assert "small_pool" in r.stderr and "Traceback" not in r.stderr

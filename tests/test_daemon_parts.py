@@ -22,6 +22,7 @@ from ascendbind.daemon.listen import open_listen_socket
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
 from ascendbind.daemon.state import StateFile, binding_from_json, binding_to_json
+from tests.daemon_harness import wait_for
 from ascendbind.config import load_config
 from ascendbind.errors import ConfigError, Conflict, NotPermitted, ProcessGone, UsageError
 from ascendbind.model import (Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Reason, Step, StepResult,
@@ -216,16 +217,38 @@ def test_created_socket_is_0660_and_replaces_only_a_stale_socket(tmp_path):
 
 
 def test_a_burst_of_pokes_fires_once_after_the_quiet_period():
-    fired = threading.Event()
     calls = []
-    d = Debouncer(0.2, lambda: (calls.append(time.monotonic()), fired.set()))
-    t0 = time.monotonic()
-    for _ in range(5):
+    fired = threading.Event()
+    d = Debouncer(0.3, lambda: (calls.append(time.monotonic()), fired.set()))
+    try:
+        for _ in range(5):
+            before_last = time.monotonic()
+            d.poke()
+        assert d.pending()
+        assert fired.wait(10)
+        # the deadline moved with every poke: nothing fires before the last one + delay
+        assert calls[0] >= before_last + 0.3
+        assert wait_for(lambda: not d.pending(), 10)
+        assert (len(calls), d.fired, d.pokes) == (1, 1, 5)
+        # a later burst fires again, once
+        fired.clear()
         d.poke()
-        time.sleep(0.05)
-    assert fired.wait(2)
-    time.sleep(0.3)
-    assert len(calls) == 1 and calls[0] - t0 >= 0.2 + 4 * 0.05 and d.pokes == 5
+        d.poke()
+        assert fired.wait(10) and wait_for(lambda: not d.pending(), 10)
+        assert (len(calls), d.fired, d.pokes) == (2, 2, 7)
+    finally:
+        d.close()
+    d.poke()  # closed: ignored, nothing becomes due
+    assert not d.pending() and d.pokes == 7
+
+
+def test_a_closed_debouncer_drops_what_was_due():
+    calls = []
+    d = Debouncer(30, lambda: calls.append(1))
+    d.poke()
+    assert d.pending()
+    d.close()
+    assert not d.pending() and calls == [] and d.fired == 0
 
 
 def test_metric_labels_come_from_fixed_sets():

@@ -4,7 +4,8 @@
         w.pid, w.start_time        # the child process
         w.threads()                # {tid: comm} read from /proc/<pid>/task/*/comm
         tid = w.spawn("acl_thread_2")   # start a late named thread, returns its tid
-        w.stop(tid)                # make that thread exit (returns once it has)
+        w.born_cpus(tid)           # the CPUs that thread was allowed at birth (read by itself)
+        w.stop(tid)                # make that thread exit (returns once /proc no longer lists it)
         w.churn(True)              # keep creating short-lived threads until churn(False)
         w.cpus_allowed()           # {tid: frozenset} from /proc/<pid>/task/*/status
     # leaving the block always kills and reaps the child
@@ -21,6 +22,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 from ascendbind.cpulist import parse_cpulist
@@ -34,9 +36,12 @@ PR_SET_NAME = 15
 def name_self(name):
     libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 stops = {}
+born = {}
 def run(name, ready, stop):
     name_self(name)
-    ready.put(threading.get_native_id())
+    tid = threading.get_native_id()
+    born[tid] = sorted(os.sched_getaffinity(0))
+    ready.put(tid)
     stop.wait()
 import queue
 def spawn(name):
@@ -46,11 +51,20 @@ def spawn(name):
     tid = q.get()
     stops[tid] = (ev, t)
     return tid
-churning = threading.Event()
+# The churner runs batches of short-lived threads while `want` is set; `busy` is
+# flipped under the same lock, so "churn off" can wait until no batch is running.
+cond = threading.Condition()
+want = False
+busy = False
 def churn_loop():
+    global busy
     name_self("churner")
     while True:
-        churning.wait()
+        with cond:
+            busy = False
+            cond.notify_all()
+            cond.wait_for(lambda: want)
+            busy = True
         ts = [threading.Thread(target=time.sleep, args=(0.002,), daemon=True) for _ in range(8)]
         for t in ts: t.start()
         for t in ts: t.join()
@@ -67,15 +81,32 @@ for line in sys.stdin:
         ev, t = stops.pop(int(arg))
         ev.set(); t.join()
         out.write("ok\n")
+    elif cmd == "born":
+        out.write(",".join(map(str, born[int(arg)])) + "\n")
     elif cmd == "churn":
-        (churning.set if arg == "on" else churning.clear)()
-        out.write("ok\n")
+        with cond:
+            want = arg == "on"
+            cond.notify_all()
+            if not want:
+                cond.wait_for(lambda: not busy)
+        # the threads every later listing must show: this one, the churner, the named ones
+        out.write(f"{threading.active_count()}\n")
     elif cmd == "quit":
         break
     else:
         out.write("?\n")
     out.flush()
 """
+
+
+def _wait(predicate, timeout: float = 10.0) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass (an event wait, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.002)
+    return predicate()
 
 
 def cpus_allowed_of(pid: int, tid: int) -> frozenset[int] | None:
@@ -110,13 +141,25 @@ class Worker:
         """Start a thread named ``name`` (<= 15 bytes); returns its tid once named."""
         return int(self._ask(f"spawn {name}"))
 
+    def born_cpus(self, tid: int) -> frozenset[int]:
+        """The CPUs a thread started by ``spawn`` was allowed when it started, as it
+        read them itself: no race with anything that re-pins it afterwards."""
+        return frozenset(int(c) for c in self._ask(f"born {tid}").split(","))
+
     def stop(self, tid: int) -> None:
-        """Make a thread started by this helper exit; returns after it has been joined."""
+        """Make a thread started by ``spawn`` exit; returns once the kernel no longer
+        lists it (a joined thread can linger in /proc/<pid>/task until it is released)."""
         self._ask(f"stop {tid}")
+        if not _wait(lambda: not os.path.exists(f"/proc/{self.pid}/task/{tid}")):
+            raise RuntimeError(f"thread {tid} of worker {self.pid} still listed after it exited")
 
     def churn(self, on: bool) -> None:
-        """Start/stop a loop creating short-lived threads (8 at a time, ~2 ms each)."""
-        self._ask("churn on" if on else "churn off")
+        """Start/stop a loop creating short-lived threads (8 at a time, ~2 ms each).
+        ``churn(False)`` returns once the last batch has been joined *and* the kernel
+        lists only the long-lived threads again, so a later listing is stable."""
+        expected = int(self._ask("churn on" if on else "churn off"))
+        if not on and not _wait(lambda: len(os.listdir(f"/proc/{self.pid}/task")) == expected):
+            raise RuntimeError(f"worker {self.pid} still lists short-lived threads after churn off")
 
     def threads(self) -> dict[int, str]:
         out = {}

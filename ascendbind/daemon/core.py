@@ -21,6 +21,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,8 @@ class Daemon:
         self.held: dict[int, Held] = {}
         self.started = time.time()
         self.hotplug_status = "off"
+        # set by the service to its hot-plug debouncer: a burst of uevents not yet acted upon
+        self.rediscovery_pending: Callable[[], bool] = lambda: False
 
     # ---------------------------------------------------------- state
 
@@ -380,5 +383,6 @@ class Daemon:
             "discovery": self.hosts.status,
             "workers": n,
             "hotplug": self.hotplug_status,
+            "rediscovery_pending": self.rediscovery_pending(),
             "uptime_seconds": round(time.time() - self.started, 3),
         }

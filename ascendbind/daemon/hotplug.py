@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 
 import structlog
 
@@ -30,38 +31,73 @@ SUBSYSTEMS = ("cpu", "pci")
 
 
 class Debouncer:
-    """Call ``action`` once, ``delay`` seconds after the last ``poke()`` of a burst."""
+    """Call ``action`` once the pokes have stopped for ``delay`` seconds.
+
+    One thread owns the timing: a poke moves the deadline, and the thread waits on
+    a condition until the deadline has passed unmoved, then fires. A burst whose
+    gaps are shorter than ``delay`` fires exactly once however late the scheduler
+    runs anybody: there is no timer to cancel, so no timer that fires while it is
+    being cancelled. The thread starts on the first poke and, with nothing due,
+    waits without a timeout (an idle daemon is not woken).
+    """
 
     def __init__(self, delay: float, action) -> None:
         self.delay, self.action = delay, action
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._firing = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
         self.pokes = 0
         self.fired = 0
 
     def poke(self) -> None:
-        with self._lock:
+        with self._cond:
+            if self._closed:
+                return
             self.pokes += 1
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(self.delay, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
+            self._deadline = time.monotonic() + self.delay
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="debounce", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
 
-    def _fire(self) -> None:
-        with self._lock:
-            self._timer = None
-            self.fired += 1
-        try:
-            self.action()
-        except Exception:
-            log.exception("rediscovery after hot-plug failed")
+    def pending(self) -> bool:
+        """True while a fire is due or running (a burst not yet acted upon)."""
+        with self._cond:
+            return self._deadline is not None or self._firing
 
-    def cancel(self) -> None:
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+    def _due(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._due():
+                    left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+                    self._cond.wait(left)
+                if self._closed:
+                    return
+                self._deadline = None
+                self._firing = True
+                self.fired += 1
+            try:
+                self.action()
+            except Exception:
+                log.exception("rediscovery after hot-plug failed")
+            finally:
+                with self._cond:
+                    self._firing = False
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """Drop anything due and end the thread (a fire already running completes)."""
+        with self._cond:
+            self._closed = True
+            self._deadline = None
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
 
 
 class HotplugMonitor:
@@ -114,7 +150,7 @@ class HotplugMonitor:
             self.debouncer.poke()
 
     def stop(self) -> None:
-        self.debouncer.cancel()
+        self.debouncer.close()
         if self._wake_w >= 0:
             try:
                 os.write(self._wake_w, b"x")

@@ -85,6 +85,7 @@ class _Service:
         threading.Thread(target=self._warm_up, name="discovery", daemon=True).start()
         self.reconciler.start()
         self.daemon.hotplug_status = self.hotplug.start()
+        self.daemon.rediscovery_pending = self.hotplug.debouncer.pending
         if cfg.auto_bind:
             self.autobind = AutoBinder(self.daemon)
             self.autobind.start()
