@@ -7,6 +7,8 @@ import os
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ascendbind.discovery.lscpu import parse_lscpu, parse_lscpu_e
 from ascendbind.discovery.npu_smi import (
@@ -399,6 +401,29 @@ def test_unknown_multi_word_and_reordered_columns_read_the_same(host, table, var
     assert edited != text
     assert ("extra" in variant) == (table_variants.EXTRA_NAME in edited)
     assert TABLE_PARSERS[table](edited) == TABLE_PARSERS[table](text)
+
+
+MANGLES = ["\t", " ", "  ", "|", "-", "x", "\n", "NA", "9", ", ", "NPU3 ", "Chip Name", "CPU"]
+
+
+@settings(max_examples=300)
+@given(
+    case=st.sampled_from(TABLE_CASES),
+    edits=st.lists(st.tuples(st.floats(0, 1), st.sampled_from(MANGLES + [""]), st.integers(0, 6)), max_size=4),
+)
+def test_mangled_tables_are_parse_errors_never_tracebacks(case, edits):
+    host, table = case
+    lines = cmd(host, table).splitlines()
+    # the header and the first rows, where the layout is read (the process table follows the status table)
+    at = next(i for i, ln in enumerate(lines) if "Process id" in ln) - 1 if table == "npu-smi_info" else 0
+    text = "\n".join(lines[at : at + 8])
+    for where, insert, cut in edits:
+        k = int(where * len(text))
+        text = text[:k] + insert + text[k + (0 if insert else cut) :]
+    try:
+        TABLE_PARSERS[table](text)
+    except ParseError as err:
+        assert str(err).startswith(err.source)
 
 
 def test_every_table_of_every_host_has_variants():

@@ -33,11 +33,12 @@ The rules, which hold for header and rows alike:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ParseError
+from .cells import count
 
-__all__ = ["Column", "Layout", "header_layout", "split_row", "blank_before"]
+__all__ = ["Column", "Layout", "Row", "header_layout", "split_row", "read_row", "blank_before"]
 
 _GAP_CELL = re.compile(r"[^ \t](?:[^ \t]| (?=[^ \t]))*")
 _WORD = re.compile(r"[^ \t]+")
@@ -59,6 +60,20 @@ class Layout:
     columns: tuple[Column, ...]
     sections: int
     words: bool = False
+    # normalised name -> first column of that name; section -> its columns (built once, read per row)
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _under: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[str, int] = {}
+        for i, c in enumerate(self.columns):
+            index.setdefault(_norm(c.name), i)
+        for i, c in enumerate(self.columns):
+            # the name as printed finds its column without normalising (the common lookup)
+            index.setdefault(c.name, index[_norm(c.name)])
+        under = tuple(tuple(i for i, c in enumerate(self.columns) if c.section == n) for n in range(self.sections))
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_under", under)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -66,11 +81,8 @@ class Layout:
 
     def find(self, name: str) -> int | None:
         """Index of the first column called ``name``, ignoring case and spacing."""
-        want = _norm(name)
-        for i, c in enumerate(self.columns):
-            if _norm(c.name) == want:
-                return i
-        return None
+        found = self._index.get(name)
+        return found if found is not None else self._index.get(_norm(name))
 
     def has(self, name: str) -> bool:
         return self.find(name) is not None
@@ -80,8 +92,11 @@ def _norm(name: str) -> str:
     return " ".join(name.split()).lower()
 
 
-def _display_columns(line: str) -> list[int]:
-    """Display column of every character of ``line``, plus one past the end."""
+def _display_columns(line: str) -> list[int] | None:
+    """Display column of every character of ``line``, plus one past the end; None
+    when the line has no tab and every character is one column wide."""
+    if "\t" not in line:
+        return None
     cols, col = [], 0
     for ch in line:
         cols.append(col)
@@ -103,12 +118,14 @@ def _sections(line: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _pieces(line: str, span: tuple[int, int], cols: list[int], words: bool) -> list[tuple[str, int, int]]:
+def _pieces(line: str, span: tuple[int, int], cols: list[int] | None, words: bool) -> list[tuple[str, int, int]]:
     """(text, start, end) of each cell of one section; offsets relative to the section."""
     a, b = span
-    base = cols[a]
     pattern = _WORD if words else _GAP_CELL
-    return [(m.group(), cols[a + m.start()] - base, cols[a + m.end()] - base) for m in pattern.finditer(line[a:b])]
+    if cols is None:
+        return [(m.group(), m.start() - a, m.end() - a) for m in pattern.finditer(line, a, b)]
+    base = cols[a]
+    return [(m.group(), cols[m.start()] - base, cols[m.end()] - base) for m in pattern.finditer(line, a, b)]
 
 
 def header_layout(line: str, *, words: bool = False) -> Layout:
@@ -129,26 +146,60 @@ def split_row(layout: Layout, line: str, source: str, lineno: int) -> tuple[str,
     Raises ParseError (naming ``source`` and ``lineno``) only when the row's ``|``
     sections do not match the header's: anything finer is the parser's to judge.
     """
-    cols = _display_columns(line)
     spans = _sections(line)
     if len(spans) != layout.sections:
         raise ParseError(source, f"row has {len(spans)} cells, header has {layout.sections}", line=lineno, text=line)
-    cells: list[list[str]] = [[] for _ in layout.columns]
+    cells = [""] * len(layout.columns)
     for n, span in enumerate(spans):
-        under = [i for i, c in enumerate(layout.columns) if c.section == n]
-        pieces = _pieces(line, span, cols, layout.words)
+        under = layout._under[n]
         if not under:
             continue
-        if len(pieces) == len(under):
-            for i, (text, _, _) in zip(under, pieces):
-                cells[i].append(text)
+        texts = (_WORD if layout.words else _GAP_CELL).findall(line, *span)
+        if len(texts) == len(under):
+            for i, text in zip(under, texts):
+                cells[i] = text
             continue
-        for text, start, end in pieces:
-            cells[_column_of(layout, under, start, end)].append(text)
-    return tuple(" ".join(parts) for parts in cells)
+        for text, start, end in _pieces(line, span, _display_columns(line), layout.words):
+            i = _column_of(layout, under, start, end)
+            cells[i] = f"{cells[i]} {text}" if cells[i] else text
+    return tuple(cells)
 
 
-def _column_of(layout: Layout, under: list[int], start: int, end: int) -> int:
+class Row:
+    """One row's cells by column name, and the errors a parser raises about them
+    (each names the source, the line number and the line as printed)."""
+
+    def __init__(self, layout: Layout, cells: tuple[str, ...], source: str, lineno: int, line: str) -> None:
+        self.layout, self.cells = layout, cells
+        self.source, self.lineno, self.line = source, lineno, line
+
+    def get(self, name: str) -> str | None:
+        """The cell under ``name`` ("" when the row has none there); None when the
+        header has no such column."""
+        i = self.layout.find(name)
+        return None if i is None else self.cells[i]
+
+    def need(self, name: str) -> str:
+        """The cell under a column the header has; an empty one is an error."""
+        cell = self.get(name)
+        if not cell:
+            self.fail(f"row has no {name!r} cell (the header has that column)")
+        return cell
+
+    def number(self, name: str) -> int:
+        return count(self.need(name), self.source, name, self.lineno, self.line)
+
+    def fail(self, message: str):
+        raise ParseError(self.source, message, line=self.lineno, text=self.line)
+
+
+def read_row(layout: Layout, line: str, source: str, lineno: int, *, shown: str | None = None) -> Row:
+    """``split_row`` wrapped for reading by name; ``shown`` is the line errors quote
+    when ``line`` is an edited copy of it."""
+    return Row(layout, split_row(layout, line, source, lineno), source, lineno, line if shown is None else shown)
+
+
+def _column_of(layout: Layout, under: tuple[int, ...], start: int, end: int) -> int:
     for i in under:
         c = layout.columns[i]
         if start < c.end and c.start < end:

@@ -20,7 +20,7 @@ from ..cpulist import parse_cpulist
 from ..errors import ParseError
 from ..model import CpuInfo, frozen_map
 from .cells import count
-from .columns import Layout, header_layout, split_row
+from .columns import Layout, header_layout, read_row
 
 __all__ = ["LscpuSummary", "parse_lscpu_e", "parse_lscpu", "SRC_LSCPU", "SRC_LSCPU_E"]
 
@@ -42,33 +42,24 @@ def parse_lscpu_e(text: str, source: str = SRC_LSCPU_E) -> tuple[CpuInfo, ...]:
             if not layout.has("CPU"):
                 raise ParseError(source, "expected the 'CPU NODE SOCKET CORE ...' header", line=lineno, text=line)
             continue
-        n_cells = len(line.split())
-        if n_cells > len(layout.columns):
-            raise ParseError(source, f"row has {n_cells} cells, header has {len(layout.columns)}", line=lineno, text=line)
-        cells = split_row(layout, line, source, lineno)
-
-        def cell(col: str) -> str | None:
-            """The cell under ``col``; None when the header has no such column."""
-            i = layout.find(col)
-            if i is None:
-                return None
-            if not cells[i]:
-                # a row may stop early only after the columns we read
-                raise ParseError(source, f"row has no {col} cell (the header has that column)", line=lineno, text=line)
-            return cells[i]
+        n_cells, n_cols = len(line.split()), len(layout.columns)
+        if n_cells > n_cols:
+            raise ParseError(source, f"row has {n_cells} cells, header has {n_cols}", line=lineno, text=line)
+        row = read_row(layout, line, source, lineno)
 
         def num(col: str) -> int | None:
-            raw = cell(col)
-            if raw is None or raw in _DASH:
-                return None
-            return count(raw, source, col, lineno, line)
+            raw = row.get(col)
+            if raw is None:
+                return None  # the header has no such column
+            raw = row.need(col)  # a row may stop early only after the columns we read
+            return None if raw in _DASH else count(raw, source, col, lineno, line)
 
         cpu = num("CPU")
         if cpu is None:
             raise ParseError(source, "row without a CPU number", line=lineno, text=line)
         if cpu in out:
             raise ParseError(source, f"CPU {cpu} listed twice", line=lineno, text=line)
-        online_raw = (cell("ONLINE") or "yes").lower()
+        online_raw = (row.need("ONLINE") if layout.has("ONLINE") else "yes").lower()
         if online_raw not in ("yes", "no", "y", "n"):
             raise ParseError(source, f"ONLINE {online_raw!r} is neither yes nor no", line=lineno, text=line)
         out[cpu] = CpuInfo(

@@ -36,7 +36,7 @@ from ..cpulist import parse_cpulist
 from ..errors import ParseError
 from ..model import NpuChip
 from .cells import count
-from .columns import Layout, blank_before, header_layout, split_row
+from .columns import Layout, Row, blank_before, header_layout, read_row
 
 __all__ = [
     "SRC_CHIP_MAP",
@@ -64,31 +64,6 @@ def _is_noise(stripped: str) -> bool:
     return not stripped or stripped.startswith("[WARNING]") or stripped.startswith("[INFO]")
 
 
-class _Row:
-    """One row's cells by column name, with the errors a parser raises about them."""
-
-    def __init__(self, layout: Layout, cells: tuple[str, ...], source: str, lineno: int, line: str) -> None:
-        self.layout, self.cells = layout, cells
-        self.source, self.lineno, self.line = source, lineno, line
-
-    def get(self, name: str) -> str | None:
-        """The cell under ``name``; None when the header has no such column."""
-        i = self.layout.find(name)
-        return None if i is None else self.cells[i]
-
-    def need(self, name: str) -> str:
-        cell = self.get(name)
-        if not cell:
-            self.fail(f"row has no {name!r} cell (the header has that column)")
-        return cell
-
-    def number(self, name: str) -> int:
-        return count(self.need(name), self.source, name, self.lineno, self.line)
-
-    def fail(self, message: str):
-        raise ParseError(self.source, message, line=self.lineno, text=self.line)
-
-
 # ---------------------------------------------------------------- npu-smi info -m
 
 
@@ -109,7 +84,7 @@ def parse_chip_map(text: str, source: str = SRC_CHIP_MAP) -> tuple[NpuChip, ...]
                 if not layout.has(need):
                     raise ParseError(source, f"header has no {need!r} column", line=lineno, text=line)
             continue
-        row = _Row(layout, split_row(layout, line, source, lineno), source, lineno, line)
+        row = read_row(layout, line, source, lineno)
         card = row.number("NPU ID")
         chip = row.number("Chip ID")
         name = row.need("Chip Name")
@@ -163,7 +138,7 @@ def _process_form(layout: Layout) -> str | None:
     return None
 
 
-def _optional_count(row: _Row, name: str) -> int | None:
+def _optional_count(row: Row, name: str) -> int | None:
     raw = row.get(name)
     if not raw or raw.upper() in _ABSENT:
         return None
@@ -190,7 +165,7 @@ def parse_process_table(text: str, source: str = SRC_INFO) -> tuple[RawProcessRo
             continue  # "+====+" borders, blank lines, trailing [WARNING] notes
         if stripped.strip("| ").lower().startswith("no running processes found"):
             continue
-        row = _Row(layout, split_row(layout, line, source, lineno), source, lineno, line)
+        row = read_row(layout, line, source, lineno)
         chip: int | None
         if form == "card+chip":
             if not row.get("NPU") or not (row.get("Chip") or row.get("Chip ID")):
@@ -286,7 +261,7 @@ def parse_topo(text: str, source: str = SRC_TOPO) -> TopoTable:
                 raise ParseError(source, "row has more cells than the header", line=lineno, text=line)
             rows.append(TopoRow(kind=m.group(1), index=int(m.group(2)), affinity=None))
             continue
-        row = _Row(extra, split_row(extra, tail, source, lineno), source, lineno, line)
+        row = read_row(extra, tail, source, lineno, shown=line)
         affinity: frozenset[int] | None = None
         if extra.has("CPU Affinity"):
             # affinity lists may carry a space after each comma
