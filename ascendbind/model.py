@@ -122,6 +122,9 @@ class HostFacts:
     # logical NPU id -> NUMA node of its PCI device (sysfs <addr>/numa_node; -1 there means
     # unknown and is left out). The alignment's device hint when topo has no affinity.
     pci_numa_nodes: Mapping[int, int] = field(default_factory=frozen_map)
+    # logical NPU id -> why its PCI address is unknown (the board query failed, printed
+    # nothing or no PCIe Bus Info, or was not asked): the IRQ step's skip sentence
+    pci_unknown: Mapping[int, str] = field(default_factory=frozen_map)
 
     @property
     def logic_ids(self) -> tuple[int, ...]:

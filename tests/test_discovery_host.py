@@ -3,6 +3,7 @@ copies of them (one variant each), and live on this machine against real child p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -10,11 +11,13 @@ import sys
 
 import pytest
 
+from ascendbind.applier.irq import bind_irqs
 from ascendbind.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_processes, discover_worker
 from ascendbind.discovery.host import board_argv, detect_device_type
 from ascendbind.errors import ParseError, ProcessGone, ToolMissing, UsageError
-from ascendbind.model import DeviceType, NpuChip, NpuProcess
+from ascendbind.model import DeviceType, NpuChip, NpuProcess, Outcome, Reason
+from ascendbind.planner import make_plan, select_targets
 from tests.workers import start_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,19 +49,45 @@ def drop(d: str, *rels: str) -> None:
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def fake_npu_smi(tmp_path, host_dir: str, fail: tuple[str, ...] = ()) -> str:
+def fake_npu_smi(tmp_path, host_dir: str, fail: tuple[str, ...] = (), log: str | None = None) -> str:
     """A tiny npu-smi that replays a snapshot's cmd/ files (LiveHost passes no env through,
-    so the directory is baked in). Argument strings in ``fail`` exit 1 like a broken query."""
+    so the directory is baked in). Argument strings in ``fail`` exit 1 like a broken query;
+    with ``log``, every call appends its arguments there as one line."""
     path = tmp_path / "npu-smi"
     path.write_text(
         f"#!{sys.executable}\nimport sys\nargs = ' '.join(sys.argv[1:])\n"
-        f"if args in {list(fail)!r}:\n    sys.stderr.write('Error: card is resetting.\\n'); sys.exit(1)\n"
+        + (f"open({log!r}, 'a').write(args + '\\n')\n" if log else "")
+        + f"if args in {list(fail)!r}:\n    sys.stderr.write('Error: card is resetting.\\n'); sys.exit(1)\n"
         f"name = '_'.join(['npu-smi'] + sys.argv[1:]) + '.txt'\n"
         f"try:\n    sys.stdout.write(open({host_dir!r} + '/cmd/' + name).read())\n"
         "except OSError:\n    sys.stderr.write('not supported\\n'); sys.exit(2)\n"
     )
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
+
+
+class NpuSmiLive(SnapshotHost):
+    """A snapshot's files, with npu-smi run for real (a fake binary): the board query
+    then fails the way it does on a host, by exit status."""
+
+    def __init__(self, directory: str, npu_smi: str) -> None:
+        super().__init__(directory)
+        self.live = LiveHost(npu_smi=npu_smi)
+
+    def run(self, argv):
+        return self.live.run(argv) if argv[0] == "npu-smi" else super().run(argv)
+
+
+class Recording(SnapshotHost):
+    """A snapshot that notes every command discovery asks it for."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.argvs: list[list[str]] = []
+
+    def run(self, argv):
+        self.argvs.append(list(argv))
+        return super().run(argv)
 
 
 # ---------------------------------------------------------------- fixture hosts
@@ -124,6 +153,31 @@ def test_950_host_and_uvb_threads():
     w = discover_worker(src, 5151, CFG, want_uvb=True)
     assert w.uvb_tids == (1890, 1891, 1892, 1893)  # not uvb_poll_ctl
     assert discover_worker(src, 5151, CFG).uvb_tids == ()  # only when asked
+
+
+def test_950_discovery_never_runs_a_board_query(tmp_path):
+    d = os.path.join(HOSTS, "950-4numa")
+    log = str(tmp_path / "calls")
+    # a 950's npu-smi refuses the board query (-c is unsupported there): make every one fail
+    boards = tuple(f"info -t board -i {k}" + c for k in R(8) for c in ("", " -c 0"))
+    live = NpuSmiLive(d, fake_npu_smi(tmp_path, d, fail=boards, log=log))
+    h = discover_host(live, CFG)
+    with open(log) as fh:
+        calls = fh.read().splitlines()
+    assert sorted(calls) == ["info", "info -m", "info -t topo"]
+    assert h.device_type is DeviceType.A950 and h.logic_ids == tuple(R(8)) and h.pci_addresses == {}
+    assert h.pci_unknown == {k: "not queried: Ascend 950 binds no NPU IRQs" for k in R(8)}
+    assert not any("PCI" in w for w in h.warnings), h.warnings
+    assert h == discover_host(host("950-4numa"), CFG)  # the snapshot, which holds no board listing
+
+
+def test_device_type_950_from_config_skips_board_queries_too():
+    rec = Recording(os.path.join(HOSTS, "a2-8x910b3"))
+    h = discover_host(rec, CFG.replace(device_type="950"))
+    assert not any("board" in argv for argv in rec.argvs) and h.pci_addresses == {}
+    rec = Recording(os.path.join(HOSTS, "a2-8x910b3"))
+    assert len(discover_host(rec, CFG).pci_addresses) == 8
+    assert sum("board" in argv for argv in rec.argvs) == 8
 
 
 def test_malformed_host_is_parseable_with_warnings():
@@ -253,6 +307,41 @@ def test_failing_board_query_is_a_warning(tmp_path):
     assert sorted(h.pci_addresses) == [0, 1, 2, 4, 5, 6, 7]
     assert any("NPU 3" in w and "exited 1" in w for w in h.warnings)
     assert h.chips == discover_host(host("a2-8x910b3"), CFG).chips
+
+
+@pytest.mark.parametrize(
+    "how, why",
+    [
+        ("exit status", "the board query failed: command npu-smi info -t board -i 3 exited 1"),
+        ("no output", "`npu-smi info -t board -i 3` is unavailable on this host (no output)"),
+        ("unparsable", "the board query failed: npu-smi info -t board -i 3 line 2: PCIe Bus Info '0000:ZZ:00.0'"),
+        ("NA", "`npu-smi info -t board -i 3` printed no PCIe Bus Info (absent or NA)"),
+    ],
+)
+def test_failed_board_query_costs_only_the_irq_step(tmp_path, how, why):
+    d = copy_host(tmp_path, "a2-8x910b3")
+    board = "cmd/npu-smi_info_-t_board_-i_3.txt"
+    src: SnapshotHost = SnapshotHost(d)
+    if how == "exit status":
+        src = NpuSmiLive(d, fake_npu_smi(tmp_path, d, fail=("info -t board -i 3",)))
+    elif how == "no output":
+        drop(d, board)
+    elif how == "unparsable":
+        put(d, board, "\tNPU ID                         : 3\n\tPCIe Bus Info                  : 0000:ZZ:00.0\n")
+    else:
+        put(d, board, "\tNPU ID                         : 3\n\tPCIe Bus Info                  : NA\n")
+    h = discover_host(src, CFG)
+    assert sorted(h.pci_addresses) == [0, 1, 2, 4, 5, 6, 7] and h.pci_unknown[3].startswith(why)
+    worker = discover_worker(src, None, CFG)
+    plan = make_plan(h, worker, select_targets(h, worker, [3]), CFG)
+    with open(os.path.join(HOSTS, "a2-8x910b3", "expected", "npu3.json")) as fh:
+        assert plan.to_json() == json.load(fh)["plan"]  # the plan does not need the address
+    proc, sys_ = tmp_path / "proc", tmp_path / "sys"
+    (proc / "irq").mkdir(parents=True)
+    sys_.mkdir()
+    step = bind_irqs(plan, h, CFG.replace(proc_root=str(proc), sys_root=str(sys_)))
+    assert (step.outcome, step.reason) == (Outcome.SKIPPED, Reason.NO_PCI_ADDRESS)
+    assert step.detail.startswith(f"NPU 3: {why}"), step.detail
 
 
 def test_discover_processes_alone():

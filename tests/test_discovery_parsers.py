@@ -7,6 +7,8 @@ import os
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ascendbind.discovery.lscpu import parse_lscpu, parse_lscpu_e
 from ascendbind.discovery.npu_smi import (
@@ -26,6 +28,7 @@ from ascendbind.discovery.procfs import (
 )
 from ascendbind.discovery.sysfs import parse_cpulist_file, parse_node_distance
 from ascendbind.errors import ParseError
+from tests import table_variants
 
 HOSTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts")
 
@@ -80,7 +83,41 @@ def test_chip_map_a3_two_dies_with_phy_ids():
 
 def test_chip_map_950_without_logic_column_uses_npu_id():
     chips = parse_chip_map(cmd("950-4numa", "npu-smi_info_-m"))
-    assert [(c.card, c.logic_id, c.name) for c in chips] == [(k, k, "Ascend 950PR") for k in R(8)]
+    # Slot ID is a column this parser does not know: it must not shift Chip ID or the rest
+    assert [(c.card, c.chip, c.logic_id, c.phy_id, c.name) for c in chips] == [
+        (k, 0, k, k, "Ascend950PR") for k in R(8)
+    ]
+
+
+@pytest.mark.parametrize("name", ["Ascend950PR", "Ascend950DT"])
+def test_chip_map_real_950_output(name):
+    # as a real Ascend 950 prints it, tab and spacing included
+    text = (
+        "\tNPU ID    Slot ID    Chip ID    Chip Phy-ID    Chip Name\n"
+        f"\t0         0          0          0              {name}\n"
+        f"\t1         3          0          1              {name}\n"
+    )
+    chips = parse_chip_map(text)
+    assert [(c.card, c.chip, c.logic_id, c.phy_id, c.name) for c in chips] == [(0, 0, 0, 0, name), (1, 0, 1, 1, name)]
+
+
+def test_chip_map_single_space_never_separates_columns():
+    # one space joins words into one name: "Chip Phy-ID Chip Name" is one (unknown) column,
+    # so the header lacks "Chip Name"; guessing a split from known names is what broke 950
+    text = "NPU ID  Chip ID  Chip Logic ID  Chip Phy-ID Chip Name\n0       0        0              4 Ascend\n"
+    err = parse_error(parse_chip_map, text, source="npu-smi info -m", line=1)
+    assert "'Chip Name'" in str(err)
+
+
+def test_chip_map_spaced_name_in_a_middle_column_and_an_empty_unknown_cell():
+    text = (
+        "\tChip Name       Bus Width Mode    NPU ID    Chip ID    Chip Logic ID\n"
+        "\tAscend 910B3    PCIe x16 Gen5     0         0          0\n"
+        "\tAscend 910B3                      1         0          1\n"
+        "\tMcu             -                 1         1          -\n"
+    )
+    chips = parse_chip_map(text)
+    assert [(c.card, c.chip, c.logic_id, c.name) for c in chips] == [(0, 0, 0, "Ascend 910B3"), (1, 0, 1, "Ascend 910B3")]
 
 
 def test_chip_map_310p_large_card_ids():
@@ -93,19 +130,13 @@ def test_chip_map_na_logic_ids_and_trailing_warning():
     assert [c.logic_id for c in chips] == list(R(7))  # NPU 7 prints NA: not a usable die
 
 
-def test_chip_map_single_spaced_variant():
-    # how some tools and older drivers print it: single spaces, Phy-ID before a one-word name
-    text = "NPU ID  Chip ID  Chip Logic ID  Chip Phy-ID Chip Name\n0 0 0 4 Ascend\n0 1 1 5 Ascend\n0 2 - - Mcu\n"
-    chips = parse_chip_map(text)
-    assert [(c.logic_id, c.phy_id, c.name) for c in chips] == [(0, 4, "Ascend"), (1, 5, "Ascend")]
-
-
 @pytest.mark.parametrize(
     "text, line, what",
     [
         ("NPU ID  Chip ID  Chip Logic ID  Chip Name\nx0  0  0  Ascend 910B3\n", 2, "NPU ID 'x0'"),
         ("NPU ID  Chip ID  Chip Logic ID  Chip Name\n0  0  zero  Ascend 910B3\n", 2, "Chip Logic ID"),
-        ("NPU ID  Chip ID  Chip Logic ID  Chip Name\n0  0  0  Ascend\n1  0\n", 3, "cells"),
+        ("NPU ID  Chip ID  Chip Logic ID  Chip Name\n0       0        0              Ascend\n1       0\n", 3, "no 'Chip Name' cell"),
+        ("NPU ID  Chip ID  Chip Logic ID  Chip Name\n0       0                       Ascend\n", 2, "no 'Chip Logic ID' cell"),
         ("NPU ID  Chip ID  Chip Logic ID  Chip Name\n0  0  0  A\n1  0  0  A\n", 3, "appears twice"),
         ("dcmi model initialized failed, because the device is used. ret is -8020\n", 1, "header"),
         ("NPU ID  Chip Logic ID\n0 0\n", 1, "Chip ID"),
@@ -343,6 +374,62 @@ def test_lscpu_summary_malformed():
     parse_error(parse_lscpu, text, source="lscpu", line=2)
     parse_error(parse_lscpu, "NUMA node0 CPU(s):   0-x\n", source="lscpu", line=1)
     parse_error(parse_lscpu, "\n\n", source="lscpu", line=None)
+
+
+# ---------------------------------------------------------------- every table: unknown and reordered columns
+
+TABLE_PARSERS = {
+    "npu-smi_info_-m": parse_chip_map,
+    "npu-smi_info": parse_process_table,
+    "npu-smi_info_-t_topo": parse_topo,
+    "lscpu_-e": parse_lscpu_e,
+}
+TABLE_CASES = [
+    (h, t)
+    for h in sorted(os.listdir(HOSTS))
+    if os.path.isdir(os.path.join(HOSTS, h))
+    for t in TABLE_PARSERS
+    if os.path.exists(os.path.join(HOSTS, h, "cmd", f"{t}.txt"))
+]
+
+
+@pytest.mark.parametrize("variant", table_variants.VARIANTS)
+@pytest.mark.parametrize("host, table", TABLE_CASES, ids=[f"{h}/{t}" for h, t in TABLE_CASES])
+def test_unknown_multi_word_and_reordered_columns_read_the_same(host, table, variant):
+    text = cmd(host, table)
+    edited = table_variants.TABLES[table](text, variant)
+    assert edited != text
+    assert ("extra" in variant) == (table_variants.EXTRA_NAME in edited)
+    assert TABLE_PARSERS[table](edited) == TABLE_PARSERS[table](text)
+
+
+MANGLES = ["\t", " ", "  ", "|", "-", "x", "\n", "NA", "9", ", ", "NPU3 ", "Chip Name", "CPU"]
+
+
+@settings(max_examples=300)
+@given(
+    case=st.sampled_from(TABLE_CASES),
+    edits=st.lists(st.tuples(st.floats(0, 1), st.sampled_from(MANGLES + [""]), st.integers(0, 6)), max_size=4),
+)
+def test_mangled_tables_are_parse_errors_never_tracebacks(case, edits):
+    host, table = case
+    lines = cmd(host, table).splitlines()
+    # the header and the first rows, where the layout is read (the process table follows the status table)
+    at = next(i for i, ln in enumerate(lines) if "Process id" in ln) - 1 if table == "npu-smi_info" else 0
+    text = "\n".join(lines[at : at + 8])
+    for where, insert, cut in edits:
+        k = int(where * len(text))
+        text = text[:k] + insert + text[k + (0 if insert else cut) :]
+    try:
+        TABLE_PARSERS[table](text)
+    except ParseError as err:
+        assert str(err).startswith(err.source)
+
+
+def test_every_table_of_every_host_has_variants():
+    # the 950 host's tables included: all four exist on every fixture host
+    assert {t for _, t in TABLE_CASES} == set(TABLE_PARSERS)
+    assert {h for h, _ in TABLE_CASES} >= {"950-4numa", "a2-8x910b3", "a3-16die", "310p-4card", "malformed-a2"}
 
 
 # ---------------------------------------------------------------- /proc

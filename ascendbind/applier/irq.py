@@ -155,7 +155,8 @@ def find_npu_irqs(npu: int, host: HostFacts, rows: tuple[tuple[int, str], ...], 
     """SQ/CQ IRQs of one NPU, or _Skip with the reason the seed would have skipped."""
     pci = host.pci_addresses.get(npu)
     if not pci:
-        raise _Skip(Reason.NO_PCI_ADDRESS, f"NPU {npu}: npu-smi info -t board gave no PCIe Bus Info")
+        why = host.pci_unknown.get(npu) or "npu-smi info -t board gave no PCIe Bus Info"
+        raise _Skip(Reason.NO_PCI_ADDRESS, f"NPU {npu}: {why}")
     msi_dir = f"{sys_root}/bus/pci/devices/{pci.lower()}/msi_irqs"
     msi = _msi_irqs(npu, host, sys_root)
     if not msi:

@@ -6,9 +6,10 @@ directory, and under the snapshot recorder.
 
 Cost (the daemon calls this per request): ``discover_host`` runs npu-smi
 three times plus one ``-t board`` query per die (skip those with
-``want_pci=False`` and ask ``pci_address_of`` for just the target NPU), and
-lscpu twice. Its facts are static between hot-plug events, so a daemon should
-cache them. ``discover_worker`` only reads a handful of small /proc files per
+``want_pci=False`` and ask ``pci_address_of`` for just the target NPU; an
+Ascend 950 is never asked, since only the IRQ step needs the address and the
+950 binds no NPU IRQs), and lscpu twice. Its facts are static between hot-plug
+events, so a daemon should cache them. ``discover_worker`` only reads a handful of small /proc files per
 worker plus one ``comm`` per thread; it runs ``ps -Te`` only when ``want_uvb``.
 """
 
@@ -137,7 +138,7 @@ def discover_cpu_topology(source: HostSource) -> CpuTopology:
 
 
 def detect_device_type(chips: Sequence[NpuChip]) -> DeviceType:
-    """SPEC §1: 950 -> 950; 310P -> 310P; 910B -> A2; Ascend910 with two dies per card -> A3."""
+    """By chip name: 950 -> 950; 310P -> 310P; 910B -> A2; Ascend910 with two dies per card -> A3."""
     if not chips:
         return DeviceType.UNKNOWN
     name = chips[0].name.replace(" ", "").upper()
@@ -154,7 +155,8 @@ def detect_device_type(chips: Sequence[NpuChip]) -> DeviceType:
 
 
 def board_argv(chips: Sequence[NpuChip], chip: NpuChip) -> list[str]:
-    """SPEC §5: ``-c <chip>`` exactly when the card holds more than one compute die."""
+    """``-c <chip>`` exactly when the card holds more than one compute die (a
+    snapshot names its file after this argv)."""
     argv = ["npu-smi", "info", "-t", "board", "-i", str(chip.card)]
     if sum(1 for c in chips if c.card == chip.card) > 1:
         argv += ["-c", str(chip.chip)]
@@ -164,11 +166,43 @@ def board_argv(chips: Sequence[NpuChip], chip: NpuChip) -> list[str]:
 def pci_address_of(source: HostSource, chips: Sequence[NpuChip], chip: NpuChip) -> str | None:
     """One die's PCI address, or None when the board query prints none.
     Raises CommandFailed / ParseError like any other command."""
+    return _board_address(source, chips, chip)[0]
+
+
+def _board_address(source: HostSource, chips: Sequence[NpuChip], chip: NpuChip) -> tuple[str | None, str]:
+    """(address or None, why there is none). Raises like ``pci_address_of``."""
     argv = board_argv(chips, chip)
+    name = board_source(chip.card, chip.chip if "-c" in argv else None)
     text = source.run(argv)
     if text is None:
-        return None
-    return parse_board(text, board_source(chip.card, chip.chip if "-c" in argv else None))
+        return None, f"`{name}` is unavailable on this host (no output)"
+    addr = parse_board(text, name)
+    return addr, "" if addr else f"`{name}` printed no PCIe Bus Info (absent or NA)"
+
+
+def _pci_addresses(
+    source: HostSource, chips: Sequence[NpuChip], device_type: DeviceType, warnings: list[str]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """(logic id -> PCI address, logic id -> why it is unknown). Only the IRQ step
+    needs an address, so a board query that fails costs that NPU its IRQ step (the
+    step says why) and never the plan."""
+    pci: dict[int, str] = {}
+    unknown: dict[int, str] = {}
+    if device_type is DeviceType.A950:
+        # the 950 binds no NPU IRQs, and its npu-smi rejects the -c form of the query
+        return pci, {c.logic_id: "not queried: Ascend 950 binds no NPU IRQs" for c in chips}
+    for chip in chips:
+        try:
+            addr, why = _board_address(source, chips, chip)
+        except DiscoveryError as exc:
+            warnings.append(f"no PCI address for NPU {chip.logic_id}: {exc}")
+            unknown[chip.logic_id] = f"the board query failed: {exc}"
+            continue
+        if addr is None:
+            unknown[chip.logic_id] = why
+        else:
+            pci[chip.logic_id] = addr
+    return pci, unknown
 
 
 def pci_numa_node(source: HostSource, addr: str) -> int | None:
@@ -251,7 +285,8 @@ def discover_processes(
 
 def discover_host(source: HostSource, config: Config, *, want_pci: bool = True) -> HostFacts:
     """Run/read every static input (npu-smi info/-m/-t topo/-t board, lscpu -e,
-    lscpu, sysfs NUMA nodes and distances) through ``source``.
+    lscpu, sysfs NUMA nodes and distances) through ``source``. A board query
+    that fails is a warning and an entry in ``pci_unknown``, never an error.
 
     Raises ToolMissing when npu-smi is absent (the message says to use
     --snapshot), ParseError for malformed text (source + line), CommandFailed.
@@ -275,24 +310,14 @@ def discover_host(source: HostSource, config: Config, *, want_pci: bool = True) 
     topo = parse_topo(topo_text) if topo_text is not None else TopoTable(rows=(), has_affinity=False)
     topo_affinity = _topo_to_logic(topo, chips, warnings)
 
-    pci: dict[int, str] = {}
-    if want_pci:
-        for chip in chips:
-            try:
-                addr = pci_address_of(source, chips, chip)
-            except DiscoveryError as exc:
-                # only the IRQ step needs it: say so, keep planning
-                warnings.append(f"no PCI address for NPU {chip.logic_id}: {exc}")
-                continue
-            if addr is not None:
-                pci[chip.logic_id] = addr
-    pci_nodes = {npu: node for npu, addr in pci.items() if (node := pci_numa_node(source, addr)) is not None}
-
-    cpu = discover_cpu_topology(source)
     if config.device_type != "auto":
         device_type = DeviceType(config.device_type)
     else:
         device_type = detect_device_type(chips)
+    pci, pci_unknown = _pci_addresses(source, chips, device_type, warnings) if want_pci else ({}, {})
+    pci_nodes = {npu: node for npu, addr in pci.items() if (node := pci_numa_node(source, addr)) is not None}
+
+    cpu = discover_cpu_topology(source)
     return HostFacts(
         cpus=cpu.cpus,
         threads_per_core=cpu.threads_per_core,
@@ -305,6 +330,7 @@ def discover_host(source: HostSource, config: Config, *, want_pci: bool = True) 
         topo_rows=len(topo.rows),
         processes=processes,
         pci_addresses=frozen_map(pci),
+        pci_unknown=frozen_map(pci_unknown),
         pci_numa_nodes=frozen_map(pci_nodes),
         warnings=cpu.warnings + tuple(warnings),
     )

@@ -1,9 +1,12 @@
 """Parsers for ``lscpu -e`` and ``lscpu``. Pure: text in, frozen values out.
 
 ``lscpu -e`` is a header-driven table (``CPU NODE SOCKET CORE L1d:L1i:L2:L3
-ONLINE MAXMHZ MINMHZ``; which columns appear depends on the host: single-node
-hosts and some containers print no NODE column). Offline CPUs print ``-`` in
-the topology cells and ``no`` under ONLINE. ``lscpu`` is ``Key: value`` lines;
+ONLINE MAXMHZ MINMHZ``; which columns appear, and in which order, depends on the
+host and the util-linux version: single-node hosts and some containers print no
+NODE column). Its column names and values never contain a space, numbers are
+right-aligned under their names; cells are read by column name through the
+header's layout (columns.py), so columns this parser does not read are ignored.
+Offline CPUs print ``-`` in the topology cells and ``no`` under ONLINE. ``lscpu`` is ``Key: value`` lines;
 only the keys the planner needs are kept.
 """
 
@@ -17,6 +20,7 @@ from ..cpulist import parse_cpulist
 from ..errors import ParseError
 from ..model import CpuInfo, frozen_map
 from .cells import count
+from .columns import Layout, header_layout, read_row
 
 __all__ = ["LscpuSummary", "parse_lscpu_e", "parse_lscpu", "SRC_LSCPU", "SRC_LSCPU_E"]
 
@@ -28,35 +32,34 @@ _DASH = {"-", ""}
 
 def parse_lscpu_e(text: str, source: str = SRC_LSCPU_E) -> tuple[CpuInfo, ...]:
     """One CpuInfo per row, sorted by CPU number."""
-    header: list[str] | None = None
+    layout: Layout | None = None
     out: dict[int, CpuInfo] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
-        tokens = line.split()
-        if not tokens:
+        if not line.strip():
             continue
-        if header is None:
-            if tokens[0] != "CPU":
+        if layout is None:
+            layout = header_layout(line, words=True)
+            if not layout.has("CPU"):
                 raise ParseError(source, "expected the 'CPU NODE SOCKET CORE ...' header", line=lineno, text=line)
-            header = tokens
             continue
-        needed = [header.index(c) for c in ("CPU", "NODE", "SOCKET", "CORE", "ONLINE") if c in header]
-        # a row may be shorter only when it stops after every column we read
-        if len(tokens) > len(header) or (len(tokens) < len(header) and max(needed) >= len(tokens)):
-            raise ParseError(source, f"row has {len(tokens)} cells, header has {len(header)}", line=lineno, text=line)
-        cells = dict(zip(header, tokens))
+        n_cells, n_cols = len(line.split()), len(layout.columns)
+        if n_cells > n_cols:
+            raise ParseError(source, f"row has {n_cells} cells, header has {n_cols}", line=lineno, text=line)
+        row = read_row(layout, line, source, lineno)
 
         def num(col: str) -> int | None:
-            raw = cells.get(col)
-            if raw is None or raw in _DASH:
-                return None
-            return count(raw, source, col, lineno, line)
+            raw = row.get(col)
+            if raw is None:
+                return None  # the header has no such column
+            raw = row.need(col)  # a row may stop early only after the columns we read
+            return None if raw in _DASH else count(raw, source, col, lineno, line)
 
         cpu = num("CPU")
         if cpu is None:
             raise ParseError(source, "row without a CPU number", line=lineno, text=line)
         if cpu in out:
             raise ParseError(source, f"CPU {cpu} listed twice", line=lineno, text=line)
-        online_raw = cells.get("ONLINE", "yes").lower()
+        online_raw = (row.need("ONLINE") if layout.has("ONLINE") else "yes").lower()
         if online_raw not in ("yes", "no", "y", "n"):
             raise ParseError(source, f"ONLINE {online_raw!r} is neither yes nor no", line=lineno, text=line)
         out[cpu] = CpuInfo(
@@ -66,7 +69,7 @@ def parse_lscpu_e(text: str, source: str = SRC_LSCPU_E) -> tuple[CpuInfo, ...]:
             core=num("CORE"),
             online=online_raw.startswith("y"),
         )
-    if header is None:
+    if layout is None:
         raise ParseError(source, "no 'CPU ...' header found (empty output)")
     if not out:
         raise ParseError(source, "header without any CPU rows (truncated output?)")

@@ -1,21 +1,26 @@
 """Parsers for ``npu-smi`` text. Pure: text in, frozen values out, no I/O.
 
-What real hosts print, and what these parsers therefore accept (SPEC §1):
+Every table is read by column name through the header's layout (columns.py):
+cells are separated by ``|`` borders, by runs of two or more spaces or a tab, or
+by the header's column offsets. A column these parsers do not know, of one word
+or several, is ignored wherever it stands, and a value with single spaces
+(``Ascend 910B3``) is one cell in any column. What real hosts print:
 
 * ``npu-smi info -m``: a header naming the columns (``NPU ID``, ``Chip ID``,
-  ``Chip Logic ID``, ``Chip Phy-ID`` on A3, ``Chip Name``), rows aligned with
-  runs of spaces (often a leading tab). ``Chip Name`` may itself contain a space
-  ("Ascend 910B3"), so the id columns are single tokens and the name takes the
-  rest. ``Mcu`` rows and rows whose logic id is ``-``/``NA`` are not compute
-  dies. The Ascend 950 prints no ``Chip Logic ID``: its logic id is the NPU ID.
+  ``Chip Logic ID``, ``Chip Phy-ID`` on A3, ``Chip Name``), rows aligned under
+  it, usually after a leading tab. ``Mcu`` rows and rows whose logic id is
+  ``-``/``NA`` are not compute dies. The Ascend 950 prints ``NPU ID  Slot ID
+  Chip ID  Chip Phy-ID  Chip Name`` and no ``Chip Logic ID``: its logic id is
+  the NPU ID.
 * ``npu-smi info``: a box-drawn status table, then the process table whose
   header is either ``NPU  Chip | Process id | ...`` (A2, A3, 310P: card and chip)
   or ``NPU ID | Process id | ...`` (950: the logic id), optionally with a
   ``Process id in container`` column. ``No running processes found in NPU N``
   rows and ``[WARNING]`` lines are noise.
 * ``npu-smi info -t topo``: a matrix whose header lists the row labels
-  (``NPU<n>`` or ``Phy-ID<n>``) and maybe ``CPU Affinity``; affinity cells may
-  carry spaces after commas, or ``NA``/``-``. A ``Legend:`` block follows.
+  (``NPU<n>`` or ``Phy-ID<n>``), then maybe ``CPU Affinity`` and other columns;
+  affinity cells may carry spaces after commas, or ``NA``/``-``. A ``Legend:``
+  block follows.
 * ``npu-smi info -t board -i C [-c D]``: ``key : value`` lines, one of them
   ``PCIe Bus Info`` (some firmware prints ``PCIeBusInfo``).
 
@@ -31,6 +36,7 @@ from ..cpulist import parse_cpulist
 from ..errors import ParseError
 from ..model import NpuChip
 from .cells import count
+from .columns import Layout, Row, blank_before, header_layout, read_row
 
 __all__ = [
     "SRC_CHIP_MAP",
@@ -60,58 +66,46 @@ def _is_noise(stripped: str) -> bool:
 
 # ---------------------------------------------------------------- npu-smi info -m
 
-# longest names first so "Chip Logic ID" is not read as "Chip" + ...
-_CHIP_COLUMNS = re.compile(r"NPU ID|Chip Logic ID|Chip Phy-ID|Chip ID|Chip Name|\S+")
-
 
 def parse_chip_map(text: str, source: str = SRC_CHIP_MAP) -> tuple[NpuChip, ...]:
     """Compute dies from ``npu-smi info -m``, in printed order."""
-    lines = text.splitlines()
-    header: list[str] | None = None
+    layout: Layout | None = None
     chips: list[NpuChip] = []
     seen_logic: dict[int, int] = {}
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if _is_noise(stripped):
             continue
-        if header is None:
-            if "NPU ID" in stripped and "Chip" in stripped:
-                header = _CHIP_COLUMNS.findall(stripped)
-                for need in ("NPU ID", "Chip ID", "Chip Name"):
-                    if need not in header:
-                        raise ParseError(source, f"header has no {need!r} column", line=lineno, text=line)
-                continue
-            raise ParseError(source, "expected the 'NPU ID  Chip ID ...' header", line=lineno, text=line)
-        tokens = stripped.split()
-        name_at = header.index("Chip Name")
-        n_after = len(header) - name_at - 1
-        if len(tokens) < len(header):
-            raise ParseError(source, f"row has {len(tokens)} cells, header has {len(header)}", line=lineno, text=line)
-        cells = dict(zip(header[:name_at], tokens[:name_at]))
-        name = " ".join(tokens[name_at : len(tokens) - n_after])
-        cells.update(zip(header[name_at + 1 :], tokens[len(tokens) - n_after :]))
-        card = count(cells["NPU ID"], source, "NPU ID", lineno, line)
-        chip = count(cells["Chip ID"], source, "Chip ID", lineno, line)
-        if "Chip Logic ID" in cells:
-            raw_logic = cells["Chip Logic ID"]
-            if raw_logic.upper() in _ABSENT:
-                continue  # Mcu, or a die the driver does not expose
-            logic = count(raw_logic, source, "Chip Logic ID", lineno, line)
-        else:
+        if layout is None:
+            layout = header_layout(line)
+            if not layout.has("NPU ID"):
+                raise ParseError(source, "expected the 'NPU ID  Chip ID ...' header", line=lineno, text=line)
+            for need in ("Chip ID", "Chip Name"):
+                if not layout.has(need):
+                    raise ParseError(source, f"header has no {need!r} column", line=lineno, text=line)
+            continue
+        row = read_row(layout, line, source, lineno)
+        card = row.number("NPU ID")
+        chip = row.number("Chip ID")
+        name = row.need("Chip Name")
+        raw_logic = row.get("Chip Logic ID")
+        if raw_logic is None:
             logic = card  # Ascend 950: the NPU ID is the logic id
+        elif raw_logic.upper() in _ABSENT:
+            continue  # Mcu, or a die the driver does not expose
+        else:
+            logic = row.number("Chip Logic ID")
         if name.lower() == "mcu":
             continue
         phy: int | None = None
-        raw_phy = cells.get("Chip Phy-ID")
-        if raw_phy is not None and raw_phy.upper() not in _ABSENT:
-            phy = count(raw_phy, source, "Chip Phy-ID", lineno, line)
+        raw_phy = row.get("Chip Phy-ID")
+        if raw_phy and raw_phy.upper() not in _ABSENT:
+            phy = row.number("Chip Phy-ID")
         if logic in seen_logic:
-            raise ParseError(
-                source, f"logic id {logic} appears twice (first on line {seen_logic[logic]})", line=lineno, text=line
-            )
+            row.fail(f"logic id {logic} appears twice (first on line {seen_logic[logic]})")
         seen_logic[logic] = lineno
         chips.append(NpuChip(card=card, chip=chip, logic_id=logic, name=name, phy_id=phy))
-    if header is None:
+    if layout is None:
         raise ParseError(source, "no 'NPU ID  Chip ID ...' header found (empty or truncated output)")
     return tuple(chips)
 
@@ -132,68 +126,69 @@ class RawProcessRow:
     memory_mb: int | None = None
 
 
-def _cells(line: str) -> list[str]:
-    parts = [p.strip() for p in line.strip().split("|")]
-    # "| a | b |" splits into ['', 'a', 'b', '']
-    if parts and parts[0] == "":
-        parts = parts[1:]
-    if parts and parts[-1] == "":
-        parts = parts[:-1]
-    return parts
+def _process_form(layout: Layout) -> str | None:
+    """How the header names the NPU: "card+chip" (two columns), "card chip" (one
+    column holding both numbers), "npu_id" (950: the logic id), or None."""
+    if layout.has("NPU") and (layout.has("Chip") or layout.has("Chip ID")):
+        return "card+chip"
+    if layout.has("NPU Chip") or layout.has("NPU Chip ID"):
+        return "card chip"
+    if layout.has("NPU ID") or layout.has("NPU"):
+        return "npu_id"
+    return None
+
+
+def _optional_count(row: Row, name: str) -> int | None:
+    raw = row.get(name)
+    if not raw or raw.upper() in _ABSENT:
+        return None
+    return row.number(name)
 
 
 def parse_process_table(text: str, source: str = SRC_INFO) -> tuple[RawProcessRow, ...]:
     """The process table of ``npu-smi info`` (the status table above it is skipped)."""
-    header: list[str] | None = None
-    npu_form = ""
+    layout: Layout | None = None
+    form = ""
     rows: list[RawProcessRow] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
-        if header is None:
+        if layout is None:
             if stripped.startswith("|") and "process id" in stripped.lower():
-                header = [" ".join(c.split()).lower() for c in _cells(stripped)]
-                first = header[0] if header else ""
-                if first in ("npu chip", "npu chip id"):
-                    npu_form = "card+chip"
-                elif first in ("npu id", "npu"):
-                    npu_form = "npu_id"
-                else:
-                    raise ParseError(source, f"unknown first process column {first!r}", line=lineno, text=line)
-                if "process id" not in header:
+                layout = header_layout(line)
+                form = _process_form(layout) or ""
+                if not form:
+                    raise ParseError(source, "process header has no 'NPU' / 'NPU ID' column", line=lineno, text=line)
+                if not layout.has("Process id"):
                     raise ParseError(source, "process header has no 'Process id' column", line=lineno, text=line)
             continue
         if not stripped.startswith("|"):
             continue  # "+====+" borders, blank lines, trailing [WARNING] notes
-        cells = _cells(stripped)
-        if cells and cells[0].lower().startswith("no running processes found"):
+        if stripped.strip("| ").lower().startswith("no running processes found"):
             continue
-        if len(cells) != len(header):
-            raise ParseError(
-                source, f"process row has {len(cells)} cells, header has {len(header)}", line=lineno, text=line
-            )
-        col = dict(zip(header, cells))
-        npu_cell = cells[0].split()
-        if npu_form == "card+chip":
-            if len(npu_cell) != 2:
-                raise ParseError(source, "expected '<npu> <chip>' in the first cell", line=lineno, text=line)
-            card = count(npu_cell[0], source, "NPU", lineno, line)
-            chip: int | None = count(npu_cell[1], source, "Chip", lineno, line)
+        row = read_row(layout, line, source, lineno)
+        chip: int | None
+        if form == "card+chip":
+            if not row.get("NPU") or not (row.get("Chip") or row.get("Chip ID")):
+                row.fail("expected '<npu> <chip>' in the first cell")
+            card = row.number("NPU")
+            chip = row.number("Chip" if layout.has("Chip") else "Chip ID")
+        elif form == "card chip":
+            both = (row.get("NPU Chip") or row.get("NPU Chip ID") or "").split()
+            if len(both) != 2:
+                row.fail("expected '<npu> <chip>' in the first cell")
+            card = count(both[0], source, "NPU", lineno, line)
+            chip = count(both[1], source, "Chip", lineno, line)
         else:
-            if len(npu_cell) != 1:
-                raise ParseError(source, "expected one NPU ID in the first cell", line=lineno, text=line)
-            card = count(npu_cell[0], source, "NPU ID", lineno, line)
+            npu_col = "NPU ID" if layout.has("NPU ID") else "NPU"
+            if len(row.need(npu_col).split()) != 1:
+                row.fail("expected one NPU ID in the first cell")
+            card = row.number(npu_col)
             chip = None
-        pid = count(col["process id"], source, "Process id", lineno, line)
-        cpid: int | None = None
-        raw_cpid = col.get("process id in container")
-        if raw_cpid is not None and raw_cpid.upper() not in _ABSENT and raw_cpid:
-            cpid = count(raw_cpid, source, "Process id in container", lineno, line)
-        mem: int | None = None
-        raw_mem = col.get("process memory(mb)")
-        if raw_mem and raw_mem.upper() not in _ABSENT:
-            mem = count(raw_mem, source, "Process memory(MB)", lineno, line)
-        rows.append(RawProcessRow(card, chip, pid, col.get("process name", ""), cpid, mem))
-    if header is None:
+        pid = row.number("Process id")
+        cpid = _optional_count(row, "Process id in container")
+        mem = _optional_count(row, "Process memory(MB)")
+        rows.append(RawProcessRow(card, chip, pid, row.get("Process name") or "", cpid, mem))
+    if layout is None:
         raise ParseError(source, "no process table ('| NPU ... | Process id |') found (truncated output?)")
     return tuple(rows)
 
@@ -201,6 +196,7 @@ def parse_process_table(text: str, source: str = SRC_INFO) -> tuple[RawProcessRo
 # ---------------------------------------------------------------- npu-smi info -t topo
 
 _LABEL = re.compile(r"^(NPU|Phy-ID)(\d+)$")
+_TOKEN = re.compile(r"\S+")
 
 
 @dataclass(frozen=True)
@@ -221,9 +217,15 @@ class TopoTable:
 
 def parse_topo(text: str, source: str = SRC_TOPO) -> TopoTable:
     """The ``npu-smi info -t topo`` matrix. A device that cannot report topology
-    prints a sentence and no matrix: that is an empty table, not an error."""
+    prints a sentence and no matrix: that is an empty table, not an error.
+
+    The matrix cells (the row label, then one link word per label in the header:
+    ``X``, ``HCCS``, ``PIX``, ``SIO`` ...) are single words and taken in order; what
+    follows them is read against the header's layout of the columns after the
+    labels, so ``CPU Affinity`` is found by name among any others.
+    """
     labels: list[str] | None = None
-    extra_cols: list[str] = []
+    extra = Layout((), 1)
     rows: list[TopoRow] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
@@ -231,7 +233,7 @@ def parse_topo(text: str, source: str = SRC_TOPO) -> TopoTable:
             break
         if _is_noise(stripped):
             continue
-        spans = list(re.finditer(r"\S+", stripped))
+        spans = list(_TOKEN.finditer(line))
         tokens = [s.group() for s in spans]
         if labels is None:
             n = 0
@@ -239,12 +241,12 @@ def parse_topo(text: str, source: str = SRC_TOPO) -> TopoTable:
                 n += 1
             if n == 0:
                 continue  # preamble ("This device does not support querying topo.")
-            rest = stripped[spans[n - 1].end() :].strip()
+            rest = line[spans[n - 1].end() :]
             if "X" in rest.split():
                 # a row's own cell is "X": this is a matrix row, and no header came before it
                 raise ParseError(source, "matrix row before the header row", line=lineno, text=line)
             labels = tokens[:n]
-            extra_cols = [c for c in re.split(r"\s{2,}", rest) if c] if rest else []
+            extra = header_layout(blank_before(line, spans[n - 1].end()))
             continue
         m = _LABEL.match(tokens[0])
         if not m:
@@ -253,26 +255,26 @@ def parse_topo(text: str, source: str = SRC_TOPO) -> TopoTable:
             raise ParseError(
                 source, f"row has {len(tokens) - 1} link cells, header has {len(labels)}", line=lineno, text=line
             )
-        # affinity lists may carry a space after each comma: glue them before splitting
-        rest = re.sub(r",\s+", ",", " ".join(tokens[1 + len(labels) :]))
-        rest_cells = rest.split()
+        tail = blank_before(line, spans[len(labels)].end())
+        if not extra.columns:
+            if tail.strip():
+                raise ParseError(source, "row has more cells than the header", line=lineno, text=line)
+            rows.append(TopoRow(kind=m.group(1), index=int(m.group(2)), affinity=None))
+            continue
+        row = read_row(extra, tail, source, lineno, shown=line)
         affinity: frozenset[int] | None = None
-        if "CPU Affinity" in extra_cols:
-            at = extra_cols.index("CPU Affinity")
-            if at >= len(rest_cells):
-                raise ParseError(source, "row has no CPU Affinity cell", line=lineno, text=line)
-            cell = rest_cells[at]
+        if extra.has("CPU Affinity"):
+            # affinity lists may carry a space after each comma
+            cell = re.sub(r",\s+", ",", row.need("CPU Affinity"))
             if cell.upper() not in _ABSENT:
                 try:
                     affinity = parse_cpulist(cell)
                 except ValueError as exc:
-                    raise ParseError(source, f"bad CPU Affinity: {exc}", line=lineno, text=line) from None
-        elif len(rest_cells) > len(extra_cols):
-            raise ParseError(source, "row has more cells than the header", line=lineno, text=line)
+                    row.fail(f"bad CPU Affinity: {exc}")
         rows.append(TopoRow(kind=m.group(1), index=int(m.group(2)), affinity=affinity))
     if labels is not None and not rows:
         raise ParseError(source, "topo header without any rows (truncated output?)")
-    return TopoTable(rows=tuple(rows), has_affinity="CPU Affinity" in extra_cols)
+    return TopoTable(rows=tuple(rows), has_affinity=extra.has("CPU Affinity"))
 
 
 # ---------------------------------------------------------------- npu-smi info -t board
