@@ -45,16 +45,23 @@ GOAL_POINT = (16, 200, 5.0)
 HIST = "ascendbind_reconcile_duration_seconds"
 
 
-def run_ns(pid: int) -> int:
-    """CPU time of every live thread of ``pid``, in ns (schedstat's first field)."""
-    total = 0
+def run_ns(pid: int) -> dict[int, int]:
+    """tid -> CPU time in ns (schedstat's first field) for every live thread of ``pid``."""
+    out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                total += int(fh.read().split()[0])
+                out[int(tid)] = int(fh.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended in between
-    return total
+    return out
+
+
+def cpu_between(before: dict[int, int], after: dict[int, int]) -> int:
+    """CPU ns spent between two run_ns readings. A thread born in between counts from zero; one
+    that ended in between (a /metrics handler finishing its reply) loses only its last moments,
+    which a plain sum over live threads would instead subtract."""
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items())
 
 
 def status_kb(pid: int, key: str) -> int:
@@ -115,7 +122,7 @@ def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float) ->
         text1 = d.metrics_text()
         passes = (metric_value(text1, f"{HIST}_count") or 0) - (metric_value(text0, f"{HIST}_count") or 0)
         pass_s = (metric_value(text1, f"{HIST}_sum") or 0) - (metric_value(text0, f"{HIST}_sum") or 0)
-        cpu_s = (c1 - c0) / 1e9
+        cpu_s = cpu_between(c0, c1) / 1e9
         mean_pass = pass_s / passes if passes else float("nan")
         # charged to `passes` periods, not the longer window: the half period of pure
         # sleep at the end only inflates the figure, never hides a pass

@@ -65,7 +65,8 @@ def percentile(sorted_values, q: float) -> float:
     n = len(sorted_values)
     if not n:
         return float("nan")
-    return float(sorted_values[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))])
+    rank = math.ceil(round(q * n / 100, 9))  # round: 99.9 * 1000 / 100 is 999.0000000000001 in floats
+    return float(sorted_values[min(n - 1, max(0, rank - 1))])
 
 
 def log_histogram(values_ns, lo_ns: float = 1e3, hi_ns: float = 1e9, per_decade: int = 20) -> dict:
