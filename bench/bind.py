@@ -50,7 +50,7 @@ from ascendbind.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from bench.common import write_json  # noqa: E402
-from tests.daemon_harness import DaemonProc, base_env, free_port  # noqa: E402
+from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 
 FIXTURE_BIN = os.path.join(ROOT, "fixtures", "bin")
@@ -130,6 +130,12 @@ class DaemonContender:
         self.bound = True
         return elapsed
 
+    def server_totals(self) -> tuple[float, float]:
+        """(count, sum) of the daemon's own ascendbind_bind_duration_seconds."""
+        text = self.proc.metrics_text()
+        return (metric_value(text, "ascendbind_bind_duration_seconds_count") or 0.0,
+                metric_value(text, "ascendbind_bind_duration_seconds_sum") or 0.0)
+
     def close(self, pid: int) -> None:
         if self.bound:
             self.proc.client.release(pid=pid)
@@ -191,6 +197,7 @@ def main(argv=None) -> int:
 
             times: dict[str, list[float]] = {k: [] for k in contenders}
             names = list(contenders)
+            server0 = daemon.server_totals() if daemon is not None else (0.0, 0.0)
             for i in range(args.runs):
                 order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
                 for name in order:
@@ -198,7 +205,10 @@ def main(argv=None) -> int:
                     own = contenders[name]()
                     spent = time.perf_counter() - t0
                     times[name].append(own if isinstance(own, float) else spent)
+            server_ms = None
             if daemon is not None:
+                n, total = (b - a for a, b in zip(server0, daemon.server_totals()))
+                server_ms = total / n * 1e3 if n else None
                 daemon.close(pid)
                 daemon = None
     finally:
@@ -220,11 +230,15 @@ def main(argv=None) -> int:
     if "daemon" in med:
         print(f"daemon / bare                = {med['daemon'] / med['bare']:7.2f}x          "
               f"(POST /v1/bind end to end vs the in-process floor)")
+    if server_ms is not None:
+        print(f"daemon: {server_ms:.2f} ms mean inside the daemon per bind (ascendbind_bind_duration_seconds: "
+              f"facts, plan, the four steps, the state file); the rest is socket, HTTP and client")
     write_json(args.json, {
         "bench": "bind",
         "params": {"runs": args.runs, "threads": n_threads},
         "median_ms": {k: v * 1e3 for k, v in med.items()},
         "times_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
+        "daemon_server_mean_ms": server_ms,
     })
     return 0
 

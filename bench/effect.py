@@ -177,6 +177,13 @@ class Neighbour:
             for _ in range(self.procs):
                 self.members.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
 
+    def check(self) -> None:
+        """Refuse to measure an arm without its load: a burner that ended skews every later arm."""
+        for p in self.members:
+            if p.poll() is not None:
+                raise SystemExit(f"the neighbour ({self.describe()}) ended early with status {p.returncode}; "
+                                 f"no figures from a half-loaded run")
+
     def stop(self) -> None:
         for p in self.members:
             try:
@@ -367,7 +374,8 @@ def main(argv=None) -> int:
         ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0")
     n_cpus = len(os.sched_getaffinity(0))
     procs = n_cpus if args.neighbour_procs is None else args.neighbour_procs
-    neighbour = Neighbour(args.neighbour, procs, budget_s=3 * args.seconds + 120)
+    # generous: worker start-up and binding take seconds per arm on a loaded host
+    neighbour = Neighbour(args.neighbour, procs, budget_s=3 * args.seconds + 90 * args.rounds + 120)
     if neighbour.note:
         print(f"note: {neighbour.note}")
 
@@ -391,7 +399,9 @@ def main(argv=None) -> int:
             for i in range(args.rounds):
                 order = ARMS[i % len(ARMS):] + ARMS[:i % len(ARMS)]
                 for arm in order:
+                    neighbour.check()
                     run_arm(arm, args, daemon, pool, tmp, f"{arm}-{i}", accs[arm])
+            neighbour.check()
         finally:
             neighbour.stop()
             daemon.stop()

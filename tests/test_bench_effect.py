@@ -94,7 +94,7 @@ def fixed_results(idle_cpu: float) -> dict:
                    "arms": arms, "ratios": ratios(arms)},
         "daemon_idle": {"params": {"seconds": 30}, "rows": [
             {"workers": 16, "threads_per_worker": 200, "threads_total": 3200, "reconcile_seconds": 5.0,
-             "cpu_percent": idle_cpu, "rss_mb": 34.0, "daemon_threads": 5, "passes": 6, "pass_ms": 40.0,
+             "window_s": 32.5, "cpu_percent": idle_cpu, "rss_mb": 34.0, "daemon_threads": 5, "passes": 6, "pass_ms": 40.0,
              "pass_us_per_thread": 12.5, "cpu_ms_per_pass": 20.0, "cpu_us_per_thread": 6.25}]},
     }
 
@@ -120,7 +120,7 @@ def test_page_and_headlines_carry_the_measured_figures():
 
     page = report.render_markdown(fixed_results(0.5))
     assert "| step latency p99 (us) | 100.0 | 50.0 | 10.0 | 0.50x | 0.10x |" in page
-    assert "| 16 x 200 | 3200 | 5 | 0.500 | 34.0 | 6 | 40.00 | 12.50 | 20.00 | 6.25 |" in page
+    assert "| 16 x 200 | 3200 | 5 | 32 | 0.500 | 34.0 | 6 | 40.00 | 12.50 | 20.00 | 6.25 |" in page
     assert "Test CPU" in page and "2025-01-01" in page
     for png in ("effect_latency", "effect_threads", "daemon_idle"):
         assert f"(bench/{png}.png)" in page
