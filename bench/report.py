@@ -164,6 +164,12 @@ def _effect_section(eff: dict) -> list[str]:
         "come from real inference. Where the NPU's pool is every CPU (the fixture host), *pool only* sets the "
         "same masks as *unbound*, so their difference is run-to-run noise.",
         "",
+        "Reading the figures: the role split puts `acl_thread` on other CPUs than the main thread, so every "
+        "bound step is a cross-CPU wake-up, and with a neighbour on every CPU that wake-up has to displace the "
+        "neighbour; unbound, the woken thread may run on the CPU its waker is leaving. Look at the median and "
+        "the tail separately: binding trades where each wake-up may land for a fixed place, and the "
+        "involuntary switches of the bound threads show how often they were still pushed off it.",
+        "",
     ]
     return lines
 
@@ -248,7 +254,9 @@ def render_markdown(results: dict) -> str:
         f"Written by `make bench` (bench/report.py) on {m['date']}: {m['nproc']} CPUs ({m['cpu_model']}, "
         f"{m['arch']}), kernel {m['kernel']}, Python {m['python']}, load average {m['loadavg'][0]:.2f} at the "
         "start. One run on one machine: rerun `make bench` on your own host for your figures. Every bench also "
-        "runs on its own (`.venv/bin/python bench/<name>.py --help`).",
+        "runs on its own (`.venv/bin/python bench/<name>.py --help`)."
+        + (" The load average was above the CPU count: other work competed with every figure below, so read "
+           "them as rough." if m["loadavg"][0] > m["nproc"] else ""),
         "",
         "Headline figures:",
         "",
