@@ -1,6 +1,6 @@
-"""Binding speed: the applier against the reference path and against a bare loop (issue 3).
+"""Binding speed: the applier against the reference path, the daemon and a bare loop.
 
-    .venv/bin/python bench/bind.py [--runs N] [--threads N]
+    .venv/bin/python bench/bind.py [--runs N] [--threads N] [--no-daemon] [--json PATH]
 
 One worker process with N named threads (default 200: mostly plain, 4
 ``acl_thread*``, 4 ``release_thread*``) is bound again and again by four
@@ -17,12 +17,17 @@ contenders, alternated within each round so drift hits them all alike:
 * ``apply_plan``  ascendbind's applier, all four steps (host facts discovered once,
                   as the daemon caches them);
 * ``bind_threads`` the applier's affinity step alone;
+* ``daemon``      POST /v1/bind to a real ``ascendbind serve`` (fixture one-NPU
+                  host, ``small_pool = share``) through ascendbind.client: the
+                  socket round trip, the worker's discovery, the plan and all four
+                  steps; the worker is released, untimed, before each bind;
 * ``bare``        a loop of the same /proc reads and syscalls as bind_threads
                   (list tasks, read comm, sched_setaffinity, sched_getaffinity,
                   re-list until stable) with no ascendbind code.
 
 Prints the median of each and the ratios. Goals: reference / apply_plan >= 10
-(also against the floor), bind_threads / bare <= 1.5.
+(also against the floor), bind_threads / bare <= 1.5. ``bare`` is the in-process
+floor: no binder, in or out of process, can set the masks faster.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ from ascendbind.applier.affinity import bind_threads  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
+from bench.common import write_json  # noqa: E402
+from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 
 FIXTURE_BIN = os.path.join(ROOT, "fixtures", "bin")
@@ -105,11 +112,43 @@ def bare(pid: int, main: frozenset, acl: frozenset, rel: frozenset) -> int:
     return bad
 
 
-def main() -> int:
+class DaemonContender:
+    """Bind through a real daemon; the release before each bind is not timed."""
+
+    def __init__(self, tmp: str) -> None:
+        env = base_env(f"{tmp}/s.sock", f"{tmp}/state", free_port(), ASCENDBIND_RECONCILE_SECONDS="5")
+        self.proc = DaemonProc(tmp, env).start()
+        self.proc.wait_discovered()
+        self.bound = False
+
+    def __call__(self, pid: int) -> float:
+        if self.bound:
+            self.proc.client.release(pid=pid)
+        t0 = time.perf_counter()
+        self.proc.client.bind(pid=pid, npu=0)
+        elapsed = time.perf_counter() - t0
+        self.bound = True
+        return elapsed
+
+    def server_totals(self) -> tuple[float, float]:
+        """(count, sum) of the daemon's own ascendbind_bind_duration_seconds."""
+        text = self.proc.metrics_text()
+        return (metric_value(text, "ascendbind_bind_duration_seconds_count") or 0.0,
+                metric_value(text, "ascendbind_bind_duration_seconds_sum") or 0.0)
+
+    def close(self, pid: int) -> None:
+        if self.bound:
+            self.proc.client.release(pid=pid)
+        self.proc.stop()
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=25, help="rounds (each contender once per round); >= 20")
     ap.add_argument("--threads", type=int, default=200)
-    args = ap.parse_args()
+    ap.add_argument("--no-daemon", action="store_true", help="leave out the daemon contender")
+    ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
+    args = ap.parse_args(argv)
     if args.runs < 1 or args.threads < 10:
         ap.error("need --runs >= 1 and --threads >= 10")
 
@@ -120,45 +159,62 @@ def main() -> int:
     assert true_exe, "no `true` on PATH"
     floor_npu_smi = os.path.join(floor_dir, "npu-smi")
     os.symlink(true_exe, floor_npu_smi)
+    daemon = None if args.no_daemon else DaemonContender(floor_dir)
 
     # the main thread and the helper's idle "churner" count too; 4 acl + 4 release, the rest plain
-    with start_worker(plain=args.threads - 10, acl=4, release=4) as live:
-        pid = live.pid
-        config = Config(small_pool="share")
-        source = LiveHost.from_config(config)
-        host = discover_host(source, config)
-        worker = discover_worker(source, pid, config)
-        plan = make_plan(host, worker, [0], config)
-        if plan.errors:
-            print("no plan:", plan.errors, file=sys.stderr)
-            return 3
-        npu = plan.npus[0]
-        m, a, r = frozenset(npu.main), frozenset(npu.acl), frozenset(npu.release)
-        n_threads = len(os.listdir(f"/proc/{pid}/task"))
-        fake = os.path.join(FIXTURE_BIN, "npu-smi")
+    try:
+        with start_worker(plain=args.threads - 10, acl=4, release=4) as live:
+            pid = live.pid
+            config = Config(small_pool="share")
+            source = LiveHost.from_config(config)
+            host = discover_host(source, config)
+            worker = discover_worker(source, pid, config)
+            plan = make_plan(host, worker, [0], config)
+            if plan.errors:
+                print("no plan:", plan.errors, file=sys.stderr)
+                return 3
+            npu = plan.npus[0]
+            m, a, r = frozenset(npu.main), frozenset(npu.acl), frozenset(npu.release)
+            n_threads = len(os.listdir(f"/proc/{pid}/task"))
+            fake = os.path.join(FIXTURE_BIN, "npu-smi")
 
-        contenders = {
-            "reference": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release), fake),
-            "reference-floor": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release), floor_npu_smi),
-            "apply_plan": lambda: apply_plan(plan, worker, host, config),
-            "bind_threads": lambda: bind_threads(pid, npu, plan.mode),
-            "bare": lambda: bare(pid, m, a, r),
-        }
-        # warm-up: imports, page cache, first-touch of /proc entries
-        for fn in contenders.values():
-            fn()
-        res = bind_threads(pid, npu, plan.mode)
-        assert res.outcome.value == "applied" and res.data["bound"] == n_threads, res.detail
+            # a contender returns None (timed from outside) or its own elapsed seconds
+            contenders = {
+                "reference": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release), fake),
+                "reference-floor": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release),
+                                                     floor_npu_smi),
+                "apply_plan": lambda: apply_plan(plan, worker, host, config),
+                "bind_threads": lambda: bind_threads(pid, npu, plan.mode),
+                "bare": lambda: bare(pid, m, a, r),
+            }
+            if daemon is not None:
+                contenders["daemon"] = lambda: daemon(pid)
+            # warm-up: imports, page cache, first-touch of /proc entries
+            for fn in contenders.values():
+                fn()
+            res = bind_threads(pid, npu, plan.mode)
+            assert res.outcome.value == "applied" and res.data["bound"] == n_threads, res.detail
 
-        times: dict[str, list[float]] = {k: [] for k in contenders}
-        names = list(contenders)
-        for i in range(args.runs):
-            order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
-            for name in order:
-                t0 = time.perf_counter()
-                contenders[name]()
-                times[name].append(time.perf_counter() - t0)
-    shutil.rmtree(floor_dir, ignore_errors=True)
+            times: dict[str, list[float]] = {k: [] for k in contenders}
+            names = list(contenders)
+            server0 = daemon.server_totals() if daemon is not None else (0.0, 0.0)
+            for i in range(args.runs):
+                order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
+                for name in order:
+                    t0 = time.perf_counter()
+                    own = contenders[name]()
+                    spent = time.perf_counter() - t0
+                    times[name].append(own if isinstance(own, float) else spent)
+            server_ms = None
+            if daemon is not None:
+                n, total = (b - a for a, b in zip(server0, daemon.server_totals()))
+                server_ms = total / n * 1e3 if n else None
+                daemon.close(pid)
+                daemon = None
+    finally:
+        if daemon is not None:
+            daemon.proc.stop()
+        shutil.rmtree(floor_dir, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"worker: {n_threads} threads (4 acl, 4 release); {args.runs} alternated runs each; CPUs {os.cpu_count()}")
     for k, v in med.items():
@@ -171,6 +227,19 @@ def main() -> int:
     print(f"reference-floor / apply_plan = {r_floor:7.1f}x faster   (goal >= 10x: {'met' if r_floor >= 10 else 'MISSED'})")
     print(f"bind_threads / bare          = {r_bare:7.2f}x          (goal <= 1.5x: {'met' if r_bare <= 1.5 else 'MISSED'})")
     print(f"apply_plan / bare            = {r_apply_bare:7.2f}x          (all four steps vs the bare affinity loop)")
+    if "daemon" in med:
+        print(f"daemon / bare                = {med['daemon'] / med['bare']:7.2f}x          "
+              f"(POST /v1/bind end to end vs the in-process floor)")
+    if server_ms is not None:
+        print(f"daemon: {server_ms:.2f} ms mean inside the daemon per bind (ascendbind_bind_duration_seconds: "
+              f"facts, plan, the four steps, the state file); the rest is socket, HTTP and client")
+    write_json(args.json, {
+        "bench": "bind",
+        "params": {"runs": args.runs, "threads": n_threads},
+        "median_ms": {k: v * 1e3 for k, v in med.items()},
+        "times_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
+        "daemon_server_mean_ms": server_ms,
+    })
     return 0
 
 

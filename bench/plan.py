@@ -1,6 +1,6 @@
-"""Planner speed and memory on synthetic hosts (issue 2 "Benchmark").
+"""Planner speed and memory on synthetic hosts.
 
-    .venv/bin/python bench/plan.py [--repeat N]
+    .venv/bin/python bench/plan.py [--repeat N] [--json PATH]
 
 For hosts of 192 to 4096 CPUs and 8 to 128 NPUs, prints the median wall time
 of ``make_plan`` (over N runs) and its peak traced memory, for one target NPU
@@ -26,6 +26,7 @@ from ascendbind.config import Config  # noqa: E402
 from ascendbind.model import CpuInfo, DeviceType, HostFacts, WorkerFacts, frozen_map  # noqa: E402
 from ascendbind.model import NpuChip  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
+from bench.common import write_json  # noqa: E402
 
 TARGET_MS = 20.0
 
@@ -88,7 +89,9 @@ def measure(host, worker, targets, config, repeat, allow_warnings=False):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=21)
+    ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
     args = ap.parse_args(argv)
+    rows = []
     modes = [(DeviceType.A2, "topo_affinity"), (DeviceType.A3, "global_slice"), (DeviceType.A950, "950_cluster")]
     configs = [("default", Config())]
     if "topology_policy" in Config.__dataclass_fields__:
@@ -112,18 +115,24 @@ def main(argv=None) -> int:
                             worst_aligned = max(worst_aligned, ms)
                     print(f"{n_cpus:>5} {n_nodes:>5} {n_npus:>4}  {label:<14} {cname:<11} {len(targets):>7}  "
                           f"{ms:>9.2f}  {kib:>8.0f}")
+                    rows.append({"cpus": n_cpus, "nodes": n_nodes, "npus": n_npus, "mode": label, "config": cname,
+                                 "targets": len(targets), "median_ms": ms, "peak_kib": kib})
     host = build_host(4096, 32, 128, DeviceType.A2, every_node=True)
     for targets in ([65], list(range(128))):
         ms, kib = measure(host, build_worker(4096, 32), targets, Config(), args.repeat, allow_warnings=True)
         worst = max(worst, ms)
         print(f"{4096:>5} {32:>5} {128:>4}  {'topo (overlap)':<14} {'default':<11} {len(targets):>7}  "
               f"{ms:>9.2f}  {kib:>8.0f}")
+        rows.append({"cpus": 4096, "nodes": 32, "npus": 128, "mode": "topo (overlap)", "config": "default",
+                     "targets": len(targets), "median_ms": ms, "peak_kib": kib})
     verdict = "OK" if worst < TARGET_MS else "OVER"
     print(f"\n4096 CPUs / 128 NPUs, default config, slowest case: {worst:.2f} ms "
           f"(target < {TARGET_MS:.0f} ms): {verdict}")
     if worst_aligned:
         print(f"4096 CPUs / 128 NPUs, single-numa-node over 32 nodes (max_numa_nodes raised past the default 8), "
               f"slowest case: {worst_aligned:.2f} ms (informational)")
+    write_json(args.json, {"bench": "plan", "params": {"repeat": args.repeat}, "target_ms": TARGET_MS,
+                           "worst_ms": worst, "worst_single_numa_ms": worst_aligned or None, "rows": rows})
     return 0
 
 

@@ -1,0 +1,138 @@
+"""The effect bench's parts: the stand-in worker, the figures and the page built from them.
+
+The stand-in is run for real (real named threads, real pipes); the figures and
+the markdown are checked on fixed inputs whose answers are worked out by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from array import array
+from pathlib import Path
+
+import pytest
+
+from bench import report
+from bench.effect import (StandInProc, arm_result, latency_summary, log_histogram, migration_cut, percentile,
+                          pin_all, ratios)
+
+
+def _comm(pid: int, tid: int) -> str:
+    with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+        return fh.read().strip()
+
+
+def test_stand_in_names_its_threads_and_reports_one_sample_per_step():
+    w = StandInProc(helpers=2, work=50)
+    try:
+        assert _comm(w.pid, w.tids["acl"][0]) == "acl_thread"
+        assert _comm(w.pid, w.tids["release"][0]) == "release_thread"
+        assert _comm(w.pid, w.tids["main"][0]) == "stand_in_main"
+        assert sorted(_comm(w.pid, t) for t in w.tids["helpers"]) == ["worker_h0", "worker_h1"]
+        assert w.ask("warm 20") == "ok"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "samples.bin")
+            word, steps, wall = w.ask(f"run 0.2 {path}").split()
+            samples = array("q")
+            with open(path, "rb") as fh:
+                samples.frombytes(fh.read())
+        assert word == "done"
+        assert int(steps) == len(samples) > 0
+        # each sample is one step inside the run: positive, and no longer than the whole run
+        assert 0 < min(samples) and max(samples) <= int(wall)
+        assert sum(samples) <= int(wall)
+    finally:
+        w.close()
+    assert w.proc.returncode is not None
+
+
+def test_pool_only_arm_pins_every_thread_and_masks_read_back():
+    cpu = min(os.sched_getaffinity(0))
+    w = StandInProc(helpers=1, work=10)
+    try:
+        pin_all(w.pid, frozenset({cpu}))
+        assert w.masks() == {role: str(cpu) for role in ("main", "acl", "release", "helpers")}
+    finally:
+        w.close()
+
+
+def test_percentiles_are_nearest_rank():
+    values = list(range(1, 1001))
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 99.9)) == (500, 990, 999)
+    assert percentile([7], 99.9) == 7
+    s = latency_summary([3000, 1000, 2000])  # ns in, us out
+    assert (s["p50"], s["max"], s["mean"]) == (2.0, 3.0, 2.0)
+
+
+def test_log_histogram_keeps_every_sample_and_puts_it_in_its_decade():
+    h = log_histogram([500, 1500, 15_000, 15_000, 5e9], lo_ns=1e3, hi_ns=1e6, per_decade=1)
+    assert h["edges_us"] == [1.0, 10.0, 100.0, 1000.0]
+    # 500 ns clamps into the first bin, 5 s into the last
+    assert h["counts"] == [2, 2, 1]
+
+
+def _acc(samples_us, migrations, nonvol, wall_s=2.0):
+    return {"samples": array("q", [int(x * 1000) for x in samples_us]), "wall_s": wall_s, "bind_ms": [],
+            "migrations": dict(zip(("main", "acl", "release", "helpers"), migrations)),
+            "nonvoluntary": dict(zip(("main", "acl", "release", "helpers"), nonvol)),
+            "masks": {"acl": "1"}}
+
+
+def fixed_results(idle_cpu: float) -> dict:
+    arms = {
+        "unbound": arm_result("unbound", _acc([10] * 98 + [100, 1000], (10, 20, 10, 8), (100, 400, 4, 8)), 2),
+        "daemon": arm_result("daemon", _acc([20] * 98 + [50, 60], (0, 1, 0, 0), (50, 40, 2, 8)), 2),
+        "pool": arm_result("pool", _acc([10] * 100, (10, 20, 10, 8), (100, 400, 4, 8)), 2),
+    }
+    return {
+        "machine": {"nproc": 2, "cpu_model": "Test CPU", "arch": "x86_64", "kernel": "6.1", "python": "3.11",
+                    "loadavg": [1.0, 1.0, 1.0], "date": "2025-01-01 00:00 UTC"},
+        "effect": {"params": {"seconds": 4, "rounds": 2, "helpers": 2, "work": 100, "neighbour": "stress-ng --cpu 2",
+                              "npu": 0, "fixture_host": True},
+                   "plan": {"pool": [0, 1], "main": [0], "acl": [1], "release": [1]},
+                   "arms": arms, "ratios": ratios(arms)},
+        "daemon_idle": {"params": {"seconds": 30}, "rows": [
+            {"workers": 16, "threads_per_worker": 200, "threads_total": 3200, "reconcile_seconds": 5.0,
+             "window_s": 32.5, "cpu_percent": idle_cpu, "rss_mb": 34.0, "daemon_threads": 5, "passes": 6, "pass_ms": 40.0,
+             "pass_us_per_thread": 12.5, "cpu_ms_per_pass": 20.0, "cpu_us_per_thread": 6.25}]},
+    }
+
+
+def test_ratios_and_migration_cut_from_fixed_arms():
+    res = fixed_results(0.5)["effect"]
+    # role threads: unbound 10+20+10 = 40 migrations, daemon 0+1+0 = 1, both over 2 s
+    assert migration_cut(res["arms"]["daemon"], res["arms"]["unbound"]) == pytest.approx(1 - 1 / 40)
+    assert res["ratios"]["daemon"]["p99"] == pytest.approx(50 / 100)      # p99 is the 99th of 100 samples
+    assert res["ratios"]["daemon"]["p50"] == pytest.approx(20 / 10)
+    assert res["ratios"]["pool"]["migration_cut"] == pytest.approx(0.0)
+    assert res["arms"]["daemon"]["threads"]["acl"]["migrations_per_s"] == pytest.approx(0.5)
+
+
+def test_page_and_headlines_carry_the_measured_figures():
+    lines = report.headlines(fixed_results(0.5))
+    assert "migrate 97.5 % less than unbound under the neighbour (goal >= 90 %: met)" in lines[0]
+    assert "p99 step latency bound / unbound = 0.50x" in lines[1]
+    assert "CPU 0.500 % of one CPU (goal < 0.2 %: MISSED)" in lines[2]
+    assert "RSS 34.0 MB (goal < 60 MB: met)" in lines[2]
+    assert "12.50 us per thread" in lines[3]
+    assert "goal < 0.2 %: met" in report.headlines(fixed_results(0.1))[2]
+
+    page = report.render_markdown(fixed_results(0.5))
+    assert "| step latency p99 (us) | 100.0 | 50.0 | 10.0 | 0.50x | 0.10x |" in page
+    assert "| 16 x 200 | 3200 | 5 | 32 | 0.500 | 34.0 | 6 | 40.00 | 12.50 | 20.00 | 6.25 |" in page
+    assert "Test CPU" in page and "2025-01-01" in page
+    for png in ("effect_latency", "effect_threads", "daemon_idle"):
+        assert f"(bench/{png}.png)" in page
+    assert "issue" not in page.lower()
+
+
+def test_plots_are_written_small():
+    pytest.importorskip("matplotlib")
+    with tempfile.TemporaryDirectory() as tmp:
+        made = report.draw(fixed_results(0.5), Path(tmp))
+        assert len(made) == 3
+        for p in made:
+            data = p.read_bytes()
+            assert data[:8] == b"\x89PNG\r\n\x1a\n"
+            assert 1000 < len(data) < report.PNG_LIMIT
