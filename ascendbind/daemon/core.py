@@ -376,8 +376,7 @@ class Daemon:
         with self.lock:
             n = len(self.held)
         return {
-            "status": "ok" if self.hosts.status == "ok" else "degraded",
-            "discovery": self.hosts.status,
+            **self.hosts.health(),
             "workers": n,
             "hotplug": self.hotplug_status,
             "uptime_seconds": round(time.time() - self.started, 3),
