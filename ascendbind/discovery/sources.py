@@ -36,7 +36,7 @@ from typing import Protocol
 from ..command import run_command, tool_env
 from ..errors import CommandFailed
 
-__all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name"]
+__all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir"]
 
 
 class HostSource(Protocol):
@@ -160,16 +160,65 @@ class OneTimeoutPerTool:
         return getattr(self.inner, name)
 
 
+# what ``ascendbind snapshot`` writes; a directory with none of these is not a snapshot
+SNAPSHOT_ENTRIES = ("meta.json", "cmd", "proc", "sys")
+
+
+def is_snapshot_dir(directory: str) -> bool:
+    return any(os.path.exists(os.path.join(directory, name)) for name in SNAPSHOT_ENTRIES)
+
+
+def _load_meta(path: str) -> dict:
+    """``meta.json``, checked: a JSON object whose ``env`` maps strings to
+    strings and whose ``pid`` is a positive integer or null. Anything else is
+    a ParseError naming the file (a hand-edited or truncated bug report must
+    not become a traceback). Keys it does not know are kept, unread."""
+    from ..errors import ParseError
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ParseError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(path, f"not UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        raise ParseError(path, "empty; expected a JSON object")
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise ParseError(path, f"not valid JSON: {exc}", line=getattr(exc, "lineno", None)) from None
+    if not isinstance(meta, dict):
+        raise ParseError(path, f"expected a JSON object, got {type(meta).__name__}")
+    env = meta.get("env")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise ParseError(path, f"'env' must be an object of strings, got {json.dumps(env)[:80]}")
+    pid = meta.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
+        raise ParseError(path, f"'pid' must be a positive integer or null, got {json.dumps(pid)[:40]}")
+    for key in ("arch",):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise ParseError(path, f"{key!r} must be a string, got {json.dumps(meta[key])[:40]}")
+    return meta
+
+
 class SnapshotHost:
-    """A directory recorded by ``ascendbind snapshot`` (or written as a fixture)."""
+    """A directory recorded by ``ascendbind snapshot`` (or written as a fixture).
+
+    ``recorded_pid`` is the worker the snapshot was taken for (``meta.json``'s
+    ``pid``), None for a snapshot of ``proc/self``: callers plan for it when
+    they are given no pid. Raises ParseError for a malformed ``meta.json``.
+    """
 
     def __init__(self, directory: str) -> None:
         self.directory = os.path.abspath(directory)
         meta_path = os.path.join(self.directory, "meta.json")
-        self.meta: dict = {}
-        if os.path.exists(meta_path):
-            with open(meta_path, encoding="utf-8") as fh:
-                self.meta = json.load(fh)
+        self.meta: dict = _load_meta(meta_path) if os.path.exists(meta_path) else {}
+        self.recorded_pid: int | None = self.meta.get("pid")
 
     def run(self, argv: Sequence[str]) -> str | None:
         return self._read_file(os.path.join(self.directory, "cmd", command_file_name(argv)))
