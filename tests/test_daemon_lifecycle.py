@@ -72,6 +72,19 @@ def test_a_second_daemon_refuses_a_live_socket(tmp_path):
         d.stop()
 
 
+def test_a_state_dir_under_a_file_is_blamed_by_name_not_the_socket(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    state_dir = str(blocker / "state")
+    d = DaemonProc(str(tmp_path), base_env(str(tmp_path / "ascendbind.sock"), state_dir, free_port()))
+    d.start(wait=False)
+    assert d.proc.wait(timeout=30) == 2
+    last = d.log().strip().splitlines()[-1]
+    assert last == f"ascendbind: cannot use state_dir {state_dir}: Not a directory", d.log()
+    assert "Traceback" not in d.log() and "cannot listen" not in d.log()
+    d.stop()
+
+
 def test_corrupt_or_untrusted_state_is_moved_aside_and_the_daemon_starts(tmp_path):
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
