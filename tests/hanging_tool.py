@@ -12,14 +12,18 @@ direct child would leave that grandchild running. Each hung run records its
 own pid (the process-group id when the caller starts it in a new session) and
 its grandchild's pid, so a test can check that nothing of the group survived.
 
-Without a ``host_dir`` the answers come from fixtures/bin/npu-smi describing
-this machine, whose process table lists the pids given to ``set_pids``;
-with one, they replay that fixture host's ``cmd/`` files.
+Answers are replayed with ``cat`` from a fixture host's ``cmd/`` files
+(``host_dir``), or by default from a recording of what fixtures/bin/npu-smi
+says about this machine, whose process table lists the pids given to
+``set_pids``. No Python starts per run, so a short timeout catches only a real
+hang, however loaded the machine.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +37,14 @@ class HangingNpuSmi:
         self.dir = Path(directory) / "hanging-npu-smi"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "npu-smi"
-        host = f'ASCENDBIND_FIXTURE_HOST="{host_dir}"; export ASCENDBIND_FIXTURE_HOST\n' if host_dir else ""
+        if host_dir is None:
+            # record fixtures/bin/npu-smi's picture of this machine once: every run is then a
+            # `cat`, quick even on a loaded machine, so short timeouts only catch real hangs
+            host_dir = str(self.dir / "host")
+            self._recorded = True
+            self.set_pids(())
+        else:
+            self._recorded = False
         d = self.dir
         self.path.write_text(
             "#!/bin/sh\n"
@@ -49,11 +60,25 @@ class HangingNpuSmi:
             "      exit 1;;\n"
             "  esac\n"
             "fi\n"
-            f'ASCENDBIND_FAKE_NPU_PIDS=$(cat "{d}/pids" 2>/dev/null); export ASCENDBIND_FAKE_NPU_PIDS\n'
-            f"{host}"
-            f'exec "{FIXTURE_NPU_SMI}" "$@"\n'
+            f'f="{host_dir}/cmd/$(printf %s "npu-smi $*" | tr " " _).txt"\n'
+            '[ -r "$f" ] || { echo "Error: unsupported arguments: $*" >&2; exit 2; }\n'
+            'exec cat "$f"\n'
         )
         self.path.chmod(0o755)
+
+    def set_pids(self, pids) -> None:
+        """Re-record this machine's tables with ``pids`` in the process table (on NPU 0)."""
+        assert self._recorded, "set_pids needs the recording of this machine, not a host_dir"
+        cmd = self.dir / "host" / "cmd"
+        cmd.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASCENDBIND_")}
+        env["ASCENDBIND_FAKE_NPU_PIDS"] = ",".join(str(p) for p in pids)
+        for args in (["info"], ["info", "-m"], ["info", "-t", "topo"], ["info", "-t", "board", "-i", "0"]):
+            out = subprocess.run([sys.executable, str(FIXTURE_NPU_SMI), *args], env=env, capture_output=True,
+                                 text=True, check=True, timeout=60).stdout
+            tmp = cmd / "new.tmp"
+            tmp.write_text(out)
+            os.replace(tmp, cmd / ("_".join(["npu-smi", *args]) + ".txt"))
 
     def hang(self, prefix: str = "") -> None:
         """From now on, runs whose argument string starts with ``prefix`` hang ("" = all)."""
@@ -63,9 +88,6 @@ class HangingNpuSmi:
 
     def answer(self) -> None:
         (self.dir / "hang").unlink(missing_ok=True)
-
-    def set_pids(self, pids) -> None:
-        (self.dir / "pids").write_text(",".join(str(p) for p in pids))
 
     def _lines(self, name: str) -> list[str]:
         try:

@@ -22,7 +22,9 @@ from tests.daemon_harness import wait_for
 from tests.hanging_tool import HangingNpuSmi
 
 HOSTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts")
-TIMEOUT = 0.5
+A2 = os.path.join(HOSTS, "a2-8x910b3")
+TIMEOUT = 0.5  # where every run hangs
+ANSWERS = 2.0  # where some runs must answer (each a `cat`), however loaded the machine
 
 
 def live(fake: HangingNpuSmi, timeout: float = TIMEOUT) -> LiveHost:
@@ -47,6 +49,7 @@ def test_a_clean_run_is_unchanged(tmp_path):
     assert "910B3" in out and fake.calls() == ["info -m"]
     with pytest.raises(CommandFailed, match=r"command npu-smi info -t nonsense exited \d+"):
         live(fake, timeout=30).run(["npu-smi", "info", "-t", "nonsense"])
+    assert fake.hung_runs() == 0
 
 
 def test_ctrl_c_while_waiting_also_kills_the_group(tmp_path):
@@ -87,9 +90,9 @@ def test_a_busy_binary_is_retried_then_named(tmp_path):
 
 def test_one_discovery_pass_pays_one_timeout_for_every_board_query(tmp_path):
     # eight NPUs, eight board queries: only the first may wait out the timeout
-    fake = HangingNpuSmi(tmp_path, host_dir=os.path.join(HOSTS, "a2-8x910b3"))
+    fake = HangingNpuSmi(tmp_path, host_dir=A2)
     fake.hang("info -t board")
-    facts = discover_host(OneTimeoutPerTool(live(fake)), Config())
+    facts = discover_host(OneTimeoutPerTool(live(fake, timeout=ANSWERS)), Config())
     assert len(facts.chips) == 8 and facts.pci_addresses == {}
     board = [c for c in fake.calls() if c.startswith("info -t board")]
     assert board == ["info -t board -i 0"]
@@ -103,8 +106,8 @@ def test_backoff_doubles_up_to_its_cap(failures, delay):
     assert backoff_delay(failures, 2.0, 30.0) == delay
 
 
-def _cache(fake: HangingNpuSmi, **kw) -> HostCache:
-    cfg = Config(npu_smi=str(fake.path), command_timeout_seconds=TIMEOUT)
+def _cache(fake: HangingNpuSmi, timeout: float = TIMEOUT, **kw) -> HostCache:
+    cfg = Config(npu_smi=str(fake.path), command_timeout_seconds=timeout)
     return HostCache(cfg, **kw)
 
 
@@ -134,7 +137,7 @@ def test_a_failed_host_discovery_is_answered_from_the_cache_until_a_retry_succee
 
 
 def test_the_background_retry_backs_off_and_recovers(tmp_path):
-    fake = HangingNpuSmi(tmp_path)
+    fake = HangingNpuSmi(tmp_path, host_dir=A2)
     fake.hang()
     cache = _cache(fake, backoff_initial=0.05, backoff_max=0.2)
     try:
@@ -142,8 +145,10 @@ def test_the_background_retry_backs_off_and_recovers(tmp_path):
             cache.get()
         # retries run by themselves, each a fresh failure counted
         assert wait_for(lambda: cache.health()["failing"][0]["failures"] >= 3, 30, 0.02), cache.health()
+        assert fake.hung_runs() >= 3
         with pytest.raises(DiscoveryUnavailable):
             cache.get()
+        cache.set_config(cache.config.replace(command_timeout_seconds=ANSWERS))  # as a SIGHUP would
         fake.answer()
         assert wait_for(lambda: cache.health()["status"] == "ok", 30, 0.02), cache.health()
         assert cache.health()["failing"] == [] and cache.status == "ok"
@@ -154,16 +159,16 @@ def test_the_background_retry_backs_off_and_recovers(tmp_path):
 
 
 def test_a_failing_process_table_is_cached_on_its_own(tmp_path):
-    fake = HangingNpuSmi(tmp_path)
-    cache = _cache(fake, backoff_initial=600)
+    fake = HangingNpuSmi(tmp_path, host_dir=A2)
+    cache = _cache(fake, ANSWERS, backoff_initial=600)
     try:
         facts = cache.get()
-        fake.set_pids([os.getpid()])
-        assert [p.pid for p in cache.processes()] == [os.getpid()]
+        assert sorted(p.pid for p in cache.processes()) == [4242, 4343]
         assert cache.health()["status"] == "ok"
+        cache.set_config(cache.config.replace(command_timeout_seconds=TIMEOUT))  # as a SIGHUP would
         fake.hang("info")
         before = len(fake.calls())
-        with pytest.raises(CommandFailed, match="npu-smi info timed out"):
+        with pytest.raises(CommandFailed, match=f"npu-smi info timed out after {TIMEOUT:g}s"):
             cache.processes()
         assert len(fake.calls()) == before + 1
         for _ in range(5):

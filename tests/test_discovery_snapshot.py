@@ -129,7 +129,7 @@ def test_refusals(tmp_path):
 def test_a_hanging_npu_smi_costs_the_snapshot_one_timeout_and_leaves_nothing_running(tmp_path):
     fake = HangingNpuSmi(tmp_path, host_dir=A2)
     fake.hang("info -t board")  # the tables answer, every board query hangs
-    cfg = Config(npu_smi=str(fake.path), command_timeout_seconds=0.5)
+    cfg = Config(npu_smi=str(fake.path), command_timeout_seconds=2)  # the answering runs must fit in it
     out = str(tmp_path / "snap")
     files = record_snapshot(out, None, cfg)
     assert [c for c in fake.calls() if c.startswith("info -t board")] == ["info -t board -i 0"]
