@@ -1,7 +1,7 @@
 """``ascendbind`` command line: argparse verbs that wire the layers together.
 
 No logic lives here: each verb is discover -> plan -> (apply) -> print. Every
-AscendbindError becomes one line on stderr and its SPEC §3 exit status.
+AscendbindError becomes one line on stderr and its documented exit status.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="discover (live or from a snapshot) and print the plan; changes nothing")
     p.add_argument("--snapshot", metavar="DIR", help="plan from a snapshot directory instead of this host")
-    p.add_argument("--pid", type=_pid, help="the worker (default: this process / the snapshot's proc/self)")
+    p.add_argument("--pid", type=_pid,
+                   help="the worker (default: this process; with --snapshot, the pid it was recorded for)")
     p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--explain", action="store_true", help="print the alignment hints, merge and decision")
@@ -108,15 +109,22 @@ def _plan_errors(plan: Plan) -> PlanImpossible:
 
 def cmd_plan(args) -> int:
     from .discovery import LiveHost, SnapshotHost
+    from .discovery.sources import OneTimeoutPerTool, is_snapshot_dir
 
     config = config_from_args(args)
+    pid = args.pid
     if args.snapshot:
         if not os.path.isdir(args.snapshot):
             raise UsageError(f"snapshot directory {args.snapshot} does not exist")
+        if not is_snapshot_dir(args.snapshot):
+            raise UsageError(f"{args.snapshot} is not a snapshot (no meta.json, cmd/, proc/ or sys/ in it); "
+                             "record one with `ascendbind snapshot DIR`")
         source = SnapshotHost(args.snapshot)
+        if pid is None:
+            pid = source.recorded_pid  # the worker the snapshot was taken for
     else:
-        source = LiveHost.from_config(config)
-    host, worker, plan = _plan_for(source, config, args.pid, args.npu)
+        source = OneTimeoutPerTool(LiveHost.from_config(config))
+    host, worker, plan = _plan_for(source, config, pid, args.npu)
     if args.explain:
         explain = _optional("ascendbind.planner.explain", "explain_plan")
         if explain is None:
@@ -146,8 +154,10 @@ def cmd_apply(args) -> int:
     from .discovery import LiveHost
     from .render import steps_table
 
+    from .discovery.sources import OneTimeoutPerTool
+
     config = config_from_args(args)
-    source = LiveHost.from_config(config)
+    source = OneTimeoutPerTool(LiveHost.from_config(config))
     host, worker, plan = _plan_for(source, config, args.pid, args.npu)
     for w in worker.warnings:
         print(f"warning: {w}", file=sys.stderr)

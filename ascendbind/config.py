@@ -1,15 +1,25 @@
-"""Configuration: TOML file < ``ASCENDBIND_<KEY>`` environment < CLI flags (SPEC §8).
+"""Configuration: TOML file < ``ASCENDBIND_<KEY>`` environment < CLI flags.
 
 Every key is optional. An unknown key in the file or a bad value anywhere is a
 ConfigError naming the key and where it came from, raised at start-up.
 ``load_config`` is the one entry point; ``Config`` is frozen so a reload
 (SIGHUP) produces a new object rather than mutating a shared one.
+
+Values are checked, never bent: an integer key takes a whole number only
+(``8.7`` is an error, not 8), a number key a finite number. An environment
+variable starting ``ASCENDBIND_`` that names no key is an error too, exactly
+like an unknown key in the file: a misspelt topology-policy variable,
+silently ignored, would leave the operator believing a policy is in force.
+The only other ``ASCENDBIND_`` variables are listed in ``OTHER_VARIABLES``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,9 +27,17 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "load_config", "DEFAULT_CONFIG_PATH", "CHOICES", "PLAN_KEYS"]
+__all__ = ["Config", "load_config", "DEFAULT_CONFIG_PATH", "CHOICES", "PLAN_KEYS", "ENV_PREFIX", "OTHER_VARIABLES"]
 
 DEFAULT_CONFIG_PATH = "/etc/ascendbind/config.toml"
+ENV_PREFIX = "ASCENDBIND_"
+
+# ASCENDBIND_* variables that are not config keys; every other one must name a key
+OTHER_VARIABLES: dict[str, str] = {
+    "ASCENDBIND_CONFIG": "path of the config file (empty: none, not even the default)",
+    "ASCENDBIND_FIXTURE_HOST": "snapshot directory the fixture npu-smi replays (tests, `make run`)",
+    "ASCENDBIND_FAKE_NPU_PIDS": "pids the fixture npu-smi lists in its process table (tests, `make run`)",
+}
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "device_type": ("auto", "A2", "A3", "310P", "950", "unknown"),
@@ -30,7 +48,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cpu_bind_policy": ("default", "full-pcpus"),
 }
 
-# keys that shape a plan: each has a flag on plan/apply/serve (SPEC §3)
+# keys that shape a plan: each has a flag on plan, apply and serve
 PLAN_KEYS = (
     "device_type",
     "small_pool",
@@ -77,6 +95,50 @@ class Config:
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "explicit"}
 
 
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def _whole_number(value: Any) -> int:
+    """An int from TOML, or the text of one from the environment/flags; nothing
+    that would have to be rounded or guessed (8.7, "8.0", "eight", true)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+        return int(value.strip())
+    raise ValueError(f"expected a whole number, got {value!r}")
+
+
+def _finite_number(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = float(value)
+    elif isinstance(value, str):
+        try:
+            out = float(value.strip())
+        except ValueError:
+            raise ValueError(f"expected a number, got {value!r}") from None
+    else:
+        raise ValueError(f"expected a number, got {value!r}")
+    if not math.isfinite(out):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return out
+
+
+def _unknown(name: str, known: list[str], what: str) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"unknown {what} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    """ConfigError for the first ASCENDBIND_* variable that is neither a key nor listed."""
+    known = [ENV_PREFIX + key.upper() for key in _FIELDS] + list(OTHER_VARIABLES)
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            raise ConfigError(
+                f"environment: {_unknown(name, known, 'variable')}; "
+                f"{ENV_PREFIX}<KEY> must name a config key"
+            )
+
+
 def _coerce(key: str, value: Any, where: str) -> Any:
     kind = type(_FIELDS[key].default)
     try:
@@ -90,13 +152,9 @@ def _coerce(key: str, value: Any, where: str) -> Any:
             else:
                 raise ValueError(f"expected true or false, got {value!r}")
         elif kind is int:
-            if isinstance(value, bool):
-                raise ValueError(f"expected an integer, got {value!r}")
-            out = int(value)
+            out = _whole_number(value)
         elif kind is float:
-            if isinstance(value, bool):
-                raise ValueError(f"expected a number, got {value!r}")
-            out = float(value)
+            out = _finite_number(value)
             if out < 0:
                 raise ValueError(f"expected a non-negative number, got {value!r}")
         else:
@@ -143,12 +201,13 @@ def load_config(
             raise ConfigError(f"config file {file_path}: {exc}") from None
         for key, value in data.items():
             if key not in _FIELDS:
-                raise ConfigError(f"config file {file_path}: unknown key {key!r}")
+                raise ConfigError(f"config file {file_path}: {_unknown(key, list(_FIELDS), 'key')}")
             values[key] = _coerce(key, value, f"config file {file_path}")
             explicit.add(key)
 
+    _check_env_names(env)
     for key in _FIELDS:
-        name = f"ASCENDBIND_{key.upper()}"
+        name = f"{ENV_PREFIX}{key.upper()}"
         if name in env:
             values[key] = _coerce(key, env[name], f"environment {name}")
             explicit.add(key)
@@ -166,7 +225,7 @@ def load_config(
 
 # ---------------------------------------------------------------- CLI glue
 # Every verb that plans (plan, apply, serve) gets one flag per plan-shaping key
-# and --config; each flag overrides env and file exactly like SPEC §8 says.
+# and --config; each flag overrides env and file.
 
 _FLAG_HELP = {
     "device_type": "override the detected device type",

@@ -9,6 +9,8 @@
         ToolMissing                 the command does not exist on this host
         CommandFailed               non-zero exit or timeout (named, with stderr)
         ParseError                  malformed text: names the source and the line
+        DiscoveryUnavailable        the daemon's answer while a query keeps failing
+                                    (cached, retried with backoff in the background)
       ProcessGone         exit 6    no such pid, or the pid was recycled
       NotPermitted        exit 7    the caller may not touch that process
       StepFailed          exit 8    bound, but at least one step failed
@@ -30,6 +32,7 @@ __all__ = [
     "ToolMissing",
     "CommandFailed",
     "ParseError",
+    "DiscoveryUnavailable",
     "ProcessGone",
     "NotPermitted",
     "StepFailed",
@@ -99,6 +102,13 @@ class ParseError(DiscoveryError):
         super().__init__(detail)
         self.source = source
         self.line = line
+
+
+class DiscoveryUnavailable(DiscoveryError):
+    """A recent failure of the same query, answered from the cache without running
+    anything; the message names the query and the failure's own code and text."""
+
+    code = "discovery_unavailable"
 
 
 class ProcessGone(AscendbindError):

@@ -2,10 +2,13 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+
+from tests.workers import start_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(ROOT, "fixtures", "hosts")
@@ -83,3 +86,88 @@ def test_missing_snapshot_dir_is_usage_error(tmp_path):
     r = ascendbind("plan", "--snapshot", str(tmp_path / "nope"))
     assert r.returncode == 2
     assert "does not exist" in r.stderr
+
+
+# ---------------------------------------------------------------- no traceback, ever
+
+
+def one_line_error(r, status: int) -> str:
+    assert r.returncode == status, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ascendbind: "), r.stderr
+    return lines[0]
+
+
+def fixture_copy(tmp_path, name: str = "a2-8x910b3") -> str:
+    dst = str(tmp_path / name)
+    shutil.copytree(os.path.join(HOSTS, name), dst, ignore=shutil.ignore_patterns("expected"))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        (b"", "empty"),
+        (b'{"arch": "aarch64", "env": {"ASCEND_RT_VIS', "not valid JSON"),
+        (b"[]", "expected a JSON object, got list"),
+        (b'{"env": "x"}', "'env' must be an object of strings"),
+        (b'{"env": {"ASCEND_RT_VISIBLE_DEVICES": 3}}', "'env' must be an object of strings"),
+        (b'{"pid": "12"}', "'pid' must be a positive integer"),
+        (b'{"arch": "aarch64", "env": {}, "note": "\xff\xfe"}', "not UTF-8"),
+    ],
+)
+def test_a_malformed_meta_json_exits_5_naming_the_file(tmp_path, content, says):
+    snap = fixture_copy(tmp_path)
+    meta = os.path.join(snap, "meta.json")
+    with open(meta, "wb") as fh:
+        fh.write(content)
+    line = one_line_error(ascendbind("plan", "--snapshot", snap, "--npu", "0"), 5)
+    assert meta in line and says in line
+
+
+def test_an_empty_directory_is_not_a_snapshot(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_line_error(ascendbind("plan", "--snapshot", str(empty)), 2)
+    assert "is not a snapshot" in line and "npu-smi" not in line
+
+
+def test_a_snapshot_plans_for_the_pid_it_was_recorded_for(tmp_path):
+    # the fixture npu-smi describes this machine; the worker is a real process
+    snap = str(tmp_path / "snap")
+    env = {"PATH": f"{os.path.join(ROOT, 'fixtures', 'bin')}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    with start_worker(plain=1, acl=1, release=1) as w:
+        r = ascendbind("snapshot", snap, "--pid", str(w.pid), env=env)
+        assert r.returncode == 0, r.stderr
+    assert json.load(open(os.path.join(snap, "meta.json")))["pid"] == w.pid
+    assert not os.path.exists(os.path.join(snap, "proc", "self"))  # only the worker was recorded
+    r = ascendbind("plan", "--snapshot", snap, "--npu", "0", "--small-pool", "share", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert list(plan["npus"]) == ["0"] and plan["errors"] == []
+    # an explicit --pid still wins: that pid was not recorded
+    line = one_line_error(ascendbind("plan", "--snapshot", snap, "--npu", "0", "--pid", "1"), 6)
+    assert "no process 1" in line
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "under_proc", "under_sys"])
+def test_snapshot_into_an_impossible_place_is_one_line_exit_2(tmp_path, where):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = {"under_a_file": str(blocker / "snap"), "under_proc": "/proc/ascendbind-snap",
+           "under_sys": "/sys/fs/cgroup/ascendbind-snap-test"}[where]
+    line = one_line_error(ascendbind("snapshot", out), 2)
+    assert out in line
+    assert not os.path.exists(out)  # nothing created, not even a cgroup
+
+
+def test_snapshot_into_an_unwritable_directory_is_one_line_exit_2(tmp_path, nobody_prefix):
+    parent = tmp_path / "root-only"
+    parent.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCENDBIND_")}
+    r = subprocess.run([*nobody_prefix, sys.executable, "-m", "ascendbind", "snapshot", str(parent / "snap")],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    line = one_line_error(r, 2)
+    assert "cannot write" in line and str(parent) in line

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from tests.daemon_harness import FIXTURE_BIN, ROOT, DaemonProc, base_env, free_port, metric_value, wait_for
+from tests.hanging_tool import HangingNpuSmi
 from tests.workers import cpus_allowed_of, start_worker
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
@@ -71,6 +72,19 @@ def test_a_second_daemon_refuses_a_live_socket(tmp_path):
         d.stop()
 
 
+def test_a_state_dir_under_a_file_is_blamed_by_name_not_the_socket(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    state_dir = str(blocker / "state")
+    d = DaemonProc(str(tmp_path), base_env(str(tmp_path / "ascendbind.sock"), state_dir, free_port()))
+    d.start(wait=False)
+    assert d.proc.wait(timeout=30) == 2
+    last = d.log().strip().splitlines()[-1]
+    assert last == f"ascendbind: cannot use state_dir {state_dir}: Not a directory", d.log()
+    assert "Traceback" not in d.log() and "cannot listen" not in d.log()
+    d.stop()
+
+
 def test_corrupt_or_untrusted_state_is_moved_aside_and_the_daemon_starts(tmp_path):
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
@@ -86,7 +100,6 @@ def test_corrupt_or_untrusted_state_is_moved_aside_and_the_daemon_starts(tmp_pat
 
 _FAKES = {
     "garbage": "#!/bin/sh\necho '### not an npu-smi table at all ###'\n",
-    "hang": "#!/bin/sh\nexec sleep 30\n",
     "good": f'#!/bin/sh\nexec "{FIXTURE_BIN}/npu-smi" "$@"\n',
 }
 
@@ -99,36 +112,113 @@ def _install(path, kind: str) -> None:
     os.replace(tmp, path)
 
 
-def test_npu_smi_missing_hanging_or_garbage_gives_503_and_the_daemon_stays_up(tmp_path):
+def _failing(d: DaemonProc) -> list[tuple[str, str]]:
+    return [(f["query"], f["error"]) for f in d.client.health()["failing"]]
+
+
+def test_npu_smi_missing_or_garbage_gives_503_naming_it_and_the_daemon_stays_up(tmp_path):
     npu_smi = tmp_path / "bin" / "npu-smi"
     npu_smi.parent.mkdir()
-    d = _daemon(tmp_path, ASCENDBIND_NPU_SMI=str(npu_smi), ASCENDBIND_COMMAND_TIMEOUT_SECONDS="0.5").start()
+    d = _daemon(tmp_path, ASCENDBIND_NPU_SMI=str(npu_smi), ASCENDBIND_COMMAND_TIMEOUT_SECONDS="5").start()
     try:
         with start_worker(plain=1, acl=0, release=0) as w:
             def bind():
                 return d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
 
+            assert wait_for(lambda: _failing(d) == [("host_facts", "npu_smi_missing")], 15), d.log()[-2000:]
             status, body = bind()
-            assert status == 503 and body["error"] in ("tool_missing", "npu_smi_missing"), body
-            assert "npu-smi" in body["detail"]
+            assert status == 503 and body["error"] == "discovery_unavailable", body
+            assert "npu_smi_missing" in body["detail"] and "npu-smi not found" in body["detail"]
             health = d.client.health()
-            assert health["status"] == "degraded" and health["discovery"] != "ok"
+            assert health["status"] == "degraded" and "npu_smi_missing" in health["discovery"]
 
+            # SIGHUP rediscovers at once, whatever the backoff says
             _install(npu_smi, "garbage")
-            assert wait_for(lambda: bind()[1]["error"] not in ("tool_missing", "npu_smi_missing"), 6)
+            d.proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: _failing(d) == [("host_facts", "parse_error")], 15), d.log()[-2000:]
             status, body = bind()
-            assert status == 503 and body["error"] == "parse_error", body
-
-            _install(npu_smi, "hang")
-            assert wait_for(lambda: bind()[1]["error"] == "command_timeout", 10), d.log()[-2000:]
-            assert bind()[0] == 503
+            assert status == 503 and body["error"] == "discovery_unavailable" and "parse_error" in body["detail"]
 
             _install(npu_smi, "good")
-            assert wait_for(lambda: bind()[0] == 200, 10), d.log()[-2000:]
+            d.proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: d.client.health()["status"] == "ok", 15), d.log()[-2000:]
+            assert d.client.health()["failing"] == []
+            assert bind()[0] == 200
         assert d.alive()
         text = d.metrics_text()
+        assert metric_value(text, "ascendbind_discovery_errors_total", code="parse_error") >= 1
+        assert metric_value(text, "ascendbind_bind_requests_total", outcome="failed") >= 2
+    finally:
+        d.stop()
+
+
+BINDS = 6
+# the fake answers with `cat`: a second is plenty on a loaded machine, and what a hang costs
+TIMEOUT = "1"
+
+
+def test_a_hanging_npu_smi_costs_one_timeout_then_binds_fail_fast_until_it_answers(tmp_path):
+    fake = HangingNpuSmi(tmp_path)
+    fake.hang()
+    d = _daemon(tmp_path, ASCENDBIND_NPU_SMI=str(fake.path), ASCENDBIND_COMMAND_TIMEOUT_SECONDS=TIMEOUT).start()
+    try:
+        # the start-up discovery waits out one timeout, on its first npu-smi run
+        assert wait_for(lambda: _failing(d) == [("host_facts", "command_timeout")], 20), d.log()[-2000:]
+        assert fake.calls()[0] == "info -m"
+        with start_worker(plain=1, acl=0, release=0) as w:
+            before = len(fake.calls())
+            for _ in range(BINDS):
+                status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+                assert status == 503 and body["error"] == "discovery_unavailable", body
+                assert "command_timeout" in body["detail"] and "npu-smi info -m timed out" in body["detail"]
+            # only the background retries ran npu-smi meanwhile, on their doubling backoff: no bind did
+            assert len(fake.calls()) - before < BINDS, fake.calls()
+            health = d.client.health()
+            assert health["status"] == "degraded" and health["failing"][0]["query"] == "host_facts"
+
+            fake.answer()
+            assert wait_for(lambda: d.client.health()["status"] == "ok", 60), d.log()[-2000:]
+            status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+            assert status == 200, body
+        assert fake.hung_runs() >= 1 and fake.wait_no_survivors() == []
+        text = d.metrics_text()
         assert metric_value(text, "ascendbind_discovery_errors_total", code="command_timeout") >= 1
-        assert metric_value(text, "ascendbind_bind_requests_total", outcome="failed") >= 3
+        assert metric_value(text, "ascendbind_bind_requests_total", outcome="failed") >= BINDS
+    finally:
+        d.stop()
+
+
+def test_a_hanging_process_table_fails_binds_without_npu_fast_and_healthz_names_it(tmp_path):
+    fake = HangingNpuSmi(tmp_path)
+    d = _daemon(tmp_path, ASCENDBIND_NPU_SMI=str(fake.path), ASCENDBIND_COMMAND_TIMEOUT_SECONDS=TIMEOUT).start()
+    try:
+        with start_worker(plain=1, acl=0, release=0) as w, start_worker(plain=1, acl=0, release=0) as other:
+            fake.set_pids([w.pid])
+            d.wait_discovered()
+            fake.hang("info")  # the static facts are cached: only the process table asks npu-smi now
+            before = len(fake.calls())
+            status, body = d.curl("POST", "/v1/bind", {"pid": w.pid})
+            assert status == 503 and body["error"] == "command_timeout", body
+            assert f"npu-smi info timed out after {TIMEOUT}s" in body["detail"]
+            assert fake.calls()[before] == "info"
+            for _ in range(BINDS):
+                status, body = d.curl("POST", "/v1/bind", {"pid": w.pid})
+                assert status == 503 and body["error"] == "discovery_unavailable", body
+                assert "process table" in body["detail"]
+            assert len(fake.calls()) - before < BINDS + 1, fake.calls()
+            health = d.client.health()
+            assert health["status"] == "degraded", health
+            assert [(f["query"], f["error"]) for f in health["failing"]] == [("process_table", "command_timeout")]
+            # a bind that names its NPU needs no process table
+            assert d.curl("POST", "/v1/bind", {"pid": other.pid, "npu": 0})[0] == 200
+
+            fake.answer()
+            assert wait_for(lambda: d.client.health()["status"] == "ok", 60), d.log()[-2000:]
+            status, body = d.curl("POST", "/v1/release", {"pid": other.pid})
+            assert status == 200, body
+            status, body = d.curl("POST", "/v1/bind", {"pid": w.pid})
+            assert status == 200 and body["npus"] == [0], body
+        assert fake.hung_runs() >= 1 and fake.wait_no_survivors() == []
     finally:
         d.stop()
 

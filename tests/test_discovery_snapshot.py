@@ -12,6 +12,7 @@ from ascendbind.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_worker
 from ascendbind.discovery.snapshot import record_snapshot
 from ascendbind.errors import ProcessGone, ToolMissing, UsageError
+from tests.hanging_tool import HangingNpuSmi
 from tests.test_discovery_host import HOSTS, fake_npu_smi, put
 from tests.workers import start_worker
 
@@ -123,3 +124,27 @@ def test_refusals(tmp_path):
     with pytest.raises(ProcessGone):
         record_snapshot(str(tmp_path / "gone"), gone, cfg)
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_hanging_npu_smi_costs_the_snapshot_one_timeout_and_leaves_nothing_running(tmp_path):
+    fake = HangingNpuSmi(tmp_path, host_dir=A2)
+    fake.hang("info -t board")  # the tables answer, every board query hangs
+    cfg = Config(npu_smi=str(fake.path), command_timeout_seconds=2)  # the answering runs must fit in it
+    out = str(tmp_path / "snap")
+    files = record_snapshot(out, None, cfg)
+    assert [c for c in fake.calls() if c.startswith("info -t board")] == ["info -t board -i 0"]
+    assert sum("timed out" in w for w in files.warnings) == 8  # one per NPU, seven of them not even run
+    assert {"cmd/npu-smi_info_-m.txt", "cmd/npu-smi_info_-t_topo.txt", "cmd/lscpu_-e.txt"} <= set(files)
+    assert fake.wait_no_survivors() == []
+
+
+@pytest.mark.parametrize("where", ["file", "proc", "sys", "dev"])
+def test_refusals_of_impossible_places_create_nothing(tmp_path, where):
+    cfg = Config(npu_smi=fake_npu_smi(tmp_path, A2))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = {"file": str(blocker / "deeper" / "snap"), "proc": "/proc/self/ascendbind-snap",
+           "sys": "/sys/fs/cgroup/ascendbind-snap-test", "dev": "/dev/shm/../ascendbind-snap-test"}[where]
+    with pytest.raises(UsageError, match="snapshot directory"):
+        record_snapshot(out, None, cfg)
+    assert not os.path.exists(out)

@@ -32,6 +32,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..command import run_command
 from ..config import Config
 from ..cpulist import format_cpulist, format_mask, parse_mask
 from ..discovery.irqs import parse_interrupts
@@ -207,11 +208,7 @@ def stop_irqbalance(timeout: float = 10.0) -> tuple[bool, str]:
         return False, "systemctl not found, irqbalance left running"
     env = {"LC_ALL": "C", "LANG": "C", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
     try:
-        proc = subprocess.run(
-            [exe, "stop", "irqbalance"],
-            capture_output=True, text=True, errors="replace", env=env,
-            timeout=timeout, stdin=subprocess.DEVNULL, check=False,
-        )
+        proc = run_command([exe, "stop", "irqbalance"], timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return False, f"systemctl stop irqbalance timed out after {timeout:g}s"
     except OSError as exc:

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from ..command import run_command
 from ..config import Config
 from ..errors import NotPermitted, ParseError, ProcessGone
 from ..model import HostFacts, Outcome, Plan, Reason, Step, StepResult, frozen_map
@@ -51,10 +52,7 @@ def run_migratepages(
     env = {"LC_ALL": "C", "LANG": "C", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
     data = {"argv": argv[1:], "target_node": to_node}
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, errors="replace", env=env,
-            timeout=timeout, stdin=subprocess.DEVNULL, check=False,
-        )
+        proc = run_command(argv, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return _result(Outcome.FAILED, Reason.MIGRATEPAGES_FAILED, f"{shown} timed out after {timeout:g}s", data)
     except OSError as exc:

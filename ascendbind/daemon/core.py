@@ -379,8 +379,7 @@ class Daemon:
         with self.lock:
             n = len(self.held)
         return {
-            "status": "ok" if self.hosts.status == "ok" else "degraded",
-            "discovery": self.hosts.status,
+            **self.hosts.health(),
             "workers": n,
             "hotplug": self.hotplug_status,
             "rediscovery_pending": self.rediscovery_pending(),

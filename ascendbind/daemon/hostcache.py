@@ -1,13 +1,28 @@
-"""The daemon's cache of a host's static facts (issue 4, "Discovery cache").
+"""The daemon's cache of a host's facts, and of its failures to get them.
 
-Static facts (NPU map, topo affinity, lscpu, NUMA distances, PCI addresses) cost
-several ``npu-smi`` runs, so they are discovered once at start and again only on
-a hot-plug event, SIGHUP or an explicit refresh. A failed discovery is cached
-for ``retry_after`` seconds: while ``npu-smi`` hangs, requests get a fast 503
-naming the reason instead of each waiting out the command timeout again.
+Two queries feed requests:
 
-The process table (``npu-smi info``) changes with every worker, so it is read
-fresh when a request needs it (bind without ``npu``, auto-bind).
+* ``host_facts``: the static facts (NPU map, topo affinity, lscpu, NUMA
+  distances, PCI addresses). They cost several ``npu-smi`` runs, so they are
+  discovered once at start and again only on a hot-plug event, SIGHUP or an
+  explicit refresh.
+* ``process_table``: ``npu-smi info``'s process table, which changes with every
+  worker, so it is read fresh when a request needs it (bind without ``npu``,
+  auto-bind).
+
+A failing query is cached too, because a hung ``npu-smi`` must cost one
+timeout, not one per request: after a failure every request that needs the
+query is answered at once with ``DiscoveryUnavailable`` (HTTP 503
+``discovery_unavailable``, naming the query and the failure) and runs nothing.
+A background retry runs the query again after a backoff that doubles with each
+consecutive failure (``backoff_initial`` up to ``backoff_max``); the first
+success clears the failure. So while ``npu-smi`` hangs there is at most one
+``npu-smi`` of each query running, and none started by a request. Static facts
+already known stay in use while a later rediscovery fails (a transient stall
+must not unbind anybody), but the failure still shows in ``health()``.
+
+``health()`` is the ``/healthz`` document's discovery part: ``degraded`` while
+any query fails or before the first discovery, with each failing query named.
 
 ``on_discovered(facts)``, when set, runs after every successful discovery
 (under the cache's lock, so keep it short); ``serve`` uses it to log the config
@@ -20,16 +35,49 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-from ..discovery import LiveHost, discover_host
-from ..errors import AscendbindError, DiscoveryError
+from ..discovery import LiveHost, discover_host, discover_processes
+from ..discovery.sources import OneTimeoutPerTool
+from ..errors import AscendbindError, DiscoveryError, DiscoveryUnavailable
 from ..model import HostFacts, NpuProcess
 
-__all__ = ["HostCache"]
+__all__ = ["HostCache", "QueryFailure", "backoff_delay", "HOST_FACTS", "PROCESS_TABLE"]
 
 log = structlog.get_logger("ascendbind.discovery")
+
+HOST_FACTS = "host_facts"
+PROCESS_TABLE = "process_table"
+_WHAT = {
+    HOST_FACTS: "host discovery (npu-smi info/-m/-t topo/-t board, lscpu)",
+    PROCESS_TABLE: "the npu-smi process table (npu-smi info)",
+}
+
+
+def backoff_delay(failures: int, initial: float, cap: float) -> float:
+    """Seconds before the next try after ``failures`` consecutive failures: doubling from ``initial``."""
+    return min(cap, initial * 2 ** max(0, min(failures - 1, 30)))
+
+
+@dataclasses.dataclass
+class QueryFailure:
+    query: str
+    error: DiscoveryError
+    failures: int  # consecutive
+    since: float  # wall clock of the first of them
+    retry_at: float  # monotonic
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "error": self.error.code,
+            "detail": str(self.error),
+            "failures": self.failures,
+            "since": round(self.since, 3),
+            "retry_in_seconds": round(max(0.0, self.retry_at - now), 3),
+        }
 
 
 def _static_part(h: HostFacts) -> HostFacts:
@@ -38,15 +86,20 @@ def _static_part(h: HostFacts) -> HostFacts:
 
 
 class HostCache:
-    def __init__(self, config, metrics=None, *, source=None, retry_after: float = 2.0) -> None:
+    def __init__(self, config, metrics=None, *, source=None, backoff_initial: float = 2.0,
+                 backoff_max: float = 30.0) -> None:
         self.config = config
         self.source = source or LiveHost.from_config(config)
         self.metrics = metrics
-        self.retry_after = retry_after
-        self._lock = threading.Lock()  # one discovery at a time: npu-smi is not cheap
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._lock = threading.Lock()  # one host discovery at a time: npu-smi is not cheap
+        self._proc_lock = threading.Lock()  # one process-table query at a time, for the same reason
+        self._state = threading.Lock()  # guards _failures and _timers
         self._facts: HostFacts | None = None
-        self._error: DiscoveryError | None = None
-        self._error_at = 0.0
+        self._failures: dict[str, QueryFailure] = {}
+        self._timers: dict[str, threading.Timer] = {}
+        self._closed = False
         self.generation = 0  # bumped when the static facts change (hot-plug re-plans)
         self.on_discovered: Callable[[HostFacts], None] | None = None
 
@@ -54,87 +107,121 @@ class HostCache:
         self.config = config
         self.source = LiveHost.from_config(config) if isinstance(self.source, LiveHost) else self.source
 
+    def close(self) -> None:
+        """Cancel the pending background retries (a stopped daemon, a finished test)."""
+        with self._state:
+            self._closed = True
+            timers, self._timers = list(self._timers.values()), {}
+        for t in timers:
+            t.cancel()
+
+    # ---------------------------------------------------------- health
+
+    def failures(self) -> list[QueryFailure]:
+        with self._state:
+            return [dataclasses.replace(f) for _, f in sorted(self._failures.items())]
+
     @property
     def status(self) -> str:
-        if self._facts is not None:
-            return "ok"
-        if self._error is not None:
-            return f"{self._error.code}: {self._error}"
-        return "not yet discovered"
+        """One line: ``ok``, ``not yet discovered``, or each failing query with its error."""
+        failing = self.failures()
+        if failing:
+            return "; ".join(f"{f.query}: {f.error.code}: {f.error}" for f in failing)
+        return "ok" if self._facts is not None else "not yet discovered"
+
+    def health(self) -> dict[str, Any]:
+        """``status`` (ok|degraded), ``discovery`` (one line) and ``failing`` (one entry per failing query)."""
+        now = time.monotonic()
+        failing = self.failures()
+        return {
+            "status": "ok" if not failing and self._facts is not None else "degraded",
+            "discovery": self.status,
+            "failing": [f.to_json(now) for f in failing],
+        }
+
+    # ---------------------------------------------------------- queries
 
     def get(self) -> HostFacts:
-        """Cached facts; discovers when none (DiscoveryError, possibly a cached one)."""
+        """Cached facts; discovers when none. DiscoveryUnavailable at once while the
+        last host discovery failed and no facts are known yet."""
         facts = self._facts
         if facts is not None:
             return facts
+        self._fail_fast(HOST_FACTS)
         with self._lock:
             if self._facts is not None:
                 return self._facts
-            if self._error is not None and time.monotonic() - self._error_at < self.retry_after:
-                raise self._error
+            self._fail_fast(HOST_FACTS)  # it failed while we waited for the lock
             return self._discover_locked()
 
     def refresh(self) -> tuple[HostFacts, bool]:
-        """Rediscover now; returns (facts, whether the static facts changed).
+        """Rediscover now (hot-plug, SIGHUP); returns (facts, whether the static facts changed).
 
         On failure the previous facts stay in use (a transient npu-smi stall
-        must not unbind anybody) and the error propagates.
+        must not unbind anybody), the failure is cached like any other, and the
+        error propagates.
         """
         with self._lock:
-            before = self._facts
-            facts = self._discover_locked(keep_previous=True)
-            changed = before is None or _static_part(before) != _static_part(facts)
-            if changed and before is not None:
-                self.generation += 1
-            return facts, changed
+            return self._rediscover_locked()
 
     def processes(self) -> tuple[NpuProcess, ...]:
-        """A fresh ``npu-smi info`` process table (full rediscovery when discovery has no cheaper call)."""
-        from .. import discovery
+        """A fresh ``npu-smi info`` process table; DiscoveryUnavailable at once while it keeps failing."""
+        self._fail_fast(PROCESS_TABLE)
+        with self._proc_lock:
+            self._fail_fast(PROCESS_TABLE)  # the query we waited for failed
+            return self._query_processes_locked()
 
-        cheap = getattr(discovery, "discover_processes", None)
-        if cheap is not None:
-            start = time.monotonic()
-            try:
-                facts = self._facts
-                chips = facts.chips if facts is not None and facts.chips else None
-                return tuple(cheap(self.source, self.config, chips=chips))
-            except DiscoveryError as exc:
-                self._note_error(exc)
-                raise
-            finally:
-                if self.metrics:
-                    self.metrics.discovery_duration.observe(time.monotonic() - start)
-        facts, _ = self.refresh()
-        return facts.processes
+    # ---------------------------------------------------------- the runs
 
-    def _note_error(self, exc: DiscoveryError) -> None:
-        if self.metrics:
-            self.metrics.discovery_error(exc.code)
+    def _rediscover_locked(self) -> tuple[HostFacts, bool]:
+        before = self._facts
+        facts = self._discover_locked(keep_previous=True)
+        changed = before is None or _static_part(before) != _static_part(facts)
+        if changed and before is not None:
+            self.generation += 1
+        return facts, changed
+
+    def _query_processes_locked(self) -> tuple[NpuProcess, ...]:
+        start = time.monotonic()
+        facts = self._facts
+        chips = facts.chips if facts is not None and facts.chips else None
+        try:
+            rows = tuple(discover_processes(OneTimeoutPerTool(self.source), self.config, chips=chips))
+        except DiscoveryError as exc:
+            self._failed(PROCESS_TABLE, exc)
+            raise
+        except Exception as exc:  # a parser bug must not take the daemon down
+            err = DiscoveryError(f"process table query crashed: {type(exc).__name__}: {exc}")
+            log.exception("process table query crashed")
+            self._failed(PROCESS_TABLE, err)
+            raise err from None
+        finally:
+            if self.metrics:
+                self.metrics.discovery_duration.observe(time.monotonic() - start)
+        self._succeeded(PROCESS_TABLE)
+        return rows
 
     def _discover_locked(self, *, keep_previous: bool = False) -> HostFacts:
         start = time.monotonic()
         try:
-            facts = discover_host(self.source, self.config)
+            facts = discover_host(OneTimeoutPerTool(self.source), self.config)
         except DiscoveryError as exc:
-            self._error, self._error_at = exc, time.monotonic()
             if not keep_previous:
                 self._facts = None
-            self._note_error(exc)
-            log.warning("host discovery failed", code=exc.code, detail=str(exc))
+            self._failed(HOST_FACTS, exc)
             raise
         except AscendbindError:
             raise
         except Exception as exc:  # a parser bug must not take the daemon down: report it as discovery
             err = DiscoveryError(f"host discovery crashed: {type(exc).__name__}: {exc}")
-            self._error, self._error_at = err, time.monotonic()
-            self._note_error(err)
             log.exception("host discovery crashed")
+            self._failed(HOST_FACTS, err)
             raise err from None
         finally:
             if self.metrics:
                 self.metrics.discovery_duration.observe(time.monotonic() - start)
-        self._facts, self._error = facts, None
+        self._facts = facts
+        self._succeeded(HOST_FACTS)
         hook = self.on_discovered
         if hook is not None:
             try:
@@ -142,3 +229,72 @@ class HostCache:
             except Exception:  # a listener's bug must not turn good facts into a failed discovery
                 log.exception("on_discovered hook failed")
         return facts
+
+    # ---------------------------------------------------------- the failure cache
+
+    def _fail_fast(self, query: str) -> None:
+        with self._state:
+            f = self._failures.get(query)
+            if f is None:
+                return
+            left = max(0.0, f.retry_at - time.monotonic())
+        raise DiscoveryUnavailable(
+            f"{_WHAT[query]} is failing ({f.error.code}: {f.error}); {f.failures} failure(s) in a row, "
+            f"next try in the background in {left:.1f}s"
+        )
+
+    def _failed(self, query: str, exc: DiscoveryError) -> None:
+        with self._state:
+            prev = self._failures.get(query)
+            n = prev.failures + 1 if prev else 1
+            delay = backoff_delay(n, self.backoff_initial, self.backoff_max)
+            self._failures[query] = QueryFailure(query, exc, n, prev.since if prev else time.time(),
+                                                 time.monotonic() + delay)
+            self._schedule_locked(query, delay)
+        if self.metrics:
+            self.metrics.discovery_error(exc.code)
+        log.warning("discovery query failed", query=query, code=exc.code, detail=str(exc), failures=n,
+                    retry_in_seconds=delay)
+
+    def _succeeded(self, query: str) -> None:
+        with self._state:
+            prev = self._failures.pop(query, None)
+            timer = self._timers.pop(query, None)
+        if timer is not None:
+            timer.cancel()
+        if prev is not None:
+            log.info("discovery query recovered", query=query, after_failures=prev.failures)
+
+    def _schedule_locked(self, query: str, delay: float) -> None:
+        old = self._timers.pop(query, None)
+        if old is not None:
+            old.cancel()
+        if self._closed:
+            return
+        t = threading.Timer(delay, self._retry, args=(query,))
+        t.daemon = True
+        t.name = f"retry-{query}"
+        self._timers[query] = t
+        t.start()
+
+    def _retry(self, query: str) -> None:
+        """The background retry of a failing query; a failure schedules the next one."""
+        with self._state:
+            if self._timers.get(query) is threading.current_thread():
+                del self._timers[query]
+        try:
+            if query == PROCESS_TABLE:
+                with self._proc_lock:
+                    self._query_processes_locked()
+            else:
+                with self._lock:
+                    before = self._facts
+                    _, changed = self._rediscover_locked()
+                if changed and before is not None:
+                    log.warning("host facts changed while discovery was failing; "
+                                "bound workers keep their plans until the next rediscovery (SIGHUP)")
+        except DiscoveryError:
+            pass  # recorded, and the next retry scheduled, by _failed
+        except Exception as exc:  # never leave a failure cached with no retry pending
+            log.exception("background discovery retry crashed", query=query)
+            self._failed(query, DiscoveryError(f"{_WHAT[query]} retry crashed: {type(exc).__name__}: {exc}"))

@@ -181,6 +181,9 @@ def serve(config: Config, *, reload=None) -> int:
     try:
         svc.start()
     except OSError as exc:
+        where = str(exc.filename or "")
+        if where and (where == config.state_dir or where.startswith(config.state_dir.rstrip("/") + "/")):
+            raise ConfigError(f"cannot use state_dir {config.state_dir}: {exc.strerror or exc}") from None
         raise ConfigError(f"cannot listen on {config.socket}: {exc.strerror or exc}") from None
     while True:
         event = svc.events.get()

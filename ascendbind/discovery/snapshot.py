@@ -1,4 +1,4 @@
-"""Record a live host into a snapshot directory (SPEC §5): what users attach to bug reports.
+"""Record a live host into a snapshot directory: what users attach to bug reports.
 
 The recorder does not keep its own list of files to copy: it wraps the live
 host in a RecordingHost and runs the real discovery through it, so the
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from ..config import Config
 from ..errors import DiscoveryError, UsageError
 from .host import NODE_ROOT, discover_cpu_topology, discover_host, discover_worker
-from .sources import HostSource, LiveHost, command_file_name
+from .sources import HostSource, LiveHost, OneTimeoutPerTool, command_file_name
 
-__all__ = ["RecordingHost", "SnapshotFiles", "record_snapshot", "RECORDED_ENV"]
+__all__ = ["RecordingHost", "SnapshotFiles", "record_snapshot", "check_snapshot_target", "RECORDED_ENV"]
 
 RECORDED_ENV = ("ASCEND_RT_VISIBLE_DEVICES",)
 
@@ -95,18 +95,57 @@ class SnapshotFiles(list):
         self.warnings = list(warnings)
 
 
+# pseudo-filesystems: "writing a snapshot" there would poke kernel knobs or make cgroups
+_PSEUDO_FS = ("/proc", "/sys", "/dev")
+
+
+def check_snapshot_target(out_dir: str) -> None:
+    """UsageError unless ``out_dir`` can become a new snapshot directory: absent or
+    empty, on a real filesystem, under a directory (not a file) we may write to."""
+    real = os.path.realpath(out_dir)
+    for top in _PSEUDO_FS:
+        if real == top or real.startswith(top + "/"):
+            raise UsageError(f"snapshot directory {out_dir} is under {top}; pick a directory on a real filesystem")
+    if os.path.isdir(out_dir):
+        try:
+            entries = os.listdir(out_dir)
+        except OSError as exc:
+            raise UsageError(f"snapshot directory {out_dir} is unreadable: {exc.strerror}") from None
+        if entries:
+            raise UsageError(f"snapshot directory {out_dir} is not empty; pick a new one")
+        parent = out_dir
+    elif os.path.lexists(out_dir):
+        raise UsageError(f"snapshot target {out_dir} exists and is not a directory")
+    else:
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        while not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise UsageError(f"snapshot directory {out_dir} is under {parent}, which is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"snapshot directory {out_dir}: cannot write to {parent}")
+
+
 def record_snapshot(out_dir: str, pid: int | None, config: Config) -> SnapshotFiles:
     """Record this host (and worker ``pid``, or this process when None) into ``out_dir``.
 
     ``out_dir`` must be absent or empty. Raises ProcessGone for a pid that does
-    not exist, UsageError for a non-empty directory; discovery problems become
-    warnings, the raw text that caused them is in the snapshot.
+    not exist, UsageError for a target that cannot become a snapshot (not
+    empty, under a file or a pseudo-filesystem, unwritable, a write failing
+    half-way); discovery problems become warnings, the raw text that caused
+    them is in the snapshot.
     """
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise UsageError(f"snapshot directory {out_dir} is not empty; pick a new one")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UsageError(f"snapshot target {out_dir} exists and is not a directory")
-    rec = RecordingHost(LiveHost.from_config(config), out_dir)
+    check_snapshot_target(out_dir)
+    try:
+        return _record(out_dir, pid, config)
+    except OSError as exc:
+        where = exc.filename or out_dir
+        raise UsageError(f"cannot write the snapshot: {where}: {exc.strerror or exc}") from None
+
+
+def _record(out_dir: str, pid: int | None, config: Config) -> SnapshotFiles:
+    # one hung npu-smi costs one timeout, not one per board query
+    rec = RecordingHost(OneTimeoutPerTool(LiveHost.from_config(config)), out_dir)
     warnings: list[str] = []
 
     # the worker first: a wrong --pid fails before anything is written

@@ -1,4 +1,4 @@
-"""Where host text comes from: the live host, or a snapshot directory (SPEC §5).
+"""Where host text comes from: the live host, or a snapshot directory.
 
 The I/O edge is this one small interface, so discovery code is written once and
 tests inject a SnapshotHost instead of monkeypatching:
@@ -12,9 +12,16 @@ tests inject a SnapshotHost instead of monkeypatching:
 "/sys/…"); LiveHost re-roots them under ``proc_root`` / ``sys_root`` and a
 SnapshotHost under its directory.
 
-Commands run with ``LC_ALL=C``, no shell, a timeout (retried once: a hung
-``npu-smi`` is usually a transient driver stall). A non-zero exit or a second
-timeout is a CommandFailed naming the command.
+Commands run with ``LC_ALL=C``, no shell and a timeout, each in a process
+group of its own that is killed whole when the timeout expires (see
+``ascendbind.command``). A timeout is not retried: a hung ``npu-smi`` costs one
+timeout, and the daemon's host cache decides when to ask again. A non-zero exit
+or a timeout is a CommandFailed naming the command (code ``command_timeout``
+for the latter).
+
+``OneTimeoutPerTool`` wraps a source for one discovery pass: after a tool
+timed out, the pass's later runs of that tool (one board query per NPU die)
+fail at once instead of each waiting out the timeout again.
 """
 
 from __future__ import annotations
@@ -26,11 +33,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Protocol
 
-from tenacity import retry, retry_if_exception_type, stop_after_attempt
-
+from ..command import run_command, tool_env
 from ..errors import CommandFailed
 
-__all__ = ["HostSource", "LiveHost", "SnapshotHost", "command_file_name"]
+__all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir"]
 
 
 class HostSource(Protocol):
@@ -42,12 +48,8 @@ class HostSource(Protocol):
 
 
 def command_file_name(argv: Sequence[str]) -> str:
-    """``npu-smi info -t topo`` -> ``npu-smi_info_-t_topo.txt`` (SPEC §5)."""
+    """``npu-smi info -t topo`` -> ``npu-smi_info_-t_topo.txt``."""
     return "_".join(argv) + ".txt"
-
-
-class _Timeout(Exception):
-    pass
 
 
 class LiveHost:
@@ -82,40 +84,21 @@ class LiveHost:
         exe = self.resolve_tool(argv[0])
         if exe is None:
             return None
-        full = [exe, *argv[1:]]
-        env = {"LC_ALL": "C", "LANG": "C", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
         # our own ASCENDBIND_* variables travel along (the fixture npu-smi of
         # tests and `make run` reads ASCENDBIND_FIXTURE_HOST / _FAKE_NPU_PIDS)
-        env.update({k: v for k, v in os.environ.items() if k.startswith("ASCENDBIND_")})
+        env = tool_env({k: v for k, v in os.environ.items() if k.startswith("ASCENDBIND_")})
+        shown = " ".join(argv)
         try:
-            proc = self._run_with_retry(full, env)
-        except _Timeout:
-            raise CommandFailed(
-                f"command {' '.join(argv)!s} timed out after {self.timeout:g}s (twice)", code="command_timeout"
-            ) from None
+            proc = run_command([exe, *argv[1:]], timeout=self.timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise CommandFailed(f"command {shown} timed out after {self.timeout:g}s", code="command_timeout") from None
         except OSError as exc:
-            raise CommandFailed(f"command {' '.join(argv)} could not start: {exc.strerror}") from None
+            raise CommandFailed(f"command {shown} could not start: {exc.strerror or exc}") from None
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout or "").strip().splitlines()
             tail = err[-1] if err else "no output"
-            raise CommandFailed(f"command {' '.join(argv)} exited {proc.returncode}: {tail[:200]}")
+            raise CommandFailed(f"command {shown} exited {proc.returncode}: {tail[:200]}")
         return proc.stdout
-
-    @retry(retry=retry_if_exception_type(_Timeout), stop=stop_after_attempt(2), reraise=True)
-    def _run_with_retry(self, full: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run(
-                full,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                env=env,
-                timeout=self.timeout,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise _Timeout() from None
 
     def host_path(self, path: str) -> str:
         if path == "/proc" or path.startswith("/proc/"):
@@ -141,16 +124,101 @@ class LiveHost:
             return None
 
 
+class OneTimeoutPerTool:
+    """A view of ``inner`` for one discovery pass: once a tool timed out, its
+    later runs in this pass raise at once (same code, ``command_timeout``).
+
+    Everything else (``read``, ``listdir``, attributes such as ``host_path``
+    or ``meta``) is ``inner``'s. Make a new one per pass: it never forgets.
+    """
+
+    def __init__(self, inner: HostSource) -> None:
+        self.inner = inner
+        self._hung: dict[str, str] = {}
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        tool = argv[0]
+        if tool in self._hung:
+            raise CommandFailed(
+                f"command {' '.join(argv)} not run: {self._hung[tool]} earlier in this discovery",
+                code="command_timeout",
+            )
+        try:
+            return self.inner.run(argv)
+        except CommandFailed as exc:
+            if exc.code == "command_timeout":
+                self._hung[tool] = str(exc).removeprefix("command ")
+            raise
+
+    def read(self, path: str) -> str | None:
+        return self.inner.read(path)
+
+    def listdir(self, path: str) -> list[str] | None:
+        return self.inner.listdir(path)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+# what ``ascendbind snapshot`` writes; a directory with none of these is not a snapshot
+SNAPSHOT_ENTRIES = ("meta.json", "cmd", "proc", "sys")
+
+
+def is_snapshot_dir(directory: str) -> bool:
+    return any(os.path.exists(os.path.join(directory, name)) for name in SNAPSHOT_ENTRIES)
+
+
+def _load_meta(path: str) -> dict:
+    """``meta.json``, checked: a JSON object whose ``env`` maps strings to
+    strings and whose ``pid`` is a positive integer or null. Anything else is
+    a ParseError naming the file (a hand-edited or truncated bug report must
+    not become a traceback). Keys it does not know are kept, unread."""
+    from ..errors import ParseError
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ParseError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(path, f"not UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        raise ParseError(path, "empty; expected a JSON object")
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise ParseError(path, f"not valid JSON: {exc}", line=getattr(exc, "lineno", None)) from None
+    if not isinstance(meta, dict):
+        raise ParseError(path, f"expected a JSON object, got {type(meta).__name__}")
+    env = meta.get("env")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise ParseError(path, f"'env' must be an object of strings, got {json.dumps(env)[:80]}")
+    pid = meta.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
+        raise ParseError(path, f"'pid' must be a positive integer or null, got {json.dumps(pid)[:40]}")
+    for key in ("arch",):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise ParseError(path, f"{key!r} must be a string, got {json.dumps(meta[key])[:40]}")
+    return meta
+
+
 class SnapshotHost:
-    """A directory recorded by ``ascendbind snapshot`` (or written as a fixture)."""
+    """A directory recorded by ``ascendbind snapshot`` (or written as a fixture).
+
+    ``recorded_pid`` is the worker the snapshot was taken for (``meta.json``'s
+    ``pid``), None for a snapshot of ``proc/self``: callers plan for it when
+    they are given no pid. Raises ParseError for a malformed ``meta.json``.
+    """
 
     def __init__(self, directory: str) -> None:
         self.directory = os.path.abspath(directory)
         meta_path = os.path.join(self.directory, "meta.json")
-        self.meta: dict = {}
-        if os.path.exists(meta_path):
-            with open(meta_path, encoding="utf-8") as fh:
-                self.meta = json.load(fh)
+        self.meta: dict = _load_meta(meta_path) if os.path.exists(meta_path) else {}
+        self.recorded_pid: int | None = self.meta.get("pid")
 
     def run(self, argv: Sequence[str]) -> str | None:
         return self._read_file(os.path.join(self.directory, "cmd", command_file_name(argv)))
