@@ -37,6 +37,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "ASCENDBIND_CONFIG": "path of the config file (empty: none, not even the default)",
     "ASCENDBIND_FIXTURE_HOST": "snapshot directory the fixture npu-smi replays (tests, `make run`)",
     "ASCENDBIND_FAKE_NPU_PIDS": "pids the fixture npu-smi lists in its process table (tests, `make run`)",
+    "ASCENDBIND_HOST_NPU_SMI": "the host npu-smi the container image's wrapper runs (deploy/kubernetes)",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
