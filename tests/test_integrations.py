@@ -11,6 +11,7 @@ parallelism; threads are read back from /proc.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.integrations import npu_for_device_index, vllm_local_rank
+from ascendbind.integrations import bind_current_process, npu_for_device_index, vllm_local_rank
 
-from .daemon_harness import running_daemon, wait_for
+from .daemon_harness import metric_value, running_daemon, wait_for
 from .workers import cpus_allowed_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,6 +248,18 @@ def test_a_refused_binding_is_one_warning_too(tmp_path):
         assert w.quit() == 0
         lines = [line for line in w.stderr().splitlines() if line.strip()]
         assert len(lines) == 1 and "not bound to NPU 3" in lines[0] and "[unknown_npu]" in lines[0], lines
+        assert held(d) == {}
+
+
+def test_a_daemon_that_cannot_read_the_host_is_asked_again_then_one_warning(tmp_path, caplog):
+    # npu-smi fails (a fixture host with no recordings): every bind answers 503
+    with running_daemon(str(tmp_path), ASCENDBIND_FIXTURE_HOST=str(tmp_path / "no-host")) as d:
+        with caplog.at_level(logging.WARNING, logger="ascendbind.integrations"):
+            answer = bind_current_process(0, socket_path=d.sock, retry_delays=(0.01, 0.01))
+        assert answer is None
+        warnings = [r.getMessage() for r in caplog.records if r.name == "ascendbind.integrations"]
+        assert len(warnings) == 1 and "after 3 tries" in warnings[0], warnings
+        assert metric_value(d.metrics_text(), "ascendbind_bind_requests_total", outcome="failed") == 3
         assert held(d) == {}
 
 
