@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         from .daemon import cli_verbs
 
         cli_verbs.register(sub)
+    from .completion import register as register_completion
+
+    register_completion(sub)
     return parser
 
 
