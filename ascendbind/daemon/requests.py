@@ -2,12 +2,13 @@
 
 Everything here is pure: validation of request bodies (400 on anything off),
 the policy precedence rule (Koordinator: request > node config > default, a
-mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, and which
-NPU each saved IRQ mask belongs to.
+mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, which
+NPU each saved IRQ mask belongs to, and when a live holder of an NPU gives way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from ..config import CHOICES, Config
@@ -15,7 +16,7 @@ from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
 from ..model import Binding, Plan, Step
 from ..planner.alignment import resolve_policy as planner_resolve_policy
 
-__all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners"]
+__all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners", "evictable"]
 
 
 def _int_field(body: dict, key: str, *, minimum: int) -> int | None:
@@ -76,11 +77,24 @@ def irq_owners(b: Binding) -> dict[int, int]:
     return out
 
 
+def evictable(newcomer: int, holder: int, shared: Iterable[int], listed: Collection[tuple[int, int]]) -> bool:
+    """Whether live ``holder`` gives its NPUs ``shared`` to ``newcomer``.
+
+    ``listed`` holds the (npu, pid) pairs of npu-smi's process table: the driver's
+    word on who really uses an NPU. Binding needs no proof of use, so an idle process
+    bound first must not lock a real worker out; but a holder the driver lists is
+    never displaced, and nobody unlisted displaces anybody.
+    """
+    shared = tuple(shared)
+    return bool(shared) and all((n, newcomer) in listed and (n, holder) not in listed for n in shared)
+
+
 def outcome_of_error(exc: BaseException) -> str:
-    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'."""
+    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'.
+    A pid that vanished or was recycled under the request counts as a bad request."""
     if isinstance(exc, (UsageError, NotPermitted, ProcessGone)):
         return "rejected"
-    if isinstance(exc, Conflict) and exc.code == "policy_mismatch":
+    if isinstance(exc, Conflict) and exc.code in ("policy_mismatch", "pid_recycled"):
         return "rejected"
     return "failed"
 
