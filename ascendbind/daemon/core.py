@@ -26,13 +26,10 @@ Ownership rules:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -42,12 +39,13 @@ from ..applier.affinity import thread_masks
 from ..applier.identity import refuse_non_worker, require_identity, verify_identity
 from ..config import Config
 from ..discovery import discover_worker
-from ..errors import AscendbindError, ConfigError, Conflict, NotPermitted, PlanImpossible, ProcessGone, UsageError
+from ..errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
 from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
 from .auth import Peer, authorize
-from .requests import (_int_field, alignment_of, evictable, irq_owners, outcome_of_error, parse_bind_request,
-                       resolve_policy)
+from .held import Held
+from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
+                       recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
 from .metrics import Metrics
 from .state import StateFile, binding_from_json, binding_to_json
@@ -58,40 +56,6 @@ log = structlog.get_logger("ascendbind.daemon")
 
 # plan errors that mean "refused by the topology policy" (SPEC §7: failed + an alignment failure)
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
-
-
-@dataclass
-class Held:
-    """One bound worker and what the reconcile loop remembers about it."""
-
-    binding: Binding
-    bound_at: float
-    policy: str | None = None
-    known: dict[int, frozenset[int]] = field(default_factory=dict)  # tid -> mask we set / accepted
-    reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
-    irq_reasserts: deque = field(default_factory=deque)
-    culprit: str | None = None
-    left_alone: bool = False
-    irqs_left_alone: bool = False
-    drift_events: int = 0
-    late_threads: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        b = self.binding
-        return {
-            "pid": b.pid,
-            "start_time": b.start_time,
-            "npus": list(b.npus),
-            "bound_at": self.bound_at,
-            "topology_policy": self.policy,
-            "outcome": "aligned" if alignment_of(b.plan)[0] else "unaligned",
-            "plan": b.plan.to_json(),
-            "original_cpus": sorted(b.original_cpus),
-            "steps": [s.to_json() for s in b.steps],
-            "drift": {"events": self.drift_events, "culprit": self.culprit, "left_alone": self.left_alone,
-                      "irqs_left_alone": self.irqs_left_alone},
-            "late_threads_pinned": self.late_threads,
-        }
 
 
 # ------------------------------------------------------------------ the daemon
@@ -128,8 +92,9 @@ class Daemon:
 
     def restore(self) -> dict[str, int]:
         """Load the state file: keep live workers, drop gone ones (SPEC: never a crash loop)."""
+        tidied: dict[str, Any] = {}
         try:
-            self.state.clean()
+            tidied = self.state.clean()
         except (OSError, ConfigError) as exc:
             log.error("state directory not tidied", error=str(exc))
         loaded = self.state.load()
@@ -158,7 +123,7 @@ class Daemon:
         for _ in range(loaded.other_boot):
             self.metrics.dropped_worker("other_boot")
         log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
-                 skipped_malformed=bad, moved_aside=loaded.moved_aside)
+                 skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
         return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
 
     # ---------------------------------------------------------- ownership
@@ -238,7 +203,7 @@ class Daemon:
         host = self.hosts.get()
         if npus is None:
             host = dataclasses.replace(host, processes=self.hosts.processes())
-        with _recycled_is_a_conflict():
+        with recycled_is_a_conflict():
             worker = discover_worker(self.hosts.source, target.pid, config,
                                      want_uvb=host.device_type is DeviceType.A950, identity=target)
         return config, host, worker
@@ -275,7 +240,7 @@ class Daemon:
                     self.metrics.alignment_failure(reason or "other")
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
-            with _recycled_is_a_conflict():
+            with recycled_is_a_conflict():
                 binding = apply_plan(plan, worker, host, config)
             binding = self._inherit(binding, [h for h in (prev, *replaced, *evicted) if h is not None])
             for h in replaced:
@@ -324,28 +289,11 @@ class Daemon:
 
     def _claim(self, pid: int, targets: tuple[int, ...], listed: frozenset | None) -> tuple[list[Held], list[Held]]:
         """(dead owners of ``targets`` to replace, live holders to evict); Conflict when a
-        live holder keeps its NPU (npu-smi lists it there, or does not list ``pid``)."""
-        dead: list[Held] = []
-        evict: list[Held] = []
-        for other, h in list(self.held.items()):
-            shared = set(h.binding.npus) & set(targets)
-            if other == pid or not shared:
-                continue
-            if not self.is_alive(h):
-                dead.append(h)
-            elif self.config.allow_shared_npu:
-                continue
-            elif listed is not None and evictable(pid, other, shared, listed):
-                evict.append(h)
-            else:
-                why = "" if listed is None else (
-                    f"; npu-smi lists it there" if any((n, other) in listed for n in shared)
-                    else f"; npu-smi does not list pid {pid} there either")
-                raise Conflict(
-                    f"NPU {min(shared)} is held by live worker {other}{why} (set allow_shared_npu to share it)",
-                    code="npu_busy",
-                )
-        return dead, evict
+        live holder keeps its NPU (requests.claim_npus)."""
+        holders = [(other, h.binding.npus, self.is_alive(h)) for other, h in self.held.items()
+                   if other != pid and set(h.binding.npus) & set(targets)]
+        dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu)
+        return [self.held[p] for p in dead], [self.held[p] for p in evict]
 
     def _evict(self, h: Held, *, by: int) -> None:
         """Release a live holder npu-smi does not list: its threads go back to their
@@ -445,14 +393,3 @@ class Daemon:
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 
-
-@contextlib.contextmanager
-def _recycled_is_a_conflict():
-    """Inside a request, a pid whose start time changed since it was authorized is a
-    409 (the caller meant another process), not the 404 of a pid that is simply gone."""
-    try:
-        yield
-    except ProcessGone as exc:
-        if exc.code != "pid_recycled":
-            raise
-        raise Conflict(str(exc), code="pid_recycled") from None
