@@ -270,3 +270,26 @@ def test_applier_refuses_init_kthreadd_and_itself_whoever_calls_it(who):
         assert _cpus_allowed(pid) == before
     finally:
         restore_cpus_allowed(pid, before)
+
+
+def test_a_state_entry_for_a_kernel_thread_is_released_at_restore_never_kept(tmp_path):
+    # a state file written by a daemon that did not refuse kthreadd, next to a real worker's entry
+    from ascendbind.daemon.state import StateFile, binding_to_json
+    from tests.test_daemon_parts import BINDING
+
+    before = _cpus_allowed(2)
+    with start_worker(plain=1) as w:
+        entries = [
+            dataclasses.replace(BINDING, pid=pid, start_time=require_identity(pid).start_time,
+                                original_cpus=cpus, saved_irq_masks=frozen_map())
+            for pid, cpus in ((2, before[2]), (w.pid, frozenset(os.sched_getaffinity(0))))
+        ]
+        StateFile(str(tmp_path / "state")).save([binding_to_json(b) for b in entries])
+        d = _daemon(tmp_path)
+        try:
+            assert d.restore()["kept"] == 1
+            assert sorted(d.held) == [w.pid]
+            assert _cpus_allowed(2) == before
+            assert 'ascendbind_workers_dropped_total{reason="released"} 1.0' in d.metrics.render().decode()
+        finally:
+            restore_cpus_allowed(2, before)

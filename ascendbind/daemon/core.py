@@ -36,7 +36,7 @@ import structlog
 
 from ..applier import apply_plan, release_binding
 from ..applier.affinity import thread_masks
-from ..applier.identity import refuse_non_worker, require_identity, verify_identity
+from ..applier.identity import read_identity, refuse_non_worker, require_identity, verify_identity
 from ..config import Config
 from ..discovery import discover_worker
 from ..errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
@@ -118,6 +118,14 @@ class Daemon:
                 if not ok:
                     gone += 1
                     self._undo_gone(h, "exited")
+            for pid, h in list(self.held.items()):
+                ident = read_identity(pid, self.config.proc_root)
+                why = ident.not_a_worker(self.pid) if ident is not None else None
+                if why:  # bound by a daemon that did not refuse it: undo it, never keep it
+                    self.held.pop(pid)
+                    release_binding(self._restorable(h), self.config, restore_irqs=True)
+                    self.metrics.dropped_worker("released")
+                    log.warning("state entry is no worker; released", pid=pid, reason=why)
             kept = len(self.held)
             self.save()
         for _ in range(loaded.other_boot):
