@@ -154,12 +154,14 @@ def cmd_snapshot(args) -> int:
 
 def cmd_apply(args) -> int:
     from .applier import apply_plan
+    from .applier.identity import require_worker
     from .discovery import LiveHost
     from .render import steps_table
 
     from .discovery.sources import OneTimeoutPerTool
 
     config = config_from_args(args)
+    require_worker(args.pid, config.proc_root)  # pid 1, kernel threads: exit 7 before any planning
     source = OneTimeoutPerTool(LiveHost.from_config(config))
     host, worker, plan = _plan_for(source, config, args.pid, args.npu)
     for w in worker.warnings:

@@ -25,6 +25,7 @@ __all__ = [
     "HostFacts",
     "WorkerFacts",
     "ThreadInfo",
+    "ProcessIdentity",
     "NpuPlan",
     "PlanIssue",
     "Plan",
@@ -150,6 +151,36 @@ class HostFacts:
 class ThreadInfo:
     tid: int
     comm: str
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """One process as read once from ``/proc/<pid>``: what authorization, discovery and
+    binding all check against, so a pid recycled between them is noticed, not bound.
+
+    (pid, start_time) names the process across pid reuse; the rest is what the
+    authorization rules need from the same read.
+    """
+
+    pid: int
+    start_time: int  # field 22 of /proc/<pid>/stat, clock ticks since boot
+    tgid: int  # differs from pid when the number names a thread of another process
+    ppid: int
+    state: str  # R, S, D, Z, …
+    is_kthread: bool  # PF_KTHREAD in the stat flags
+    uids: tuple[int, ...] = ()  # real, effective, saved, filesystem
+    comm: str = ""
+
+    def not_a_worker(self, binder_pid: int) -> str | None:
+        """Why this process must never be bound (None: it may be). ``binder_pid`` is the
+        binding process itself: binding it would pin the daemon to one NPU's CPUs."""
+        if self.is_kthread:
+            return f"pid {self.pid} ({self.comm}) is a kernel thread"
+        if 1 in (self.pid, self.tgid):
+            return f"pid {self.pid} is init (pid 1) of this pid namespace"
+        if binder_pid in (self.pid, self.tgid):
+            return f"pid {self.pid} is ascendbind itself"
+        return None
 
 
 @dataclass(frozen=True)

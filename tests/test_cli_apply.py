@@ -107,3 +107,25 @@ def test_apply_without_npu_and_without_process_row_says_what_it_tried():
         r = ascendbind("apply", "--pid", str(w.pid), env={"ASCENDBIND_SMALL_POOL": "share"})
         assert r.returncode == 3, r.stdout + r.stderr
         assert "ASCEND_RT_VISIBLE_DEVICES" in r.stderr
+
+
+def _cpus_of_every_thread(pid):
+    from tests.workers import cpus_allowed_of
+
+    return {int(t): cpus_allowed_of(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_apply_to_init_or_a_kernel_thread_exits_7_and_changes_nothing():
+    for pid, npu in ((1, ["--npu", "0"]), (1, []), (2, ["--npu", "0"])):
+        before = _cpus_of_every_thread(pid)
+        r = ascendbind("apply", "--pid", str(pid), *npu, env={"ASCENDBIND_SMALL_POOL": "share"})
+        try:
+            assert r.returncode == 7, r.stdout + r.stderr
+            assert r.stderr.strip().splitlines() == [
+                "ascendbind: pid 1 is init (pid 1) of this pid namespace: ascendbind never binds it" if pid == 1
+                else "ascendbind: pid 2 (kthreadd) is a kernel thread: ascendbind never binds it"]
+            assert _cpus_of_every_thread(pid) == before
+        finally:
+            for tid, cpus in before.items():  # leave the host as found, should this ever regress
+                if cpus and _cpus_of_every_thread(pid).get(tid) not in (None, cpus):
+                    os.sched_setaffinity(tid, cpus)

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from ascendbind.applier.identity import require_identity
 from ascendbind.daemon import systemd
 from ascendbind.daemon.auth import Peer, authorize
 from ascendbind.daemon.hotplug import Debouncer
@@ -110,17 +111,22 @@ def nobody_tree():
             pass
 
 
+def _authorize(peer: Peer, pid: int) -> None:
+    # the test runner plays no daemon here: daemon_pid 0 is no process
+    authorize(peer, require_identity(pid), daemon_pid=0)
+
+
 def test_root_may_bind_any_live_pid_and_nobody_only_its_own_descendants(nobody_tree):
     parent, child = nobody_tree
-    authorize(Peer(os.getpid(), 0, 0), os.getpid())
-    authorize(Peer(parent, 65534, 65534), child)  # its own child
-    authorize(Peer(child, 65534, 65534), child)  # itself
+    _authorize(Peer(os.getpid(), 0, 0), os.getpid())
+    _authorize(Peer(parent, 65534, 65534), child)  # its own child
+    _authorize(Peer(child, 65534, 65534), child)  # itself
     with pytest.raises(NotPermitted, match="neither the caller"):
-        authorize(Peer(child, 65534, 65534), parent)  # its parent is not its descendant
+        _authorize(Peer(child, 65534, 65534), parent)  # its parent is not its descendant
     with pytest.raises(NotPermitted, match="does not belong to uid"):
-        authorize(Peer(parent, 65534, 65534), os.getpid())  # a root process
+        _authorize(Peer(parent, 65534, 65534), os.getpid())  # a root process
     with pytest.raises(ProcessGone):
-        authorize(Peer(os.getpid(), 0, 0), 4194303)
+        _authorize(Peer(os.getpid(), 0, 0), 4194303)
 
 
 # ---------------------------------------------------------------- request values

@@ -11,7 +11,8 @@ without being reported.
 Identity: the worker's pid and start time are verified before anything is
 touched (ProcessGone: ``pid_gone`` / ``pid_recycled``) and again after the
 affinity step, so a pid recycled mid-way is reported rather than silently
-treated as our worker.
+treated as our worker. Whoever calls, pid 1, a kernel thread or the binding
+process itself is refused first (NotPermitted ``not_a_worker``).
 
 A worker driving several NPUs gets, per role, the union of those NPUs' role
 CPUs (the seed binds one NPU per worker; this keeps multi-NPU workers on their
@@ -37,7 +38,7 @@ from ..model import (
     frozen_map,
 )
 from .affinity import bind_threads, set_all_threads
-from .identity import check_may_bind, verify_identity
+from .identity import check_may_bind, recycled, require_worker, verify_identity
 from .irq import bind_irqs, restore_irq_masks
 from .memory import migrate_memory
 from .uvb import bind_uvb_threads, restore_uvb_threads
@@ -75,12 +76,16 @@ def _guard(step: Step, run: Callable[[], StepResult]) -> StepResult:
 
 def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config) -> Binding:
     """Steps affinity, irq, memory, uvb; each yields a StepResult; a failed step never stops
-    the independent ones. Verifies pid + start time first (ProcessGone if gone/recycled).
+    the independent ones. Verifies pid + start time first (ProcessGone if gone/recycled)
+    and refuses what is never a worker (NotPermitted ``not_a_worker``).
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
     pid, proc_root = worker.pid, config.proc_root
-    start = verify_identity(pid, worker.start_time, proc_root)
+    identity = require_worker(pid, proc_root)
+    if worker.start_time is not None and identity.start_time != worker.start_time:
+        raise recycled(pid, identity.start_time, worker.start_time)
+    start = identity.start_time
     check_may_bind(pid, proc_root)
     merged = merge_npu_plans(plan.npus)
 

@@ -5,11 +5,19 @@ Unix socket: pid, uid and gid as of connect(), with the pid translated into the
 daemon's pid namespace (which is why a containerised worker binds itself by
 omitting ``pid``: the daemon then uses this pid).
 
-Rules: uid 0 may act on any pid. Anyone else only on a process whose real,
-effective and saved uids all equal theirs (the kernel's own ptrace-style test,
-so a setuid program is out of reach) and which is the caller itself or one of
-its descendants (walking ``PPid`` up from the target). Anything else is
-NotPermitted, checked before any change is made.
+Rules, decided on the target's identity as read once for the request (the
+same value discovery and binding later check against, so a pid recycled in
+between is a ``pid_recycled`` conflict, never a bind of the newcomer):
+
+* nobody, root included, may bind pid 1 of the daemon's pid namespace, a kernel
+  thread or the daemon itself (``not_a_worker``);
+* uid 0 may act on any other pid;
+* anyone else only on a process whose real, effective and saved uids all equal
+  theirs (the kernel's own ptrace-style test, so a setuid program is out of
+  reach) and which is the caller itself or one of its descendants (walking
+  ``PPid`` up from the target).
+
+Anything else is NotPermitted, checked before any change is made.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ..errors import NotPermitted, ProcessGone
+from ..applier.identity import refuse_non_worker
+from ..errors import NotPermitted
+from ..model import ProcessIdentity
 
 __all__ = ["Peer", "peer_of", "authorize", "proc_status"]
 
@@ -58,33 +68,31 @@ def proc_status(pid: int, proc_root: str = "/proc") -> dict[str, str] | None:
     return out
 
 
-def _uids(status: dict[str, str]) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in status.get("Uid", "").split()[:3])
-    except ValueError:
-        return ()
+def authorize(peer: Peer, target: ProcessIdentity, *, daemon_pid: int, proc_root: str = "/proc",
+              max_depth: int = 4096, binding: bool = True) -> None:
+    """Raise NotPermitted unless ``peer`` may bind (``binding``) or release ``target``.
 
-
-def authorize(peer: Peer, pid: int, *, proc_root: str = "/proc", max_depth: int = 4096) -> None:
-    """Raise NotPermitted / ProcessGone unless ``peer`` may bind or release ``pid``."""
-    status = proc_status(pid, proc_root)
-    if status is None:
-        raise ProcessGone(f"no process {pid}")
+    ``daemon_pid`` is the daemon's own pid. Releasing skips the ``not_a_worker``
+    rule: undoing what an older daemon did to such a process only restores it.
+    """
+    if binding:
+        refuse_non_worker(target, daemon_pid)
     if peer.is_root:
         return
-    uids = _uids(status)
-    if not uids or any(u != peer.uid for u in uids):
-        raise NotPermitted(f"process {pid} does not belong to uid {peer.uid}")
-    cur, depth = pid, 0
+    uids = target.uids[:3]
+    if len(uids) < 3 or any(u != peer.uid for u in uids):
+        raise NotPermitted(f"process {target.pid} does not belong to uid {peer.uid}")
+    cur, ppid, depth = target.pid, target.ppid, 0
     while cur > 1 and depth < max_depth:
         if cur == peer.pid:
             return
-        st = status if cur == pid else proc_status(cur, proc_root)
-        if st is None:
-            break
-        try:
-            cur = int(st.get("PPid", "0"))
-        except ValueError:
-            break
-        depth += 1
-    raise NotPermitted(f"process {pid} is neither the caller ({peer.pid}) nor one of its descendants")
+        if cur != target.pid:
+            st = proc_status(cur, proc_root)
+            if st is None:
+                break
+            try:
+                ppid = int(st.get("PPid", "0"))
+            except ValueError:
+                break
+        cur, depth = ppid, depth + 1
+    raise NotPermitted(f"process {target.pid} is neither the caller ({peer.pid}) nor one of its descendants")

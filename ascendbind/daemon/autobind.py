@@ -6,9 +6,11 @@ workers only. With auto-bind the daemon reads the ``npu-smi info`` process table
 every ``auto_bind_seconds`` and binds each process it lists, that it does not
 hold yet, to the NPU(s) listed for it.
 
-A process that could not be bound (gone, not plannable, NPU held) is remembered
-by (pid, start time) and not retried, so a permanent problem costs one log line,
-not one per tick.
+A process that could not be bound (gone, not plannable, NPU held, or never a
+worker: pid 1, a kernel thread, the daemon itself) is remembered by (pid, start
+time) and not retried, so a permanent problem costs one log line, not one per
+tick. Each listed pid's identity is read once and carried into the bind, like
+an API request's.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import threading
 
 import structlog
 
-from ..applier.identity import start_time
+from ..applier.identity import read_identity, start_time
 from ..errors import AscendbindError, DiscoveryError
+from .requests import outcome_of_error
 
 __all__ = ["AutoBinder"]
 
@@ -67,14 +70,17 @@ class AutoBinder:
             with d.lock:
                 if pid in d.held:
                     continue
-            key = (pid, start_time(pid, d.config.proc_root))
-            if key[1] is None or key in self._failed:
+            target = read_identity(pid, d.config.proc_root)
+            if target is None:
+                continue
+            key = (pid, target.start_time)
+            if key in self._failed:
                 continue
             try:
-                result = d.bind_pid(pid, tuple(sorted(npus)), None)
+                result = d.bind_process(target, tuple(sorted(npus)), None)
             except AscendbindError as exc:
                 self._failed.add(key)
-                d.metrics.bind_outcome("failed")
+                d.metrics.bind_outcome(outcome_of_error(exc))
                 log.warning("auto-bind failed", pid=pid, npus=sorted(npus), error=exc.code, detail=str(exc))
                 continue
             d.metrics.bind_outcome(result["outcome"])

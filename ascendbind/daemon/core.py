@@ -6,10 +6,19 @@ a state-file write, so what is on disk is what the daemon holds. The HTTP
 server, the reconcile loop, hot-plug and auto-bind all call in here; none of
 them touches ``held`` on its own.
 
-Ownership rules (issue 4):
+Identity: a request reads the target's identity once (pid, start time, kernel
+thread flag, uids) and carries it through authorization, discovery and binding;
+a start time that changes on the way is a 409 ``pid_recycled``.
+
+Ownership rules:
 * one live worker per NPU unless ``allow_shared_npu``; a bind for an NPU whose
   owner is dead *replaces* the dead entry (its saved IRQ masks are carried
   over, since they are the host's originals) instead of answering 409;
+* a live holder that ``npu-smi info``'s process table does not list on that NPU
+  gives way to a newcomer that it does list: the holder is released (its
+  affinity restored) and counted as ``evicted``. Anyone may bind their own idle
+  process to an NPU; only the driver knows who really uses it, so squatting
+  never blocks a real worker. A listed holder is never evicted;
 * IRQ masks are restored only when no live worker owns that NPU any more;
 * a worker bound again keeps its first ``original_cpus`` and first saved IRQ
   masks, so release always returns to the state before ascendbind.
@@ -18,26 +27,26 @@ Ownership rules (issue 4):
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from ..applier import apply_plan, release_binding
 from ..applier.affinity import thread_masks
-from ..applier.identity import start_time as pid_start_time
-from ..applier.identity import verify_identity
+from ..applier.identity import read_identity, refuse_non_worker, require_identity, verify_identity
 from ..config import Config
 from ..discovery import discover_worker
-from ..errors import AscendbindError, Conflict, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..model import Binding, DeviceType, Mode, frozen_map
+from ..errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
+from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
 from .auth import Peer, authorize
-from .requests import _int_field, alignment_of, irq_owners, outcome_of_error, parse_bind_request, resolve_policy
+from .held import Held
+from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
+                       recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
 from .metrics import Metrics
 from .state import StateFile, binding_from_json, binding_to_json
@@ -48,40 +57,6 @@ log = structlog.get_logger("ascendbind.daemon")
 
 # plan errors that mean "refused by the topology policy" (SPEC §7: failed + an alignment failure)
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
-
-
-@dataclass
-class Held:
-    """One bound worker and what the reconcile loop remembers about it."""
-
-    binding: Binding
-    bound_at: float
-    policy: str | None = None
-    known: dict[int, frozenset[int]] = field(default_factory=dict)  # tid -> mask we set / accepted
-    reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
-    irq_reasserts: deque = field(default_factory=deque)
-    culprit: str | None = None
-    left_alone: bool = False
-    irqs_left_alone: bool = False
-    drift_events: int = 0
-    late_threads: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        b = self.binding
-        return {
-            "pid": b.pid,
-            "start_time": b.start_time,
-            "npus": list(b.npus),
-            "bound_at": self.bound_at,
-            "topology_policy": self.policy,
-            "outcome": "aligned" if alignment_of(b.plan)[0] else "unaligned",
-            "plan": b.plan.to_json(),
-            "original_cpus": sorted(b.original_cpus),
-            "steps": [s.to_json() for s in b.steps],
-            "drift": {"events": self.drift_events, "culprit": self.culprit, "left_alone": self.left_alone,
-                      "irqs_left_alone": self.irqs_left_alone},
-            "late_threads_pinned": self.late_threads,
-        }
 
 
 # ------------------------------------------------------------------ the daemon
@@ -99,6 +74,7 @@ class Daemon:
         self.hotplug_status = "off"
         # set by the service to its hot-plug debouncer: a burst of uevents not yet acted upon
         self.rediscovery_pending: Callable[[], bool] = lambda: False
+        self.pid = os.getpid()
 
     # ---------------------------------------------------------- state
 
@@ -111,13 +87,19 @@ class Daemon:
             ]
             try:
                 self.state.save(entries)
-            except OSError as exc:
+            except (OSError, ConfigError) as exc:
                 # bindings stay in force; the next change retries the write
-                log.error("could not write the state file", path=self.state.path, error=exc.strerror)
+                log.error("could not write the state file", path=self.state.path,
+                          error=exc.strerror if isinstance(exc, OSError) else str(exc))
             self.metrics.bound_workers.set(len(self.held))
 
     def restore(self) -> dict[str, int]:
         """Load the state file: keep live workers, drop gone ones (SPEC: never a crash loop)."""
+        tidied: dict[str, Any] = {}
+        try:
+            tidied = self.state.clean()
+        except (OSError, ConfigError) as exc:
+            log.error("state directory not tidied", error=str(exc))
         loaded = self.state.load()
         kept = gone = bad = 0
         with self.lock:
@@ -139,12 +121,20 @@ class Daemon:
                 if not ok:
                     gone += 1
                     self._undo_gone(h, "exited")
+            for pid, h in list(self.held.items()):
+                ident = read_identity(pid, self.config.proc_root)
+                why = ident.not_a_worker(self.pid) if ident is not None else None
+                if why:  # bound by a daemon that did not refuse it: undo it, never keep it
+                    self.held.pop(pid)
+                    release_binding(self._restorable(h), self.config, restore_irqs=True)
+                    self.metrics.dropped_worker("released")
+                    log.warning("state entry is no worker; released", pid=pid, reason=why)
             kept = len(self.held)
             self.save()
         for _ in range(loaded.other_boot):
             self.metrics.dropped_worker("other_boot")
         log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
-                 skipped_malformed=bad, moved_aside=loaded.moved_aside)
+                 skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
         return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
 
     # ---------------------------------------------------------- ownership
@@ -205,9 +195,9 @@ class Daemon:
         t0 = time.monotonic()
         try:
             pid, npus, policy = parse_bind_request(body)
-            pid = pid or peer.pid
-            authorize(peer, pid, proc_root=self.config.proc_root)
-            result = self.bind_pid(pid, npus, policy)
+            target = require_identity(pid or peer.pid, self.config.proc_root)
+            authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root)
+            result = self.bind_process(target, npus, policy)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -216,20 +206,17 @@ class Daemon:
         self.metrics.bind_outcome(result["outcome"])
         return result
 
-    def _request_facts(self, pid: int, npus: tuple[int, ...] | None, policy: str | None):
+    def _request_facts(self, target: ProcessIdentity, npus: tuple[int, ...] | None, policy: str | None):
         """(config, host, worker) for one bind or plan request: the policy resolved, the
         cached static facts (plus a fresh process table when the request names no NPU),
-        and the worker's facts, read twice-checked against a pid recycled under us."""
+        and the worker's facts, checked to come from the process ``target`` names."""
         config = resolve_policy(policy, self.config)
         host = self.hosts.get()
         if npus is None:
             host = dataclasses.replace(host, processes=self.hosts.processes())
-        expected = pid_start_time(pid, config.proc_root)
-        if expected is None:
-            raise ProcessGone(f"no process {pid}")
-        worker = discover_worker(self.hosts.source, pid, config, want_uvb=host.device_type is DeviceType.A950)
-        if worker.start_time is not None and worker.start_time != expected:
-            raise ProcessGone(f"pid {pid} was recycled while it was being read", code="pid_recycled")
+        with recycled_is_a_conflict():
+            worker = discover_worker(self.hosts.source, target.pid, config,
+                                     want_uvb=host.device_type is DeviceType.A950, identity=target)
         return config, host, worker
 
     @staticmethod
@@ -240,8 +227,15 @@ class Daemon:
             return dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
         return worker
 
-    def bind_pid(self, pid: int, npus: tuple[int, ...] | None, policy: str | None) -> dict[str, Any]:
-        config, host, worker = self._request_facts(pid, npus, policy)
+    def bind_process(self, target: ProcessIdentity, npus: tuple[int, ...] | None,
+                     policy: str | None) -> dict[str, Any]:
+        """Bind the process ``target`` names (authorized by the caller) to ``npus``
+        (None: what npu-smi lists for it). Auto-bind enters here too."""
+        pid = target.pid
+        refuse_non_worker(target, self.pid)
+        config, host, worker = self._request_facts(target, npus, policy)
+        targets = tuple(select_targets(host, worker, npus))
+        listed = self._listed_if_contested(pid, targets, host.processes if npus is None else None)
         with self.lock:
             prev = self.held.get(pid)
             if prev is not None and prev.binding.start_time != worker.start_time:
@@ -249,8 +243,7 @@ class Daemon:
                 self._undo_gone(prev, "recycled")
                 prev = None
             worker = self._first_allowance(worker, prev)
-            targets = tuple(select_targets(host, worker, npus))
-            replaced = self._claim(pid, targets)
+            replaced, evicted = self._claim(pid, targets, listed)
             plan = make_plan(host, worker, targets, config)
             aligned, reason = alignment_of(plan)
             if plan.errors:
@@ -258,12 +251,15 @@ class Daemon:
                     self.metrics.alignment_failure(reason or "other")
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
-            binding = apply_plan(plan, worker, host, config)
-            binding = self._inherit(binding, [h for h in (prev, *replaced) if h is not None])
+            with recycled_is_a_conflict():
+                binding = apply_plan(plan, worker, host, config)
+            binding = self._inherit(binding, [h for h in (prev, *replaced, *evicted) if h is not None])
             for h in replaced:
                 self.held.pop(h.binding.pid, None)
                 self.metrics.dropped_worker("replaced")
                 log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
+            for h in evicted:
+                self._evict(h, by=pid)
             held = Held(binding, time.time(), policy)
             held.known = {tid: mask for tid, (_comm, mask) in thread_masks(pid, proc_root=config.proc_root).items()}
             self.held[pid] = held
@@ -278,27 +274,47 @@ class Daemon:
             "npus": list(binding.npus),
             "outcome": outcome,
             "status": "partial" if binding.failed else "bound",
-            "replaced": [h.binding.pid for h in replaced],
+            "replaced": [h.binding.pid for h in (*replaced, *evicted)],
             "warnings": list(worker.warnings),
             "plan": plan.to_json(),
             "steps": [s.to_json() for s in binding.steps],
         }
 
-    def _claim(self, pid: int, targets: tuple[int, ...]) -> list[Held]:
-        """Held entries of dead owners of ``targets`` (to replace); Conflict when a live one holds one."""
-        dead: list[Held] = []
-        for other, h in list(self.held.items()):
-            shared = set(h.binding.npus) & set(targets)
-            if other == pid or not shared:
-                continue
-            if not self.is_alive(h):
-                dead.append(h)
-            elif not self.config.allow_shared_npu:
-                raise Conflict(
-                    f"NPU {min(shared)} is held by live worker {other} (set allow_shared_npu to share it)",
-                    code="npu_busy",
-                )
-        return dead
+    def _listed_if_contested(self, pid: int, targets: tuple[int, ...], fresh) -> frozenset | None:
+        """(npu, pid) pairs of npu-smi's process table when another live worker holds one of
+        ``targets`` (read outside the lock: npu-smi may be slow), else None. ``fresh``: a
+        table this request already read. None too when the table cannot be read."""
+        if self.config.allow_shared_npu:
+            return None
+        with self.lock:
+            contested = [h for other, h in self.held.items()
+                         if other != pid and set(h.binding.npus) & set(targets) and self.is_alive(h)]
+        if not contested:
+            return None
+        try:
+            rows = fresh if fresh is not None else self.hosts.processes()
+        except AscendbindError as exc:
+            log.warning("npu-smi process table unreadable; a live holder keeps its NPU", error=str(exc))
+            return None
+        return frozenset((r.npu, r.pid) for r in rows)
+
+    def _claim(self, pid: int, targets: tuple[int, ...], listed: frozenset | None) -> tuple[list[Held], list[Held]]:
+        """(dead owners of ``targets`` to replace, live holders to evict); Conflict when a
+        live holder keeps its NPU (requests.claim_npus)."""
+        holders = [(other, h.binding.npus, self.is_alive(h)) for other, h in self.held.items()
+                   if other != pid and set(h.binding.npus) & set(targets)]
+        dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu)
+        return [self.held[p] for p in dead], [self.held[p] for p in evict]
+
+    def _evict(self, h: Held, *, by: int) -> None:
+        """Release a live holder npu-smi does not list: its threads go back to their
+        original CPUs; its saved IRQ masks now travel with the new owner's binding."""
+        b = dataclasses.replace(h.binding, saved_irq_masks=frozen_map({}))
+        steps = release_binding(b, self.config, restore_irqs=False)
+        self.held.pop(b.pid, None)
+        self.metrics.dropped_worker("evicted")
+        log.warning("unlisted holder evicted", pid=b.pid, npus=list(b.npus), by=by,
+                    affinity=next((s.outcome.value for s in steps), None))
 
     @staticmethod
     def _inherit(binding: Binding, older: list[Held]) -> Binding:
@@ -331,7 +347,8 @@ class Daemon:
         with self.lock:
             held = self.held.get(pid)
         try:
-            authorize(peer, pid, proc_root=self.config.proc_root)
+            target = require_identity(pid, self.config.proc_root)
+            authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root, binding=False)
         except ProcessGone:
             if held is None or not peer.is_root:
                 raise
@@ -365,9 +382,10 @@ class Daemon:
 
     def plan_request(self, peer: Peer, pid: int | None, npus: tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:
-        pid = pid or peer.pid
-        authorize(peer, pid, proc_root=self.config.proc_root)
-        config, host, worker = self._request_facts(pid, npus, policy)
+        target = require_identity(pid or peer.pid, self.config.proc_root)
+        authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root)
+        pid = target.pid
+        config, host, worker = self._request_facts(target, npus, policy)
         with self.lock:
             worker = self._first_allowance(worker, self.held.get(pid))
         plan = make_plan(host, worker, tuple(select_targets(host, worker, npus)), config)
@@ -385,3 +403,4 @@ class Daemon:
             "rediscovery_pending": self.rediscovery_pending(),
             "uptime_seconds": round(time.time() - self.started, 3),
         }
+

@@ -33,7 +33,7 @@ STEP_OUTCOMES = ("applied", "skipped", "failed")
 # who moved a bound thread's mask: fixed guess set (daemon/reconcile.py)
 CULPRITS = ("irqbalance", "env", "self", "unknown")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
-DROP_REASONS = ("exited", "recycled", "released", "replaced", "other_boot")
+DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 HTTP_CODES = ("200", "400", "403", "404", "405", "409", "413", "422", "500", "503")
 

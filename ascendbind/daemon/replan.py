@@ -45,6 +45,8 @@ def rediscover_and_replan(daemon) -> dict:
                 config = resolve_policy(h.policy, daemon.config)
                 worker = discover_worker(daemon.hosts.source, pid, config,
                                          want_uvb=host.device_type is DeviceType.A950)
+                if worker.start_time != h.binding.start_time:
+                    continue  # recycled: the reconcile loop drops the entry; never bind the newcomer
                 if worker.allowed_source == "status":
                     worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
                 plan = make_plan(host, worker, h.binding.npus, config)

@@ -2,12 +2,14 @@
 
 Everything here is pure: validation of request bodies (400 on anything off),
 the policy precedence rule (Koordinator: request > node config > default, a
-mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, and which
-NPU each saved IRQ mask belongs to.
+mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, which
+NPU each saved IRQ mask belongs to, and when a live holder of an NPU gives way.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from ..config import CHOICES, Config
@@ -15,7 +17,8 @@ from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
 from ..model import Binding, Plan, Step
 from ..planner.alignment import resolve_policy as planner_resolve_policy
 
-__all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners"]
+__all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners", "evictable",
+           "claim_npus", "recycled_is_a_conflict"]
 
 
 def _int_field(body: dict, key: str, *, minimum: int) -> int | None:
@@ -76,11 +79,64 @@ def irq_owners(b: Binding) -> dict[int, int]:
     return out
 
 
+def evictable(newcomer: int, holder: int, shared: Iterable[int], listed: Collection[tuple[int, int]]) -> bool:
+    """Whether live ``holder`` gives its NPUs ``shared`` to ``newcomer``.
+
+    ``listed`` holds the (npu, pid) pairs of npu-smi's process table: the driver's
+    word on who really uses an NPU. Binding needs no proof of use, so an idle process
+    bound first must not lock a real worker out; but a holder the driver lists is
+    never displaced, and nobody unlisted displaces anybody.
+    """
+    shared = tuple(shared)
+    return bool(shared) and all((n, newcomer) in listed and (n, holder) not in listed for n in shared)
+
+
+def claim_npus(pid: int, targets: Iterable[int], holders: Iterable[tuple[int, Iterable[int], bool]],
+               listed: Collection[tuple[int, int]] | None, *, allow_shared: bool = False) -> tuple[list[int], list[int]]:
+    """Who gives way when ``pid`` binds ``targets``: (dead holders to replace, live
+    holders to evict). ``holders`` are (pid, npus, alive) of the other held workers;
+    ``listed`` the process table's (npu, pid) pairs, None when unread or unreadable.
+    Conflict ``npu_busy`` when a live holder keeps an NPU (never without ``listed``)."""
+    targets = set(targets)
+    dead: list[int] = []
+    evict: list[int] = []
+    for other, npus, alive in holders:
+        shared = set(npus) & targets
+        if other == pid or not shared:
+            continue
+        if not alive:
+            dead.append(other)
+        elif allow_shared:
+            continue
+        elif listed is not None and evictable(pid, other, shared, listed):
+            evict.append(other)
+        else:
+            why = "" if listed is None else (
+                "; npu-smi lists it there" if any((n, other) in listed for n in shared)
+                else f"; npu-smi does not list pid {pid} there either")
+            raise Conflict(f"NPU {min(shared)} is held by live worker {other}{why} "
+                           "(set allow_shared_npu to share it)", code="npu_busy")
+    return dead, evict
+
+
+@contextlib.contextmanager
+def recycled_is_a_conflict() -> Iterator[None]:
+    """Inside a request, a pid whose start time changed since it was authorized is a
+    409 (the caller meant another process), not the 404 of a pid that is simply gone."""
+    try:
+        yield
+    except ProcessGone as exc:
+        if exc.code != "pid_recycled":
+            raise
+        raise Conflict(str(exc), code="pid_recycled") from None
+
+
 def outcome_of_error(exc: BaseException) -> str:
-    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'."""
+    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'.
+    A pid that vanished or was recycled under the request counts as a bad request."""
     if isinstance(exc, (UsageError, NotPermitted, ProcessGone)):
         return "rejected"
-    if isinstance(exc, Conflict) and exc.code == "policy_mismatch":
+    if isinstance(exc, Conflict) and exc.code in ("policy_mismatch", "pid_recycled"):
         return "rejected"
     return "failed"
 

@@ -1,7 +1,8 @@
 """``ascendbind serve``: start every part of the daemon, run until SIGTERM.
 
-Start order: listening socket (so clients queue rather than fail), state
-restore, reconcile loop, hot-plug, auto-bind, metrics listener, the API; then
+Start order: the state directory check (a ``state_dir`` another user could
+change is refused with exit 2 before anything else happens), listening socket
+(so clients queue rather than fail), state restore, reconcile loop, hot-plug, auto-bind, metrics listener, the API; then
 READY=1. Host discovery runs in the background: a hanging npu-smi delays
 nothing, requests get 503 with the reason until it succeeds.
 
@@ -78,7 +79,11 @@ class _Service:
 
     def start(self) -> None:
         cfg = self.config
-        sock, how, owned = open_listen_socket(cfg.socket, cfg.socket_group)
+        real_state_dir = self.daemon.state.prepare()
+        try:
+            sock, how, owned = open_listen_socket(cfg.socket, cfg.socket_group)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {cfg.socket}: {exc.strerror or exc}") from None
         self.owned_path = cfg.socket if owned else None
         self.server = ApiServer(sock, self.daemon)
         restored = self.daemon.restore()
@@ -98,6 +103,7 @@ class _Service:
         if interval:
             threading.Thread(target=self._watchdog, args=(interval,), name="watchdog", daemon=True).start()
         log.info("ascendbind serving", version=__version__, socket=sock.getsockname() or cfg.socket, via=how,
+                 state_dir=real_state_dir,
                  metrics_listen=cfg.metrics_listen or None, workers=restored["kept"],
                  reconcile_seconds=cfg.reconcile_seconds, auto_bind=cfg.auto_bind, hotplug=self.daemon.hotplug_status)
         systemd.notify("READY=1", f"STATUS=serving; {restored['kept']} workers restored", f"MAINPID={_pid()}")
@@ -184,7 +190,7 @@ def serve(config: Config, *, reload=None) -> int:
         where = str(exc.filename or "")
         if where and (where == config.state_dir or where.startswith(config.state_dir.rstrip("/") + "/")):
             raise ConfigError(f"cannot use state_dir {config.state_dir}: {exc.strerror or exc}") from None
-        raise ConfigError(f"cannot listen on {config.socket}: {exc.strerror or exc}") from None
+        raise ConfigError(f"could not start: {exc.strerror or exc} ({where or '-'})") from None
     while True:
         event = svc.events.get()
         if event == "hup":

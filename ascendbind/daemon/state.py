@@ -6,16 +6,26 @@ results), so that a restarted daemon keeps reconciling its workers and
 ``release`` can still undo what an earlier daemon did.
 
 Invariants:
-* Written atomically: a temp file in the same directory, fsync, rename, fsync of
-  the directory. A reader sees the old file or the new one, never half of one.
+* Written only in a directory no other user can change (daemon/statedir.py): the
+  daemon refuses to start with any other ``state_dir``, since a name planted
+  there (a symlink where root's temp file goes) would make root overwrite any
+  file on the host.
+* Written atomically: a temp file in the same directory, created exclusively
+  (``O_EXCL|O_NOFOLLOW``, mode 0600, an unpredictable name), fsync, rename,
+  fsync of the directory. A reader sees the old file or the new one, never half
+  of one. Every operation goes through one descriptor of the directory opened
+  without following links, so no path is looked up twice.
+* At start, stale temp files (``state.json.tmp-*``, left by a crash) are
+  removed, and a ``state.json`` that is not a regular file (a directory, a
+  fifo, a symlink) is moved aside like a corrupt one.
 * Versioned (``version``) and checksummed (sha256 over the canonical JSON of
   ``version``, ``boot_id`` and ``workers``). A file that fails to parse, has an
   unknown version or a bad checksum is *corrupt*: it is moved aside
   (``state.json.corrupt-<unix time>``) with a log line, and the daemon starts
   empty. Never a crash loop.
 * Permission-checked: the daemon acts as root on the pids and IRQ masks in this
-  file, so a file (or directory) that another user owns or can write is not
-  trusted: moved aside like a corrupt one.
+  file, so a file that another user owns or can write is not trusted: moved
+  aside like a corrupt one.
 * Stamped with the boot id (``/proc/sys/kernel/random/boot_id``): entries of
   another boot name pids and IRQ masks of a machine that no longer exists; they
   are dropped without restoring anything.
@@ -23,9 +33,12 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import secrets
 import stat
 import time
 from dataclasses import dataclass, field
@@ -33,7 +46,9 @@ from typing import Any
 
 import structlog
 
+from ..errors import ConfigError
 from ..model import Binding, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from .statedir import trusted_state_dir, untrusted_reason
 
 __all__ = ["StateFile", "LoadResult", "binding_to_json", "binding_from_json", "read_boot_id", "STATE_VERSION"]
 
@@ -103,17 +118,66 @@ class LoadResult:
     problem: str | None = None  # why it was moved aside
 
 
+STATE_NAME = "state.json"
+TEMP_PREFIX = STATE_NAME + ".tmp-"
+
+
 class StateFile:
     def __init__(self, state_dir: str, *, proc_root: str = "/proc") -> None:
         self.dir = state_dir
-        self.path = os.path.join(state_dir, "state.json")
+        self.path = os.path.join(state_dir, STATE_NAME)
         self.boot_id = read_boot_id(proc_root)
+        self._real: str | None = None
 
-    def ensure_dir(self) -> None:
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+    def prepare(self) -> str:
+        """Create/check ``state_dir`` (ConfigError ``state_dir_untrusted`` when another user
+        could change it); returns its real path. The daemon calls this before anything else."""
+        self._real = trusted_state_dir(self.dir)
+        return self._real
+
+    def _open_dir(self) -> int:
+        """A descriptor of the checked directory, rechecked: a directory that became
+        writable by others since start is refused, not written to."""
+        real = self._real or self.prepare()
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        why = untrusted_reason(self.dir, os.fstat(fd), final=True)
+        if why is not None:
+            os.close(fd)
+            raise ConfigError(f"state_dir {self.dir} is no longer safe for root's state: {why}",
+                              code="state_dir_untrusted")
+        return fd
+
+    def clean(self) -> dict[str, Any]:
+        """Start-up tidying: remove stale temp files; move a non-regular state.json aside."""
+        dfd = self._open_dir()
+        removed: list[str] = []
+        moved = None
+        try:
+            for name in os.listdir(dfd):
+                if not name.startswith(TEMP_PREFIX):
+                    continue
+                try:
+                    # unlink never follows a symlink: a planted link goes, its target stays
+                    if stat.S_ISDIR(os.lstat(name, dir_fd=dfd).st_mode):
+                        os.rmdir(name, dir_fd=dfd)
+                    else:
+                        os.unlink(name, dir_fd=dfd)
+                    removed.append(name)
+                except OSError as exc:
+                    log.error("stale temp file not removed", name=name, error=exc.strerror)
+            try:
+                st = os.lstat(STATE_NAME, dir_fd=dfd)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                moved = self._move_aside_at(dfd, f"not a regular file ({_kind(st.st_mode)})").moved_aside
+        finally:
+            os.close(dfd)
+        if removed:
+            log.warning("removed stale state temp files", names=removed)
+        return {"removed": removed, "moved_aside": moved}
 
     def save(self, workers: list[dict[str, Any]]) -> None:
-        self.ensure_dir()
         doc = {
             "version": STATE_VERSION,
             "boot_id": self.boot_id,
@@ -122,18 +186,22 @@ class StateFile:
             "workers": workers,
         }
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        dfd = self._open_dir()
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
+            tmp, fd = _create_exclusive(dfd)
+            try:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, STATE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
             os.fsync(dfd)
         finally:
             os.close(dfd)
@@ -145,35 +213,46 @@ class StateFile:
             return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
         return None
 
-    def _move_aside(self, problem: str) -> LoadResult:
-        dest = f"{self.path}.corrupt-{int(time.time())}"
+    def _move_aside_at(self, dfd: int, problem: str) -> LoadResult:
+        base = f"{STATE_NAME}.corrupt-{int(time.time())}"
+        dest, n = base, 0
+        while _exists_at(dfd, dest):  # only root writes here: no one can take the name in between
+            n += 1
+            dest = f"{base}-{n}"
         try:
-            os.replace(self.path, dest)
+            os.rename(STATE_NAME, dest, src_dir_fd=dfd, dst_dir_fd=dfd)
+            where = os.path.join(self.dir, dest)
         except OSError as exc:
-            dest = f"(could not move: {exc.strerror})"
-        log.error("state file not used", path=self.path, problem=problem, moved_to=dest)
-        return LoadResult(moved_aside=dest, problem=problem)
+            where = f"(could not move: {exc.strerror})"
+        log.error("state file not used", path=self.path, problem=problem, moved_to=where)
+        return LoadResult(moved_aside=where, problem=problem)
 
     def load(self) -> LoadResult:
         try:
-            dst = os.stat(self.dir)
-        except FileNotFoundError:
-            return LoadResult()
-        problem = self._untrusted(dst, f"state directory {self.dir}")
-        if problem:
-            # the directory itself is not ours: do not even open files in it
-            log.error("state directory not trusted; starting empty", problem=problem)
-            return LoadResult(problem=problem)
+            dfd = self._open_dir()
+        except ConfigError as exc:
+            log.error("state directory not trusted; starting empty", problem=str(exc))
+            return LoadResult(problem=str(exc))
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            return self._load_at(dfd)
+        finally:
+            os.close(dfd)
+
+    def _load_at(self, dfd: int) -> LoadResult:
+        try:
+            # O_NONBLOCK: opening a planted fifo must not hang the daemon
+            fd = os.open(STATE_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         except FileNotFoundError:
             return LoadResult()
         except OSError as exc:
-            return self._move_aside(f"cannot open: {exc.strerror}")
+            return self._move_aside_at(dfd, f"cannot open: {exc.strerror}")
         try:
-            problem = self._untrusted(os.fstat(fd), f"state file {self.path}")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return self._move_aside_at(dfd, f"not a regular file ({_kind(st.st_mode)})")
+            problem = self._untrusted(st, f"state file {self.path}")
             if problem:
-                return self._move_aside(problem)
+                return self._move_aside_at(dfd, problem)
             with os.fdopen(fd, "rb", closefd=False) as fh:
                 raw = fh.read(64 << 20)
         finally:
@@ -190,9 +269,38 @@ class StateFile:
             if doc.get("checksum") != _checksum(version, boot_id, workers):
                 raise ValueError("checksum mismatch")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            return self._move_aside(f"corrupt: {exc}")
+            return self._move_aside_at(dfd, f"corrupt: {exc}")
         if boot_id != self.boot_id:
             log.info("state file is from another boot; dropping its workers without touching IRQs",
                      workers=len(workers), file_boot_id=boot_id)
             return LoadResult(other_boot=len(workers))
         return LoadResult(workers=[w for w in workers if isinstance(w, dict)])
+
+
+def _create_exclusive(dfd: int) -> tuple[str, int]:
+    """(name, fd) of a new 0600 temp file: O_EXCL fails on any existing name, a planted
+    symlink included, and O_NOFOLLOW makes sure of it; the name is unpredictable."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(16):
+        name = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            return name, os.open(name, flags, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, "could not create a fresh state temp file")
+
+
+def _exists_at(dfd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISLNK, "a symlink"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return word
+    return "not a file"

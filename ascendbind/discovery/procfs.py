@@ -4,7 +4,8 @@ Kernel facts these rely on:
 * ``/proc/<pid>/stat``: the comm (field 2) is in parentheses and may contain
   spaces and ``)`` itself, so fields are counted from the *last* ``)``.
   Field 22 is the start time in clock ticks since boot; with the pid it
-  identifies a process across pid reuse.
+  identifies a process across pid reuse. Field 9 is the task's ``PF_*`` flags:
+  ``PF_KTHREAD`` marks a kernel thread, whatever name it chose.
 * ``/proc/<pid>/environ`` is NUL-separated ``KEY=value`` entries.
 * ``/proc/<pid>/cgroup`` lines are ``id:controllers:path``; cgroup v1 names
   ``cpuset`` among the controllers, the v2 line is ``0::/path``.
@@ -20,9 +21,12 @@ from ..errors import ParseError
 
 __all__ = [
     "ProcStatus",
+    "ProcStat",
+    "PF_KTHREAD",
     "CgroupEntry",
     "PsThread",
     "parse_status",
+    "parse_stat",
     "parse_stat_start_time",
     "parse_environ",
     "parse_cgroup",
@@ -38,6 +42,8 @@ class ProcStatus:
     state: str | None
     cpus_allowed: frozenset[int] | None
     mems_allowed: frozenset[int] | None
+    ppid: int | None = None
+    uids: tuple[int, ...] = ()  # real, effective, saved, filesystem
 
 
 def parse_status(text: str, source: str = "/proc/self/status") -> ProcStatus:
@@ -61,36 +67,68 @@ def parse_status(text: str, source: str = "/proc/self/status") -> ProcStatus:
         except ValueError as exc:
             raise ParseError(source, f"{key}: {exc}", line=lineno, text=line) from None
 
-    tgid: int | None = None
-    if "Tgid" in fields:
-        raw, lineno, line = fields["Tgid"]
+    def numbers(key: str) -> tuple[int, ...] | None:
+        if key not in fields:
+            return None
+        raw, lineno, line = fields[key]
         try:
-            tgid = int(raw)
+            return tuple(int(x) for x in raw.split())
         except ValueError:
-            raise ParseError(source, f"Tgid {raw!r} is not a number", line=lineno, text=line) from None
+            raise ParseError(source, f"{key} {raw!r} is not a number", line=lineno, text=line) from None
+
+    tgid, ppid = numbers("Tgid"), numbers("PPid")
     return ProcStatus(
         name=fields["Name"][0] if "Name" in fields else None,
-        tgid=tgid,
+        tgid=tgid[0] if tgid else None,
         state=fields["State"][0] if "State" in fields else None,
         cpus_allowed=cpus("Cpus_allowed_list"),
         mems_allowed=cpus("Mems_allowed_list"),
+        ppid=ppid[0] if ppid else None,
+        uids=numbers("Uid") or (),
     )
+
+
+# include/linux/sched.h: set on every kernel thread (kthreadd and its children)
+PF_KTHREAD = 0x00200000
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` that identify a process."""
+
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    start_time: int
+
+    @property
+    def is_kthread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
+
+
+def parse_stat(text: str, source: str = "/proc/self/stat") -> ProcStat:
+    """comm (2), state (3), ppid (4), flags (9) and starttime (22) of ``/proc/<pid>/stat``."""
+    open_ = text.find("(")
+    close = text.rfind(")")
+    if open_ < 0 or close < open_:
+        raise ParseError(source, "no '(comm)' field", line=1, text=text)
+    rest = text[close + 1 :].split()
+    # rest[0] is field 3 (state), so field N is rest[N - 3]
+    if len(rest) < 20:
+        raise ParseError(source, f"only {len(rest) + 2} fields, need 22", line=1, text=text)
+    values = {}
+    for name, index in (("ppid", 1), ("flags", 6), ("starttime", 19)):
+        try:
+            values[name] = int(rest[index])
+        except ValueError:
+            raise ParseError(source, f"{name} {rest[index]!r} is not a number", line=1, text=text) from None
+    return ProcStat(text[open_ + 1 : close], rest[0], values["ppid"], values["flags"], values["starttime"])
 
 
 def parse_stat_start_time(text: str, source: str = "/proc/self/stat") -> int:
     """Field 22 (starttime) of ``/proc/<pid>/stat``."""
-    close = text.rfind(")")
-    if close < 0:
-        raise ParseError(source, "no ')' closing the comm field", line=1, text=text)
-    rest = text[close + 1 :].split()
-    # rest[0] is field 3 (state), so field 22 is rest[19]
-    if len(rest) < 20:
-        raise ParseError(source, f"only {len(rest) + 2} fields, need 22", line=1, text=text)
-    try:
-        value = int(rest[19])
-    except ValueError:
-        raise ParseError(source, f"starttime {rest[19]!r} is not a number", line=1, text=text) from None
-    return value
+    return parse_stat(text, source).start_time
 
 
 def parse_environ(text: str) -> dict[str, str]:

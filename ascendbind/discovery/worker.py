@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..config import Config
 from ..cpulist import format_cpulist
 from ..errors import ParseError, ProcessGone, UsageError
-from ..model import ThreadInfo, WorkerFacts, frozen_map
+from ..model import ProcessIdentity, ThreadInfo, WorkerFacts, frozen_map
 from .procfs import cpuset_cgroup, parse_cgroup, parse_environ, parse_ps_te, parse_stat_start_time, parse_status
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
@@ -85,14 +85,17 @@ def _uvb_tids(source: HostSource) -> tuple[int, ...]:
 
 
 def discover_worker(
-    source: HostSource, pid: int | None, config: Config, *, want_uvb: bool = False
+    source: HostSource, pid: int | None, config: Config, *, want_uvb: bool = False,
+    identity: ProcessIdentity | None = None,
 ) -> WorkerFacts:
     """Per-request facts of one worker: allowed CPUs (cgroup cpuset when readable,
     else Cpus_allowed_list), Mems_allowed, start time, environ, threads (tid, comm),
     and with ``want_uvb`` the host's uvb_poll_window threads.
 
     ``pid`` None means ``/proc/self`` (the snapshot's proc/self/status).
-    Raises ProcessGone when /proc/<pid>/status is absent.
+    Raises ProcessGone when /proc/<pid>/status is absent. With ``identity`` (the
+    process as read when the request was authorized), ProcessGone ``pid_recycled``
+    when the facts were read from another process than that one.
     """
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
         raise UsageError(f"pid must be a positive integer, got {pid!r}")
@@ -107,8 +110,6 @@ def discover_worker(
         raise ParseError(status_path, "no Tgid line")
     warnings: list[str] = []
 
-    stat_text = source.read(f"/proc/{key}/stat")
-    start = parse_stat_start_time(stat_text, f"/proc/{key}/stat") if stat_text is not None else None
     allowed, allowed_source, cpuset_path = _allowed_cpus(source, key, status.cpus_allowed, warnings)
     if allowed_source == "status":
         _warn_if_earlier_binding(source, allowed, warnings)
@@ -128,6 +129,19 @@ def discover_worker(
             continue  # the thread exited while we listed
         threads.append(ThreadInfo(int(tid), comm.rstrip("\n")))
     threads.sort(key=lambda t: t.tid)
+
+    # read last: a start time equal to the identity's proves every file above came
+    # from that same process (a pid number never comes back with an old start time)
+    stat_text = source.read(f"/proc/{key}/stat")
+    start = parse_stat_start_time(stat_text, f"/proc/{key}/stat") if stat_text is not None else None
+    if identity is not None and start is None:
+        raise ProcessGone(f"process {real_pid} exited while it was being read", code="pid_gone")
+    if identity is not None and (identity.pid != real_pid or start != identity.start_time):
+        raise ProcessGone(
+            f"pid {real_pid} was recycled while it was being read: started at tick {start}, "
+            f"not {identity.start_time}",
+            code="pid_recycled",
+        )
 
     return WorkerFacts(
         pid=real_pid,
