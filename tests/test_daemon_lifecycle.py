@@ -80,7 +80,7 @@ def test_a_state_dir_under_a_file_is_blamed_by_name_not_the_socket(tmp_path):
     d.start(wait=False)
     assert d.proc.wait(timeout=30) == 2
     last = d.log().strip().splitlines()[-1]
-    assert last == f"ascendbind: cannot use state_dir {state_dir}: Not a directory", d.log()
+    assert last == f"ascendbind: state_dir {state_dir}: {blocker} is not a directory", d.log()
     assert "Traceback" not in d.log() and "cannot listen" not in d.log()
     d.stop()
 
