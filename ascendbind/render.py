@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from .cpulist import format_cpulist
 from .model import Plan, StepResult
 
-__all__ = ["plan_table", "steps_table", "table"]
+__all__ = ["plan_table", "steps_table", "table", "compact_json"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -67,3 +69,45 @@ def plan_table(plan: Plan) -> str:
 def steps_table(steps: Sequence[StepResult]) -> str:
     rows = [[s.step.value, s.outcome.value, s.reason.value if s.reason else "-", s.detail] for s in steps]
     return table(["STEP", "OUTCOME", "REASON", "DETAIL"], rows)
+
+
+def compact_json(obj: Any, *, width: int = 100, indent: int = 2) -> str:
+    """JSON text for people: objects indented as usual, but a value whose one-line
+    form fits in ``width`` columns stays on one line, and a long array of numbers or
+    strings (a CPU list) is packed several items to a line instead of one per line.
+    ``json.loads`` gives back exactly what ``json.dumps(obj)`` would."""
+    return _enc(obj, 0, 0, width, indent)
+
+
+def _flat(o: Any) -> str:
+    return json.dumps(o, separators=(", ", ": "))
+
+
+def _key(k: Any) -> str:
+    # json.dumps's own rules for non-string keys (ints, bools, None)
+    return json.dumps({k: 0})[1:-4]
+
+
+def _enc(o: Any, level: int, used: int, width: int, indent: int) -> str:
+    pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+    flat = _flat(o)
+    if not isinstance(o, (dict, list, tuple)) or not o or len(pad) + used + len(flat) <= width:
+        return flat
+    if isinstance(o, dict):
+        items = []
+        for k, v in o.items():
+            key = _key(k) + ": "
+            items.append(inner + key + _enc(v, level + 1, len(key), width, indent))
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if any(isinstance(x, (dict, list, tuple)) for x in o):
+        return "[\n" + ",\n".join(inner + _enc(x, level + 1, 0, width, indent) for x in o) + "\n" + pad + "]"
+    lines: list[str] = []
+    line = ""
+    for text in map(_flat, o):
+        if line and len(inner) + len(line) + len(", ,") + len(text) > width:
+            lines.append(line + ",")
+            line = text
+        else:
+            line = f"{line}, {text}" if line else text
+    lines.append(line)
+    return "[\n" + "\n".join(inner + ln for ln in lines) + "\n" + pad + "]"

@@ -5,6 +5,7 @@
         w.threads()                # {tid: comm} read from /proc/<pid>/task/*/comm
         tid = w.spawn("acl_thread_2")   # start a late named thread, returns its tid
         w.born_cpus(tid)           # the CPUs that thread was allowed at birth (read by itself)
+        w.rename(tid, "acl_thread")  # rename a thread of the worker afterwards (as a runtime can)
         w.stop(tid)                # make that thread exit (returns once /proc no longer lists it)
         w.churn(True)              # keep creating short-lived threads until churn(False)
         w.cpus_allowed()           # {tid: frozenset} from /proc/<pid>/task/*/status
@@ -81,6 +82,12 @@ for line in sys.stdin:
         ev, t = stops.pop(int(arg))
         ev.set(); t.join()
         out.write("ok\n")
+    elif cmd == "rename":
+        # a process may rename any of its own threads through /proc (another process may not)
+        tid, _, name = arg.partition(" ")
+        with open(f"/proc/self/task/{tid}/comm", "w") as fh:
+            fh.write(name[:15])
+        out.write("ok\n")
     elif cmd == "born":
         out.write(",".join(map(str, born[int(arg)])) + "\n")
     elif cmd == "churn":
@@ -140,6 +147,10 @@ class Worker:
     def spawn(self, name: str) -> int:
         """Start a thread named ``name`` (<= 15 bytes); returns its tid once named."""
         return int(self._ask(f"spawn {name}"))
+
+    def rename(self, tid: int, name: str) -> None:
+        """The worker renames its own thread ``tid`` to ``name`` (<= 15 bytes); returns once done."""
+        self._ask(f"rename {tid} {name}")
 
     def born_cpus(self, tid: int) -> frozenset[int]:
         """The CPUs a thread started by ``spawn`` was allowed when it started, as it

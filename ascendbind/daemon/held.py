@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..applier.affinity import role_of
+from ..cpulist import format_cpulist
 from ..model import Binding
 from .requests import alignment_of
 
-__all__ = ["Held"]
+__all__ = ["Held", "SeenThread", "YOUNG_PASSES"]
+
+# passes during which a newly seen thread's comm is read again (see reconcile.comm_due)
+YOUNG_PASSES = 3
+
+
+class SeenThread:
+    """What the reconcile loop knows of one thread: the mask we set or accepted, the
+    role its comm gave it, and how many more passes its comm is read again."""
+
+    __slots__ = ("mask", "role", "young")
+
+    def __init__(self, mask: frozenset[int], role: str, young: int = YOUNG_PASSES) -> None:
+        self.mask, self.role, self.young = mask, role, young
+
+    def __repr__(self) -> str:
+        return f"SeenThread({format_cpulist(self.mask)!r}, {self.role!r}, young={self.young})"
 
 
 @dataclass
@@ -19,28 +38,82 @@ class Held:
     binding: Binding
     bound_at: float
     policy: str | None = None
-    known: dict[int, frozenset[int]] = field(default_factory=dict)  # tid -> mask we set / accepted
+    threads: dict[int, SeenThread] = field(default_factory=dict)  # tid -> mask/role we set or accepted
     reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
     irq_reasserts: deque = field(default_factory=deque)
-    culprit: str | None = None
+    culprit: str | None = None  # who moved the threads last (blame.CULPRITS)
+    blame: str | None = None  # the sentence behind ``culprit``: the evidence, or its absence
     left_alone: bool = False
+    left_alone_why: str | None = None
+    irq_culprit: str | None = None
     irqs_left_alone: bool = False
+    irqs_left_alone_why: str | None = None
     drift_events: int = 0
     late_threads: int = 0
+    # (host, worker, config) the plan was made from: explains it without a new discovery.
+    # Not persisted; a binding restored from the state file is explained from fresh facts.
+    facts: tuple | None = field(default=None, repr=False)
+
+    def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]]) -> None:
+        """Start the thread cache from a full read (tid -> (comm, mask)) right after binding.
+        One more look at each name: a thread created just before the read may not be named yet."""
+        self.threads = {tid: SeenThread(frozenset(mask), role_of(comm), young=1)
+                        for tid, (comm, mask) in masks.items()}
+
+    def state_json(self) -> dict[str, Any]:
+        """What the state file keeps beside the binding, so a restart remembers the verdicts."""
+        return {"bound_at": self.bound_at, "topology_policy": self.policy, "culprit": self.culprit,
+                "blame": self.blame, "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
+                "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
+                "irqs_left_alone_why": self.irqs_left_alone_why}
+
+    @classmethod
+    def from_state(cls, binding: Binding, raw: Mapping[str, Any], now: float) -> Held:
+        """Inverse of state_json (entries written before a field existed get its default)."""
+        def text(key: str) -> str | None:
+            v = raw.get(key)
+            return v[:2000] if isinstance(v, str) else None
+
+        h = cls(binding, float(raw.get("bound_at") or now), raw.get("topology_policy"))
+        # "unknown" was the label before blame needed evidence: it meant "no evidence"
+        h.culprit = "external" if raw.get("culprit") == "unknown" else text("culprit")
+        h.irq_culprit = text("irq_culprit")
+        h.blame, h.left_alone_why, h.irqs_left_alone_why = text("blame"), text("left_alone_why"), \
+            text("irqs_left_alone_why")
+        h.left_alone, h.irqs_left_alone = bool(raw.get("left_alone")), bool(raw.get("irqs_left_alone"))
+        return h
 
     def to_json(self) -> dict[str, Any]:
         b = self.binding
+        aligned, failure = alignment_of(b.plan)
+        al = b.plan.extra.get("alignment") or {}
         return {
             "pid": b.pid,
             "start_time": b.start_time,
             "npus": list(b.npus),
             "bound_at": self.bound_at,
             "topology_policy": self.policy,
-            "outcome": "aligned" if alignment_of(b.plan)[0] else "unaligned",
+            "outcome": "aligned" if aligned else "unaligned",
+            "alignment": {"aligned": aligned, "policy": al.get("policy"), "failure": failure,
+                          "reason": al.get("reason") if not aligned else None},
+            "cpulists": cpulists(b),
             "plan": b.plan.to_json(),
             "original_cpus": sorted(b.original_cpus),
             "steps": [s.to_json() for s in b.steps],
-            "drift": {"events": self.drift_events, "culprit": self.culprit, "left_alone": self.left_alone,
-                      "irqs_left_alone": self.irqs_left_alone},
+            "drift": {"events": self.drift_events, "culprit": self.culprit, "blame": self.blame,
+                      "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
+                      "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
+                      "irqs_left_alone_why": self.irqs_left_alone_why},
             "late_threads_pinned": self.late_threads,
         }
+
+
+def cpulists(b: Binding) -> dict[str, Any]:
+    """The binding's CPU sets as kernel cpulist strings ("0-23,48"): what an operator reads."""
+    return {
+        "original": format_cpulist(b.original_cpus),
+        "allowed": format_cpulist(b.plan.allowed_cpus),
+        "npus": {str(p.npu): {role: format_cpulist(getattr(p, role))
+                              for role in ("pool", "irq", "main", "acl", "release")} for p in b.plan.npus},
+        "uvb": format_cpulist(b.plan.uvb_cpus),
+    }

@@ -1,0 +1,107 @@
+"""One look at a bound worker's threads per reconcile pass, as cheap as the kernel allows.
+
+A pass costs, per worker, one listing of ``/proc/<pid>/task`` and, per thread,
+one ``sched_getaffinity``: the mask is the only thing that can drift, and no
+interface hands out the masks of many threads at once. ``comm`` (three more
+syscalls and the most expensive part of a look) is read only when it can have
+news, decided by ``comm_due``:
+
+* a thread never seen before: its role comes from its name;
+* a *young* thread, for its first ``YOUNG_PASSES`` passes: a thread is created
+  by another (inheriting its mask) and names itself afterwards, so a listing
+  can catch it between ``clone`` and ``prctl(PR_SET_NAME)``; the CANN runtime's
+  ``acl_thread`` is born that way. A pass or two later it carries its name;
+* every other thread once every ``COMM_SWEEP_PASSES`` passes, staggered by tid
+  so each pass reads the same small share (no pass pays for a full sweep): a
+  thread renamed long after birth is still moved to its role, at most a sweep
+  later. That costs 1/COMM_SWEEP_PASSES of a comm read per thread per pass.
+
+The cache (``Held.threads``: tid -> SeenThread) is updated in place; threads
+that need the applier are returned for the daemon to act on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ..applier.affinity import role_of
+from .held import YOUNG_PASSES, SeenThread
+
+__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "read_comm"]
+
+COMM_SWEEP_PASSES = 30
+
+
+def comm_due(tid: int, seen: SeenThread | None, pass_no: int, sweep: int = COMM_SWEEP_PASSES) -> bool:
+    """Whether pass ``pass_no`` must read the comm of thread ``tid`` (``seen``: what the cache holds)."""
+    return seen is None or seen.young > 0 or (tid + pass_no) % sweep == 0
+
+
+def read_comm(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 64).decode("utf-8", "replace").rstrip("\n")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def observe_threads(
+    pid: int,
+    threads: dict[int, SeenThread],
+    role_cpus: Mapping[str, frozenset[int]],
+    pass_no: int,
+    *,
+    proc_root: str = "/proc",
+    sweep: int = COMM_SWEEP_PASSES,
+) -> tuple[list[tuple[int, str]], list[int]] | None:
+    """Look at every thread of ``pid`` once.
+
+    Returns (to_pin, drifted): ``to_pin`` lists (tid, role) of threads that are new
+    or renamed into another role and not on that role's CPUs; ``drifted`` the known
+    threads whose mask differs from the one we set. None when the task list cannot
+    be read (the process is gone). New or renamed threads already on their role's
+    CPUs are accepted into ``threads`` here.
+    """
+    task_dir = f"{proc_root}/{pid}/task"
+    try:
+        names = os.listdir(task_dir)
+    except OSError:
+        return None
+    getaff = os.sched_getaffinity
+    to_pin: list[tuple[int, str]] = []
+    drifted: list[int] = []
+    for name in names:
+        tid = int(name)
+        try:
+            mask = getaff(tid)
+        except OSError:
+            continue  # exited since the listing
+        seen = threads.get(tid)
+        if seen is None or seen.young > 0 or (tid + pass_no) % sweep == 0:  # comm_due, inlined: hot loop
+            comm = read_comm(f"{task_dir}/{name}/comm")
+            if comm is None:
+                continue
+            role = role_of(comm)
+            if seen is None or role != seen.role:
+                if mask == role_cpus[role]:
+                    threads[tid] = SeenThread(frozenset(mask), role)
+                else:
+                    to_pin.append((tid, role))
+                continue
+            if seen.young > 0:
+                seen.young -= 1
+        if mask != seen.mask:
+            drifted.append(tid)
+    if len(threads) + len(to_pin) != len(names):
+        # threads exited (or vanished mid-look): forget them, so a tid the kernel
+        # hands out again is treated as the new thread it is
+        listed = {int(n) for n in names}
+        for tid in [t for t in threads if t not in listed]:
+            del threads[tid]
+    return to_pin, drifted
