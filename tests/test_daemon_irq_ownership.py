@@ -53,21 +53,24 @@ def test_moved_irq_mask_is_set_back_and_blamed_on_irqbalance_when_it_runs(tmp_pa
     (proc / "irq/120/smp_affinity").write_text("0000ffff\n")
     assert rec._irqs(h) is True
     assert (proc / "irq/120/smp_affinity").read_text().strip() == "00000004"
-    assert h.culprit == "unknown"
+    assert h.irq_culprit == "external" and h.culprit is None  # no irqbalance: no evidence against anyone
 
     (proc / "777").mkdir()
     (proc / "777" / "comm").write_text("irqbalance\n")
     (proc / "irq/121/smp_affinity").write_text("0000ffff\n")
-    assert rec._irqs(h) is True and h.culprit == "irqbalance"
+    assert rec._irqs(h) is True and h.irq_culprit == "irqbalance"
     assert (proc / "irq/121/smp_affinity").read_text().strip() == "00000008"
 
     # past the per-window limit the IRQs are left to irqbalance, the threads are not
     (proc / "irq/121/smp_affinity").write_text("0000ffff\n")
     rec._irqs(h)
-    assert h.irqs_left_alone and not h.left_alone and h.culprit == "irqbalance"
+    assert h.irqs_left_alone and not h.left_alone and h.irq_culprit == "irqbalance"
+    assert "IRQ masks moved again after 2 re-asserts" in h.irqs_left_alone_why
+    assert "blamed irqbalance" in h.irqs_left_alone_why and h.left_alone_why is None
     assert (proc / "irq/121/smp_affinity").read_text().strip() == "0000ffff"
     text = d.metrics.render().decode()
     assert 'ascendbind_drift_total{culprit="irqbalance"} 2.0' in text
+    assert 'ascendbind_drift_total{culprit="external"} 1.0' in text
 
 
 def test_dropping_a_gone_worker_restores_irqs_only_of_npus_nobody_live_owns(tmp_path):

@@ -80,11 +80,7 @@ class Daemon:
 
     def save(self) -> None:
         with self.lock:
-            entries = [
-                binding_to_json(h.binding, bound_at=h.bound_at, topology_policy=h.policy,
-                                culprit=h.culprit, left_alone=h.left_alone, irqs_left_alone=h.irqs_left_alone)
-                for h in self.held.values()
-            ]
+            entries = [binding_to_json(h.binding, **h.state_json()) for h in self.held.values()]
             try:
                 self.state.save(entries)
             except (OSError, ConfigError) as exc:
@@ -111,10 +107,7 @@ class Daemon:
                     bad += 1
                     log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
                     continue
-                h = Held(b, float(raw.get("bound_at") or time.time()), raw.get("topology_policy"))
-                h.culprit, h.left_alone = raw.get("culprit"), bool(raw.get("left_alone"))
-                h.irqs_left_alone = bool(raw.get("irqs_left_alone"))
-                candidates.append(h)
+                candidates.append(Held.from_state(b, raw, time.time()))
             alive = [self.is_alive(h) for h in candidates]
             self.held = {h.binding.pid: h for h, ok in zip(candidates, alive) if ok}
             for h, ok in zip(candidates, alive):
@@ -260,8 +253,8 @@ class Daemon:
                 log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
             for h in evicted:
                 self._evict(h, by=pid)
-            held = Held(binding, time.time(), policy)
-            held.known = {tid: mask for tid, (_comm, mask) in thread_masks(pid, proc_root=config.proc_root).items()}
+            held = Held(binding, time.time(), policy, facts=(host, worker, config))
+            held.remember_threads(thread_masks(pid, proc_root=config.proc_root))
             self.held[pid] = held
             self.save()
         self.metrics.step_results(binding.steps)
@@ -376,9 +369,11 @@ class Daemon:
 
     # ---------------------------------------------------------- read-only
 
-    def workers(self) -> dict[str, Any]:
-        with self.lock:
-            return {"workers": [h.to_json() for _, h in sorted(self.held.items())]}
+    def workers(self, query: str = "") -> dict[str, Any]:
+        """GET /v1/workers[?pid=P[&explain=1]] (status.py)."""
+        from .status import workers_answer
+
+        return workers_answer(self, query)
 
     def plan_request(self, peer: Peer, pid: int | None, npus: tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:

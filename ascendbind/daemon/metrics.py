@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from .. import __version__
 from ..planner import ALIGNMENT_FAILURE_REASONS
+from .blame import CULPRITS  # who moved a bound thread's or IRQ's mask: a fixed set, decided on evidence
 
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
            "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS"]
@@ -30,8 +31,6 @@ prometheus_client.disable_created_metrics()
 OUTCOMES = ("aligned", "unaligned", "failed", "rejected")
 STEPS = ("affinity", "irq", "memory", "uvb")
 STEP_OUTCOMES = ("applied", "skipped", "failed")
-# who moved a bound thread's mask: fixed guess set (daemon/reconcile.py)
-CULPRITS = ("irqbalance", "env", "self", "unknown")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
@@ -74,7 +73,7 @@ class Metrics:
             "ascendbind_rediscoveries", "Host rediscoveries triggered by hot-plug events or SIGHUP", registry=r
         )
         self.drift = Counter(
-            "ascendbind_drift", "Bound thread or IRQ masks found changed by someone else, by culprit guess",
+            "ascendbind_drift", "Bound thread or IRQ masks found changed by someone else, by culprit (on evidence)",
             ["culprit"], registry=r,
         )
         self.reasserts = Counter(
@@ -86,8 +85,14 @@ class Metrics:
         self.reconcile_runs = Counter("ascendbind_reconcile_runs", "Reconcile passes", registry=r)
         self.reconcile_duration = Histogram(
             "ascendbind_reconcile_duration_seconds",
-            "Time of one reconcile pass over all bound workers",
+            "Wall time of one reconcile pass over all bound workers (includes time preempted)",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )
+        self.reconcile_cpu = Histogram(
+            "ascendbind_reconcile_cpu_seconds",
+            "CPU time of one reconcile pass (its thread's own, so a busy host does not inflate it)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=r,
         )
         self.dropped = Counter(
@@ -131,7 +136,7 @@ class Metrics:
         self.discovery_errors.labels(code if code in DISCOVERY_ERRORS else "other").inc()
 
     def drifted(self, culprit: str) -> None:
-        self.drift.labels(culprit if culprit in CULPRITS else "unknown").inc()
+        self.drift.labels(culprit if culprit in CULPRITS else "external").inc()
 
     def dropped_worker(self, reason: str) -> None:
         if reason in DROP_REASONS:

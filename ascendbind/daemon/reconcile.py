@@ -1,63 +1,53 @@
-"""The reconcile loop: keep bound workers bound (issue 4, item 5).
+"""The reconcile loop: keep bound workers bound.
 
 Every ``reconcile_seconds`` (a ``threading.Event.wait``, so an idle daemon
 sleeps; ``stop()`` wakes it at once), for each held worker:
 
 1. gone? (absent, zombie, or the pid now names another process) -> drop it;
    its IRQ masks are restored only for NPUs no live worker owns;
-2. threads born since the last pass, or renamed into another role (a thread
-   is created by a main thread and names itself ``acl_thread`` afterwards), are
-   pinned by role: a late ``acl_thread`` ends on the ACL CPU;
+2. one look at its threads (observe.py): threads born since the last look, or
+   renamed into another role, are pinned by role (a late ``acl_thread`` ends on
+   the ACL CPU);
 3. threads whose mask differs from the one we set were moved by someone else:
-   that is *drift*. It is re-asserted and counted with a culprit guess from a
-   fixed set: ``env`` (the worker's environ asks an OpenMP/ACL runtime to bind:
-   OMP_PROC_BIND, KMP_AFFINITY, CPU_AFFINITY_CONF), ``irqbalance`` (an IRQ
-   mask moved while irqbalance runs), ``unknown``. A worker re-asserted
-   ``REASSERT_LIMIT`` times within ``window`` seconds keeps moving itself
-   back: it is reported ``culprit="self"`` and left alone (vllm-ascend binds its
-   own workers unless ``enable_cpu_binding`` is false, see docs/daemon.md);
-4. IRQ masks we wrote are checked the same way.
+   that is *drift*. It is re-asserted and counted with a culprit from a fixed
+   set, decided on evidence (blame.py): ``self`` (the worker's own binder:
+   torch_npu's CPU_AFFINITY_CONF, vllm-ascend's enable_cpu_binding), ``env``
+   (OpenMP binding variables), ``external`` (anything else: taskset, another
+   tuner). Whatever the culprit, a worker re-asserted ``REASSERT_LIMIT`` times
+   within ``window`` seconds is left alone, and its status says why;
+4. IRQ masks we wrote are checked the same way (``irqbalance`` / ``external``).
 
-Cost per pass: one listdir + one comm read + one sched_getaffinity per thread,
-proportional to the number of threads; nothing else is polled.
+Cost per pass: one task listing per worker and one sched_getaffinity per thread;
+``comm`` only for the few threads whose name can have changed (observe.py).
+The pass's CPU time is measured on its own thread (``time.thread_time``), so
+the metric stays honest when the host is busy and the pass is preempted.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import structlog
 
-from ..applier.affinity import bind_threads, cpus_for_role, role_of, thread_masks
+from ..applier.affinity import ROLES, bind_threads, cpus_for_role
 from ..applier.bind import merge_npu_plans
 from ..applier.identity import verify_identity
 from ..applier.irq import irqbalance_pids, read_irq_mask, set_irq_affinity
 from ..cpulist import parse_mask
 from ..errors import ProcessGone
-from ..model import Step
+from ..model import Plan, Step
+from .blame import Blame, blame_irqs, blame_threads, left_alone_sentence
+from .evidence import read_evidence
+from .held import SeenThread
+from .observe import observe_threads
 
-__all__ = ["Reconciler", "REASSERT_LIMIT", "AFFINITY_ENV", "env_culprit"]
+__all__ = ["Reconciler", "REASSERT_LIMIT"]
 
 log = structlog.get_logger("ascendbind.reconcile")
 
 REASSERT_LIMIT = 3
-# environment variables that make a runtime inside the worker set its own affinity
-AFFINITY_ENV = ("OMP_PROC_BIND", "KMP_AFFINITY", "CPU_AFFINITY_CONF", "GOMP_CPU_AFFINITY")
-
-
-def env_culprit(pid: int, proc_root: str) -> bool:
-    """True when the worker's environ sets one of AFFINITY_ENV (bounded read)."""
-    try:
-        with open(f"{proc_root}/{pid}/environ", "rb") as fh:
-            raw = fh.read(1 << 20)
-    except OSError:
-        return False
-    for item in raw.split(b"\0"):
-        key, _, value = item.partition(b"=")
-        if key.decode("ascii", "replace") in AFFINITY_ENV and value.strip():
-            return True
-    return False
 
 
 def _irq_targets(binding) -> dict[int, frozenset[int]]:
@@ -72,6 +62,12 @@ def _irq_targets(binding) -> dict[int, frozenset[int]]:
     return out
 
 
+def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
+    """Role -> the CPUs its threads belong on under ``plan`` (every NPU's roles merged)."""
+    merged = merge_npu_plans(plan.npus)
+    return {role: cpus_for_role(merged, role, plan.mode) for role in ROLES}
+
+
 class Reconciler:
     def __init__(self, daemon, *, reassert_limit: int = REASSERT_LIMIT, window: float | None = None) -> None:
         self.daemon = daemon
@@ -80,8 +76,7 @@ class Reconciler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
-        # per worker: tid -> comm as last seen (a rename can change the role)
-        self._comms: dict[int, dict[int, str]] = {}
+        self.passes = 0  # staggers the comm sweep (observe.comm_due)
 
     @property
     def interval(self) -> float:
@@ -116,74 +111,93 @@ class Reconciler:
 
     def pass_once(self) -> None:
         d = self.daemon
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.thread_time()
+        self.passes += 1
         with d.lock:
             pids = sorted(d.held)
         dirty = False
         for pid in pids:
             with d.lock:
                 h = d.held.get(pid)
-                if h is None:
-                    continue
-                try:
-                    verify_identity(pid, h.binding.start_time, d.config.proc_root)
-                except ProcessGone as exc:
-                    d.held.pop(pid, None)
-                    self._comms.pop(pid, None)
-                    d._undo_gone(h, "recycled" if exc.code == "pid_recycled" else "exited")
-                    dirty = True
-                    continue
-                if not h.left_alone:
-                    dirty |= self._threads(h)
-                if not h.irqs_left_alone:
-                    dirty |= self._irqs(h)
-        for gone in set(self._comms) - set(pids):
-            self._comms.pop(gone, None)
+                if h is not None:
+                    dirty |= self._reconcile_worker(h)
         if dirty:
             d.save()
         d.metrics.reconcile_runs.inc()
         d.metrics.reconcile_duration.observe(time.monotonic() - t0)
+        d.metrics.reconcile_cpu.observe(time.thread_time() - c0)
+
+    def _reconcile_worker(self, h) -> bool:
+        """One held worker (under the daemon lock); True when the state file must be written."""
+        if self._drop_if_gone(h):
+            return True
+        dirty = False
+        if not h.left_alone:
+            dirty |= self._threads(h)
+        if not h.irqs_left_alone:
+            dirty |= self._irqs(h)
+        return dirty
+
+    def _drop_if_gone(self, h) -> bool:
+        d, pid = self.daemon, h.binding.pid
+        try:
+            verify_identity(pid, h.binding.start_time, d.config.proc_root)
+        except ProcessGone as exc:
+            d.held.pop(pid, None)
+            d._undo_gone(h, "recycled" if exc.code == "pid_recycled" else "exited")
+            return True
+        return False
+
+    # ------------------------------------------------------------ threads
 
     def _threads(self, h) -> bool:
+        b = h.binding
+        cpus = role_cpus(b.plan)
+        seen = observe_threads(b.pid, h.threads, cpus, self.passes, proc_root=self.daemon.config.proc_root)
+        if seen is None:
+            return False  # the task list vanished: the next pass drops the worker
+        to_pin, drifted = seen
+        if to_pin:
+            self._pin_late(h, to_pin)
+        return self._drifted(h, drifted) if drifted else False
+
+    def _pin_late(self, h, to_pin: list[tuple[int, str]]) -> None:
         d, b = self.daemon, h.binding
-        pid, proc_root = b.pid, d.config.proc_root
-        merged = merge_npu_plans(b.plan.npus)
-        mode = b.plan.mode
-        masks = thread_masks(pid, proc_root=proc_root)
-        comms = self._comms.setdefault(pid, {})
-        for tid in [t for t in h.known if t not in masks]:
-            h.known.pop(tid, None)
-            comms.pop(tid, None)
+        tids = [tid for tid, _ in to_pin]
+        bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=d.config.proc_root, only_tids=tids)
+        self._remember(h, to_pin)
+        h.late_threads += len(tids)
+        d.metrics.late_threads.inc(len(tids))
+        log.info("late threads pinned", pid=b.pid, tids=tids[:20], count=len(tids))
 
-        new: list[int] = []
-        drifted: list[int] = []
-        for tid, (comm, mask) in masks.items():
-            renamed = tid in comms and role_of(comms[tid]) != role_of(comm)
-            comms[tid] = comm
-            if tid not in h.known or renamed:
-                if mask != cpus_for_role(merged, role_of(comm), mode):
-                    new.append(tid)
-                else:
-                    h.known[tid] = mask
-            elif mask != h.known[tid]:
-                drifted.append(tid)
+    def _drifted(self, h, drifted: list[int]) -> bool:
+        d, b = self.daemon, h.binding
+        blame = blame_threads(read_evidence(b.pid, d.config.proc_root))
+        h.culprit, h.blame = blame.culprit, blame.why
+        if not self._may_reassert(h, blame, f"{len(drifted)} thread masks of {b.pid}"):
+            return True
+        bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=d.config.proc_root,
+                     only_tids=drifted)
+        self._remember(h, [(tid, h.threads[tid].role) for tid in drifted if tid in h.threads])
+        return True
 
-        if new:
-            bind_threads(pid, merged, mode, proc_root=proc_root, only_tids=new)
-            h.late_threads += len(new)
-            d.metrics.late_threads.inc(len(new))
-            log.info("late threads pinned", pid=pid, tids=new[:20], count=len(new))
-        if drifted:
-            culprit = "env" if env_culprit(pid, proc_root) else "unknown"
-            if not self._may_reassert(h, culprit, f"{len(drifted)} thread masks of {pid}"):
-                return True
-            bind_threads(pid, merged, mode, proc_root=proc_root, only_tids=drifted)
-        if new or drifted:
-            after = thread_masks(pid, proc_root=proc_root)
-            for tid in (*new, *drifted):
-                if tid in after:
-                    h.known[tid] = after[tid][1]
-        return bool(drifted)
+    def _remember(self, h, tids: list[tuple[int, str]]) -> None:
+        """Record the masks the kernel kept after we set them (read back: a cpuset may narrow them)."""
+        for tid, role in tids:
+            try:
+                mask = frozenset(os.sched_getaffinity(tid))
+            except OSError:
+                h.threads.pop(tid, None)  # exited meanwhile
+                continue
+            # the role we pinned for: if the thread renamed itself meanwhile, its next
+            # (young) look sees a role that differs and moves it again
+            prev = h.threads.get(tid)
+            if prev is not None:
+                prev.mask, prev.role = mask, role
+            else:
+                h.threads[tid] = SeenThread(mask, role)
+
+    # ------------------------------------------------------------ IRQs
 
     def _irqs(self, h) -> bool:
         proc_root = self.daemon.config.proc_root
@@ -197,40 +211,35 @@ class Reconciler:
                 continue
         if not moved:
             return False
-        culprit = "irqbalance" if irqbalance_pids(proc_root) else "unknown"
-        if not self._may_reassert(h, culprit, f"IRQ masks {[irq for irq, _ in moved]}", irq=True):
+        blame = blame_irqs(bool(irqbalance_pids(proc_root)))
+        h.irq_culprit = blame.culprit
+        if not self._may_reassert(h, blame, f"IRQ masks {[irq for irq, _ in moved]}", irq=True):
             return True
         for irq, cpus in moved:
             set_irq_affinity(irq, cpus, proc_root=proc_root)
         return True
 
-    def _may_reassert(self, h, culprit: str, what: str, *, irq: bool = False) -> bool:
-        """Count one drift event; False (and the worker left alone) past the per-window limit."""
+    # ------------------------------------------------------------ the limit
+
+    def _may_reassert(self, h, blame: Blame, what: str, *, irq: bool = False) -> bool:
+        """Count one drift event; False (and the threads or IRQs left alone) past the per-window limit."""
         d = self.daemon
         now = time.monotonic()
         times = h.irq_reasserts if irq else h.reasserts
         while times and now - times[0] > self.window:
             times.popleft()
         h.drift_events += 1
+        d.metrics.drifted(blame.culprit)
         if len(times) >= self.reassert_limit:
+            why = left_alone_sentence("IRQ masks" if irq else "thread masks", blame, len(times), self.window)
             if irq:
-                # a repeat IRQ mover is irqbalance (or another tuner), not the worker
-                h.irqs_left_alone, h.culprit = True, culprit
-                d.metrics.drifted(culprit)
-                log.warning("IRQ masks keep moving; no longer re-asserting them", pid=h.binding.pid,
-                            culprit=culprit, hint="stop irqbalance or set irqbalance = \"stop\"")
-                return False
-            h.left_alone, h.culprit = True, "self"
-            d.metrics.drifted("self")
-            log.warning(
-                "worker keeps moving its threads back; leaving it alone",
-                pid=h.binding.pid, reasserts=len(times), window_seconds=self.window,
-                hint="turn off the in-process binder (vllm-ascend: additional_config enable_cpu_binding=false)",
-            )
+                h.irqs_left_alone, h.irqs_left_alone_why = True, why
+            else:
+                h.left_alone, h.left_alone_why = True, why
+            log.warning("masks keep moving; no longer re-asserting them", pid=h.binding.pid, what=what,
+                        culprit=blame.culprit, reasserts=len(times), window_seconds=self.window, why=why)
             return False
         times.append(now)
-        h.culprit = culprit
-        d.metrics.drifted(culprit)
         d.metrics.reasserts.inc()
-        log.info("drift re-asserted", pid=h.binding.pid, what=what, culprit=culprit)
+        log.info("drift re-asserted", pid=h.binding.pid, what=what, culprit=blame.culprit)
         return True

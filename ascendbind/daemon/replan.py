@@ -59,7 +59,8 @@ def rediscover_and_replan(daemon) -> dict:
                 binding = apply_plan(plan, worker, host, config)
                 h.binding = daemon._inherit(binding, [h])
                 h.bound_at = time.time()
-                h.known = {t: m for t, (_c, m) in thread_masks(pid, proc_root=config.proc_root).items()}
+                h.remember_threads(thread_masks(pid, proc_root=config.proc_root))
+                h.facts = (host, worker, config)
                 daemon.metrics.step_results(binding.steps)
                 rebound.append(pid)
             except AscendbindError as exc:
