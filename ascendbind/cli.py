@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -96,10 +95,10 @@ def _plan_for(source, config: Config, pid: int | None, npus: Sequence[int] | Non
 
 
 def _print_plan(plan: Plan, fmt: str) -> None:
-    from .render import plan_table
+    from .render import compact_json, plan_table
 
     if fmt == "json":
-        print(json.dumps(plan.to_json(), indent=2, sort_keys=False))
+        print(compact_json(plan.to_json()))
     else:
         print(plan_table(plan))
 
@@ -156,7 +155,7 @@ def cmd_apply(args) -> int:
     from .applier import apply_plan
     from .applier.identity import require_worker
     from .discovery import LiveHost
-    from .render import steps_table
+    from .render import compact_json, steps_table
 
     from .discovery.sources import OneTimeoutPerTool
 
@@ -171,7 +170,7 @@ def cmd_apply(args) -> int:
         raise _plan_errors(plan)
     binding = apply_plan(plan, worker, host, config)
     if args.format == "json":
-        print(json.dumps({"plan": plan.to_json(), "steps": [s.to_json() for s in binding.steps]}, indent=2))
+        print(compact_json({"plan": plan.to_json(), "steps": [s.to_json() for s in binding.steps]}))
     else:
         _print_plan(plan, "table")
         print()

@@ -4,6 +4,7 @@
     Client().bind(npu=3)            # bind this very process (pid taken from SO_PEERCRED)
     Client().bind(pid=1234, npu=3)  # bind another process (root, or your own descendant)
     Client().release(pid=1234); Client().workers(); Client().plan(npu=3); Client().health()
+    Client().worker(1234, explain=True)  # one bound worker, with its plan explanation
 
 API errors are raised as ascendbind.errors exceptions (also stdlib only), whose
 ``exit_status`` is the SPEC §3 status: 400 -> 2, 403 -> 7, 404 -> 6, 409 -> 9,
@@ -129,6 +130,12 @@ class Client:
 
     def workers(self) -> dict:
         return self._json("GET", "/v1/workers")
+
+    def worker(self, pid: int, *, explain: bool = False) -> dict:
+        """One bound worker's record (ProcessGone ``not_bound`` when the daemon does not hold it);
+        ``explain`` adds ``explanation``, the text of ``plan --explain`` for its plan."""
+        q = urlencode([("pid", pid)] + ([("explain", 1)] if explain else []))
+        return self._json("GET", f"/v1/workers?{q}")["workers"][0]
 
     def plan(self, pid: int | None = None, npu: int | Sequence[int] | None = None,
              topology_policy: str | None = None) -> dict:

@@ -10,13 +10,13 @@ the ``socket`` key of the config file (when readable) > the default path.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..client import DEFAULT_SOCKET, Client, run_bound
 from ..config import CHOICES, add_config_flags, config_from_args, load_config
 from ..cpulist import format_cpulist
 from ..errors import ConfigError, StepFailed, UsageError
+from ..render import compact_json, table
 
 __all__ = ["register"]
 
@@ -58,7 +58,10 @@ def register(subparsers) -> None:
     _client_flags(p)
     p.set_defaults(func=cmd_release)
 
-    p = subparsers.add_parser("status", help="list the workers the daemon holds")
+    p = subparsers.add_parser("status", help="list the workers the daemon holds, and why each is as it is")
+    p.add_argument("--pid", type=_pid, help="show only this bound worker")
+    p.add_argument("--explain", action="store_true", help="with --pid: also print the explanation of its plan "
+                   "(alignment hints, merge, decision), as `plan --explain` does")
     p.add_argument("--memory", action="store_true", help="also show each worker's pages per NUMA node "
                    "(reads /proc/<pid>/numa_maps; slow on big processes)")
     _client_flags(p)
@@ -122,7 +125,7 @@ def _npu_rows(plan: dict) -> list[str]:
 def cmd_bind(args) -> int:
     result = Client(_socket_of(args)).bind(args.pid, args.npu, args.topology_policy)
     if args.format == "json":
-        print(json.dumps(result, indent=2))
+        print(compact_json(result))
     else:
         print(f"bound pid {result['pid']} to NPU {','.join(map(str, result['npus']))} ({result['outcome']})")
         for line in _npu_rows(result["plan"]):
@@ -139,7 +142,7 @@ def cmd_release(args) -> int:
     client = Client(_socket_of(args))
     result = client.release(all=True) if args.all else client.release(args.pid)
     if args.format == "json":
-        print(json.dumps(result, indent=2))
+        print(compact_json(result))
     elif args.all:
         released = result.get("released", [])
         print(f"released {len(released)} workers" + (f": {', '.join(map(str, released))}" if released else ""))
@@ -151,9 +154,14 @@ def cmd_release(args) -> int:
 
 
 def cmd_status(args) -> int:
+    if args.explain and args.pid is None:
+        raise UsageError("status --explain needs --pid PID (the bound worker whose plan to explain)")
     client = Client(_socket_of(args))
     health = client.health()
-    workers = client.workers()["workers"]
+    if args.pid is not None:
+        workers = [client.worker(args.pid, explain=args.explain)]
+    else:
+        workers = client.workers()["workers"]
     if args.memory:
         from ..applier.memory import read_numa_page_share
 
@@ -163,19 +171,17 @@ def cmd_status(args) -> int:
             except Exception as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
                 w["memory_pages_by_node"] = {"error": f"{type(exc).__name__}: {exc}"[:120]}
     if args.format == "json":
-        print(json.dumps({"health": health, "workers": workers}, indent=2))
+        print(compact_json({"health": health, "workers": workers}))
         return 0
     print(f"daemon: {health['status']}  discovery: {health['discovery']}  workers: {health['workers']}  "
           f"hotplug: {health.get('hotplug')}")
     if not workers:
         print("no bound workers")
         return 0
-    from ..render import table
 
     rows = []
     for w in workers:
-        plan = w["plan"]
-        npus = plan.get("npus", {})
+        npus = w["plan"].get("npus", {})
         pools = ";".join(_cl(p["pool"]) for p in npus.values())
         acl = ";".join(_cl(p["acl"]) for p in npus.values())
         drift = w.get("drift", {})
@@ -188,7 +194,36 @@ def cmd_status(args) -> int:
         rows.append(row)
     headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE"] + (["PAGES/NODE"] if args.memory else [])
     print(table(headers, rows))
+    for w in workers:
+        for line in _why_lines(w):
+            print(f"  {w['pid']}: {line}")
+    for w in workers:
+        if w.get("explanation"):
+            print(f"\nplan explanation of pid {w['pid']}:")
+            print(w["explanation"])
     return 0
+
+
+def _why_lines(w: dict) -> list[str]:
+    """Why a worker is not simply bound and aligned: alignment, steps, drift verdicts."""
+    out = []
+    al = w.get("alignment") or {}
+    if w.get("outcome") == "unaligned":
+        code = f" [{al['failure']}]" if al.get("failure") else ""
+        out.append(f"not aligned{code}: {al.get('reason') or 'the plan was not evaluated for alignment'}")
+    for s in w.get("steps", []):
+        # "not_applicable": the step has no meaning on this host (UVB off Ascend 950): nothing to explain
+        if s.get("outcome") != "applied" and s.get("reason") != "not_applicable":
+            out.append(f"step {s['step']} {s['outcome']}" + (f" [{s['reason']}]" if s.get("reason") else "")
+                       + f": {s.get('detail', '')}")
+    drift = w.get("drift") or {}
+    if drift.get("left_alone"):
+        out.append(f"threads left alone: {drift.get('left_alone_why') or 'masks kept moving'}")
+    elif drift.get("culprit"):
+        out.append(f"drift blamed {drift['culprit']}: {drift.get('blame') or ''}".rstrip(": "))
+    if drift.get("irqs_left_alone"):
+        out.append(f"IRQs left alone: {drift.get('irqs_left_alone_why') or 'IRQ masks kept moving'}")
+    return out
 
 
 def cmd_run(args) -> int:

@@ -280,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/v1/release":
                 self._send_json(200, daemon.release_request(self.peer, body))
             elif url.path == "/v1/workers":
-                self._send_json(200, daemon.workers())
+                self._send_json(200, daemon.workers(url.query))
             elif url.path == "/v1/plan":
                 pid, npus, policy = _plan_query(url.query)
                 self._send_json(200, daemon.plan_request(self.peer, pid, npus, policy))
