@@ -14,7 +14,7 @@ import pytest
 from ascendbind.daemon.blame import (CULPRITS, Evidence, blame_irqs, blame_threads, environ_evidence,
                                      first_vllm_setting, left_alone_sentence, split_cmdline, vllm_setting)
 from ascendbind.daemon.evidence import MAX_ANCESTORS, is_arm, read_evidence
-from ascendbind.daemon.held import YOUNG_PASSES, SeenThread
+from ascendbind.daemon.held import YOUNG_PASSES, SeenThread, accepted
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
 from ascendbind.render import compact_json
@@ -194,8 +194,15 @@ def test_the_sweep_reads_every_old_thread_once_per_period_and_spreads_them():
     assert max(per_pass) - min(per_pass) <= 1  # no pass pays for a whole sweep
 
 
-def _roles(cpus):
-    return {"main": frozenset(cpus), "acl": frozenset(cpus), "release": frozenset(cpus)}
+@pytest.mark.parametrize("read_back,wanted,held", [
+    ({2, 3}, {2, 3}, {2, 3}),  # what we set
+    ({3}, {2, 3}, {3}),  # a cpuset narrowed it: the kernel's answer is the binding
+    ({0, 1, 2, 3}, {2, 3}, {2, 3}),  # an in-process binder undid it before the read: not ours to keep
+    ({7}, {2, 3}, {2, 3}),
+    (set(), {2, 3}, {2, 3}),
+])
+def test_the_mask_held_after_a_write_is_ours_or_the_kernels_narrowing_of_it(read_back, wanted, held):
+    assert accepted(read_back, frozenset(wanted)) == frozenset(held)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="roles only separate with 2+ CPUs")

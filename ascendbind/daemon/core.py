@@ -49,6 +49,7 @@ from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome
                        recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
 from .metrics import Metrics
+from .observe import role_cpus
 from .state import StateFile, binding_from_json, binding_to_json
 
 __all__ = ["Daemon", "Held"]
@@ -254,7 +255,7 @@ class Daemon:
             for h in evicted:
                 self._evict(h, by=pid)
             held = Held(binding, time.time(), policy, facts=(host, worker, config))
-            held.remember_threads(thread_masks(pid, proc_root=config.proc_root))
+            held.remember_threads(thread_masks(pid, proc_root=config.proc_root), role_cpus(plan))
             self.held[pid] = held
             self.save()
         self.metrics.step_results(binding.steps)

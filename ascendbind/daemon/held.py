@@ -12,7 +12,7 @@ from ..cpulist import format_cpulist
 from ..model import Binding
 from .requests import alignment_of
 
-__all__ = ["Held", "SeenThread", "YOUNG_PASSES"]
+__all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists"]
 
 # passes during which a newly seen thread's comm is read again (see reconcile.comm_due)
 YOUNG_PASSES = 3
@@ -54,10 +54,11 @@ class Held:
     # Not persisted; a binding restored from the state file is explained from fresh facts.
     facts: tuple | None = field(default=None, repr=False)
 
-    def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]]) -> None:
+    def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]],
+                         role_cpus: Mapping[str, frozenset[int]]) -> None:
         """Start the thread cache from a full read (tid -> (comm, mask)) right after binding.
         One more look at each name: a thread created just before the read may not be named yet."""
-        self.threads = {tid: SeenThread(frozenset(mask), role_of(comm), young=1)
+        self.threads = {tid: SeenThread(accepted(mask, role_cpus[role_of(comm)]), role_of(comm), young=1)
                         for tid, (comm, mask) in masks.items()}
 
     def state_json(self) -> dict[str, Any]:
@@ -106,6 +107,15 @@ class Held:
                       "irqs_left_alone_why": self.irqs_left_alone_why},
             "late_threads_pinned": self.late_threads,
         }
+
+
+def accepted(mask, wanted: frozenset[int]) -> frozenset[int]:
+    """The mask to hold a thread to, read back right after we set ``wanted``: what the kernel
+    kept when it is inside ``wanted`` (a cpuset narrows a mask to the part it allows), else
+    ``wanted`` itself. An in-process binder may move the thread between our write and the
+    read; that mask is not ours to keep, and the next pass sees it as drift."""
+    mask = frozenset(mask)
+    return mask if mask and mask <= wanted else frozenset(wanted)
 
 
 def cpulists(b: Binding) -> dict[str, Any]:

@@ -25,10 +25,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..applier.affinity import role_of
+from ..applier.affinity import ROLES, cpus_for_role, role_of
+from ..applier.bind import merge_npu_plans
+from ..model import Plan
 from .held import YOUNG_PASSES, SeenThread
 
-__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "read_comm"]
+__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "read_comm", "role_cpus"]
 
 COMM_SWEEP_PASSES = 30
 
@@ -36,6 +38,12 @@ COMM_SWEEP_PASSES = 30
 def comm_due(tid: int, seen: SeenThread | None, pass_no: int, sweep: int = COMM_SWEEP_PASSES) -> bool:
     """Whether pass ``pass_no`` must read the comm of thread ``tid`` (``seen``: what the cache holds)."""
     return seen is None or seen.young > 0 or (tid + pass_no) % sweep == 0
+
+
+def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
+    """Role -> the CPUs its threads belong on under ``plan`` (every NPU's roles merged)."""
+    merged = merge_npu_plans(plan.npus)
+    return {role: cpus_for_role(merged, role, plan.mode) for role in ROLES}
 
 
 def read_comm(path: str) -> str | None:

@@ -31,17 +31,17 @@ import time
 
 import structlog
 
-from ..applier.affinity import ROLES, bind_threads, cpus_for_role
+from ..applier.affinity import bind_threads
 from ..applier.bind import merge_npu_plans
 from ..applier.identity import verify_identity
 from ..applier.irq import irqbalance_pids, read_irq_mask, set_irq_affinity
 from ..cpulist import parse_mask
 from ..errors import ProcessGone
-from ..model import Plan, Step
+from ..model import Step
 from .blame import Blame, blame_irqs, blame_threads, left_alone_sentence
 from .evidence import read_evidence
-from .held import SeenThread
-from .observe import observe_threads
+from .held import SeenThread, accepted
+from .observe import observe_threads, role_cpus
 
 __all__ = ["Reconciler", "REASSERT_LIMIT"]
 
@@ -60,12 +60,6 @@ def _irq_targets(binding) -> dict[int, frozenset[int]]:
                     if w.get("status") == "ok":
                         out[int(w["irq"])] = frozenset(w["cpus"])
     return out
-
-
-def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
-    """Role -> the CPUs its threads belong on under ``plan`` (every NPU's roles merged)."""
-    merged = merge_npu_plans(plan.npus)
-    return {role: cpus_for_role(merged, role, plan.mode) for role in ROLES}
 
 
 class Reconciler:
@@ -158,19 +152,19 @@ class Reconciler:
             return False  # the task list vanished: the next pass drops the worker
         to_pin, drifted = seen
         if to_pin:
-            self._pin_late(h, to_pin)
-        return self._drifted(h, drifted) if drifted else False
+            self._pin_late(h, to_pin, cpus)
+        return self._drifted(h, drifted, cpus) if drifted else False
 
-    def _pin_late(self, h, to_pin: list[tuple[int, str]]) -> None:
+    def _pin_late(self, h, to_pin: list[tuple[int, str]], cpus) -> None:
         d, b = self.daemon, h.binding
         tids = [tid for tid, _ in to_pin]
         bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=d.config.proc_root, only_tids=tids)
-        self._remember(h, to_pin)
+        self._remember(h, to_pin, cpus)
         h.late_threads += len(tids)
         d.metrics.late_threads.inc(len(tids))
         log.info("late threads pinned", pid=b.pid, tids=tids[:20], count=len(tids))
 
-    def _drifted(self, h, drifted: list[int]) -> bool:
+    def _drifted(self, h, drifted: list[int], cpus) -> bool:
         d, b = self.daemon, h.binding
         blame = blame_threads(read_evidence(b.pid, d.config.proc_root))
         h.culprit, h.blame = blame.culprit, blame.why
@@ -178,14 +172,14 @@ class Reconciler:
             return True
         bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=d.config.proc_root,
                      only_tids=drifted)
-        self._remember(h, [(tid, h.threads[tid].role) for tid in drifted if tid in h.threads])
+        self._remember(h, [(tid, h.threads[tid].role) for tid in drifted if tid in h.threads], cpus)
         return True
 
-    def _remember(self, h, tids: list[tuple[int, str]]) -> None:
+    def _remember(self, h, tids: list[tuple[int, str]], cpus) -> None:
         """Record the masks the kernel kept after we set them (read back: a cpuset may narrow them)."""
         for tid, role in tids:
             try:
-                mask = frozenset(os.sched_getaffinity(tid))
+                mask = accepted(os.sched_getaffinity(tid), cpus[role])
             except OSError:
                 h.threads.pop(tid, None)  # exited meanwhile
                 continue

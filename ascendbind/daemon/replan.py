@@ -19,6 +19,7 @@ from ..discovery import discover_worker
 from ..errors import AscendbindError, DiscoveryError
 from ..model import DeviceType
 from ..planner import make_plan
+from .observe import role_cpus
 from .requests import resolve_policy
 
 __all__ = ["rediscover_and_replan"]
@@ -59,7 +60,7 @@ def rediscover_and_replan(daemon) -> dict:
                 binding = apply_plan(plan, worker, host, config)
                 h.binding = daemon._inherit(binding, [h])
                 h.bound_at = time.time()
-                h.remember_threads(thread_masks(pid, proc_root=config.proc_root))
+                h.remember_threads(thread_masks(pid, proc_root=config.proc_root), role_cpus(plan))
                 h.facts = (host, worker, config)
                 daemon.metrics.step_results(binding.steps)
                 rebound.append(pid)
