@@ -212,6 +212,7 @@ def exchange(sock_path: str, data: bytes, timeout: float = 20.0) -> bytes:
 
 def check_reply(raw: bytes, data: bytes) -> tuple[int | None, str | None, str | None]:
     """(status or None, the problem with this reply or None, the error code of a JSON error)."""
+    raw = raw.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")  # the interim answer to "Expect: 100-continue"
     head, sep, body = raw.partition(b"\r\n\r\n")
     first = head.split(b"\r\n", 1)[0]
     m = _STATUS_LINE.fullmatch(first)
