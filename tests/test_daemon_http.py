@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -363,3 +364,37 @@ def test_seeded_fuzz_gets_a_status_line_and_json_every_time(daemon):
     log = daemon.log()
     assert "Traceback" not in log and "request failed unexpectedly" not in log
     assert api_metric(daemon, "ascendbind_http_internal_errors_total") == 0
+
+
+# ---------------------------------------------------------------- the listener alone
+
+
+def test_a_bug_at_accept_costs_one_connection_not_the_loop(tmp_path):
+    from ascendbind.daemon.listener import Limits, Listener
+    from ascendbind.daemon.wire import json_response
+
+    calls = []
+
+    def identify(sock):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in identify")
+        return None, "peer", False
+
+    path = str(tmp_path / "l.sock")
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(path)
+    listener = Listener(lsock, Limits(max_total=4, per_peer=4, workers=1), lambda c, r: json_response(200, {}),
+                        identify=identify)
+    loop = threading.Thread(target=listener.serve, daemon=True)
+    loop.start()
+    try:
+        first = exchange(path, b"GET / HTTP/1.1\r\n\r\n", timeout=10)
+        assert first == b""  # that connection was dropped
+        assert parse(exchange(path, b"GET / HTTP/1.1\r\n\r\n", timeout=10))[0] == 200
+        assert wait_for(lambda: listener.open_connections() == 0, 10)
+    finally:
+        listener.stop()
+        loop.join(10)
+        lsock.close()
+    assert not loop.is_alive()

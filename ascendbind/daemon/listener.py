@@ -52,6 +52,7 @@ LINGER = 1.0
 LINGER_BYTES = 1 << 20
 _ACCEPT_BURST = 64
 _BUSY = WireError(503, "busy", "too many connections open; retry", {"Retry-After": "1"})
+_BUSY_BYTES = render_response(error_response(_BUSY))
 
 
 def somaxconn(path: str = "/proc/sys/net/core/somaxconn") -> int:
@@ -80,7 +81,7 @@ class Conn:
     """One admitted connection as the loop and the worker see it."""
 
     __slots__ = ("sock", "peer", "key", "is_root", "id", "reader", "opened", "line_deadline", "deadline",
-                 "lingering", "drained", "continued")
+                 "lingering", "drained", "continued", "released")
 
     def __init__(self, sock: socket.socket, peer, key, is_root: bool, limits: Limits, now: float) -> None:
         self.sock, self.peer, self.key, self.is_root = sock, peer, key, is_root
@@ -92,6 +93,7 @@ class Conn:
         self.lingering = False
         self.drained = 0
         self.continued = False
+        self.released = False
 
 
 # handle(conn, request) -> Response, run on a worker; refused(conn or None, error) counts/logs
@@ -140,6 +142,10 @@ class Listener:
             return True
 
     def _release(self, conn: Conn) -> None:
+        with self._lock:
+            if conn.released:
+                return
+            conn.released = True
         try:
             conn.sock.close()
         except OSError:
@@ -156,15 +162,25 @@ class Listener:
         try:
             while not self._stopping:
                 for key, _ in self._sel.select(self._timeout()):
-                    if key.data == "accept":
-                        self._accept_some()
-                    elif key.data == "wake":
-                        _drain_pipe(self._wake_r)
-                    else:
-                        self._readable(key.data)
+                    self._event(key.data)
                 self._expire(time.monotonic())
         finally:
             self._close_all()
+
+    def _event(self, what) -> None:
+        try:
+            if what == "accept":
+                self._accept_some()
+            elif what == "wake":
+                _drain_pipe(self._wake_r)
+            else:
+                self._readable(what)
+        except Exception as exc:  # noqa: BLE001 - one connection's bug must not end the loop for everyone
+            log.error("listener event failed", listener=self.name, exception=type(exc).__name__,
+                      detail=str(exc)[:200])
+            if isinstance(what, Conn):
+                self._forget(what)
+                self._release(what)
 
     def _timeout(self) -> float | None:
         if not self._conns:
@@ -185,18 +201,26 @@ class Listener:
                 log.warning("accept failed", listener=self.name, error=errno.errorcode.get(exc.errno, str(exc)))
                 return
             try:
-                peer, key, is_root = self.identify(s)
-            except OSError:
-                peer, key, is_root = None, None, False
-            if not self._admit(key, is_root):
-                _send_now(s, render_response(error_response(_BUSY)))
+                self._take(s)
+            except Exception as exc:  # noqa: BLE001 - a bug costs this connection, never the loop
+                log.error("connection dropped at accept", listener=self.name, exception=type(exc).__name__,
+                          detail=str(exc)[:200])
                 s.close()
-                self.refused(None, _BUSY)
-                continue
-            s.setblocking(False)
-            conn = Conn(s, peer, key, is_root, self.limits, time.monotonic())
-            self._conns[s.fileno()] = conn
-            self._sel.register(s, selectors.EVENT_READ, conn)
+
+    def _take(self, s: socket.socket) -> None:
+        try:
+            peer, key, is_root = self.identify(s)
+        except OSError:
+            peer, key, is_root = None, None, False
+        if not self._admit(key, is_root):
+            _send_now(s, _BUSY_BYTES)
+            s.close()
+            self.refused(None, _BUSY)
+            return
+        s.setblocking(False)
+        conn = Conn(s, peer, key, is_root, self.limits, time.monotonic())
+        self._conns[s.fileno()] = conn
+        self._sel.register(s, selectors.EVENT_READ, conn)
 
     def _readable(self, conn: Conn) -> None:
         try:
