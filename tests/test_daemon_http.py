@@ -398,3 +398,49 @@ def test_a_bug_at_accept_costs_one_connection_not_the_loop(tmp_path):
         loop.join(10)
         lsock.close()
     assert not loop.is_alive()
+
+
+def _lowest_free_fd() -> int:
+    fd = os.open("/dev/null", os.O_RDONLY)  # the kernel hands out the lowest free number
+    os.close(fd)
+    return fd
+
+
+def test_out_of_descriptors_pauses_accepting_instead_of_spinning_and_recovers(tmp_path):
+    from structlog.testing import capture_logs
+
+    from ascendbind.daemon.listener import ACCEPT_PAUSE, Limits, Listener
+    from ascendbind.daemon.wire import json_response
+
+    path = str(tmp_path / "l.sock")
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(path)
+    listener = Listener(lsock, Limits(max_total=4, per_peer=4, workers=1), lambda c, r: json_response(200, {}),
+                        identify=lambda s: (None, "peer", False))
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    loop = threading.Thread(target=listener.serve, daemon=True)
+    try:
+        with capture_logs() as logs:
+            loop.start()
+            failures = lambda: [e for e in logs if e["event"] == "accept failed"]  # noqa: E731
+            client.settimeout(30)
+            # no descriptor left for this process: accept() fails with EMFILE while the connection waits
+            resource.setrlimit(resource.RLIMIT_NOFILE, (_lowest_free_fd(), hard))
+            client.connect(path)
+            assert wait_for(lambda: len(failures()) >= 1, 10, interval=0.005)
+            t0 = time.monotonic()
+            assert wait_for(lambda: len(failures()) >= 3, 10, interval=0.005)
+            # each failure is followed by a pause, not by the next accept() at once
+            assert time.monotonic() - t0 >= 1.5 * ACCEPT_PAUSE
+            assert failures()[0]["error"] == "EMFILE"
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            client.shutdown(socket.SHUT_WR)
+            assert parse(read_all(client))[0] == 200
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        client.close()
+        listener.stop()
+        loop.join(10)
+        lsock.close()

@@ -49,6 +49,7 @@ __all__ = ["Limits", "Listener", "Conn", "somaxconn"]
 log = structlog.get_logger("ascendbind.listener")
 
 LINGER = 1.0
+ACCEPT_PAUSE = 0.1
 LINGER_BYTES = 1 << 20
 _ACCEPT_BURST = 64
 _BUSY = WireError(503, "busy", "too many connections open; retry", {"Retry-After": "1"})
@@ -120,6 +121,7 @@ class Listener:
                            if limits.root_workers else None)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = False
+        self._accept_paused_until: float | None = None
         self._sel = selectors.EpollSelector()
         self._sel.register(sock, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -163,7 +165,11 @@ class Listener:
             while not self._stopping:
                 for key, _ in self._sel.select(self._timeout()):
                     self._event(key.data)
-                self._expire(time.monotonic())
+                now = time.monotonic()
+                self._expire(now)
+                if self._accept_paused_until is not None and now >= self._accept_paused_until:
+                    self._accept_paused_until = None
+                    self._sel.register(self.sock, selectors.EVENT_READ, "accept")
         finally:
             self._close_all()
 
@@ -183,12 +189,13 @@ class Listener:
                 self._release(what)
 
     def _timeout(self) -> float | None:
-        if not self._conns:
+        deadlines = [c.deadline if c.reader.line_done or c.lingering else min(c.line_deadline, c.deadline)
+                     for c in self._conns.values()]
+        if self._accept_paused_until is not None:
+            deadlines.append(self._accept_paused_until)
+        if not deadlines:
             return None
-        now = time.monotonic()
-        nearest = min(c.deadline if c.reader.line_done or c.lingering else min(c.line_deadline, c.deadline)
-                      for c in self._conns.values())
-        return max(0.0, nearest - now) + 0.001
+        return max(0.0, min(deadlines) - time.monotonic()) + 0.001
 
     def _accept_some(self) -> None:
         for _ in range(_ACCEPT_BURST):
@@ -197,8 +204,11 @@ class Listener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                # EMFILE/ENFILE/ENOBUFS: leave the connection queued; the caps keep this rare
+                # EMFILE/ENFILE/ENOBUFS: the connection stays queued, and the listening socket stays
+                # readable, so stop watching it for a moment instead of spinning on it
                 log.warning("accept failed", listener=self.name, error=errno.errorcode.get(exc.errno, str(exc)))
+                self._sel.unregister(self.sock)
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
                 return
             try:
                 self._take(s)
