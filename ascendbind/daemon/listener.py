@@ -21,7 +21,11 @@ the other:
   blocking; the socket is then drained for at most ``LINGER`` seconds, so the
   client reads the answer instead of a reset while it is still sending;
 * the listening backlog is the host's ``somaxconn``: a burst waits in the queue
-  for its 503 instead of failing connect() with EAGAIN.
+  for its 503 instead of failing connect() with EAGAIN;
+* out of descriptors (EMFILE), the loop stops watching the listening socket for
+  ``ACCEPT_PAUSE``: epoll is level-triggered and the connection stays queued, so
+  retrying at once would spin a CPU; a bug while taking or reading one
+  connection costs that connection, never the loop.
 
 The loop sleeps in epoll with no timeout while no connection is open.
 """
