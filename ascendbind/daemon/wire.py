@@ -192,14 +192,12 @@ class RequestReader:
     def __init__(self, max_body: int) -> None:
         self.max_body = max_body
         self.buf = bytearray()
-        self.received = 0
         self.line_done = False
         self.head: tuple | None = None  # (method, target, path, query, version, headers)
         self.length = 0
         self.wants_continue = False  # the head asked for "100 Continue" and no body byte is here yet
 
     def feed(self, data: bytes) -> Request | None:
-        self.received += len(data)
         self.buf += data
         if self.head is None:
             self._read_head()
