@@ -155,13 +155,16 @@ def cmd_status(args) -> int:
     health = client.health()
     workers = client.workers()["workers"]
     if args.memory:
-        from ..applier.memory import read_numa_page_share
+        from ..discovery import LiveHost
+        from ..discovery.worker import read_numa_residency
+        from ..errors import AscendbindError
 
         for w in workers:
             try:
-                w["memory_pages_by_node"] = {str(k): v for k, v in read_numa_page_share(w["pid"]).items()}
-            except Exception as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
-                w["memory_pages_by_node"] = {"error": f"{type(exc).__name__}: {exc}"[:120]}
+                residency = read_numa_residency(LiveHost(), w["pid"], start_time=w.get("start_time"))
+                w["memory_pages_by_node"] = {str(k): v for k, v in residency.pages.items()}
+            except AscendbindError as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
+                w["memory_pages_by_node"] = {"error": str(exc)[:120]}
     if args.format == "json":
         print(json.dumps({"health": health, "workers": workers}, indent=2))
         return 0
