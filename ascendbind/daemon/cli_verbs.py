@@ -184,14 +184,19 @@ def cmd_status(args) -> int:
         drift = w.get("drift", {})
         row = [str(w["pid"]), ",".join(map(str, w["npus"])), w.get("outcome", "-"), pools, acl,
                str(drift.get("events", 0)) + (f" ({drift['culprit']})" if drift.get("culprit") else ""),
-               str(w.get("late_threads_pinned", 0))]
+               str(w.get("late_threads_pinned", 0)), _ratio(w.get("memory_local_ratio"))]
         if args.memory:
             mem = w["memory_pages_by_node"]
             row.append(" ".join(f"{k}:{v}" for k, v in mem.items()) or "-")
         rows.append(row)
-    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE"] + (["PAGES/NODE"] if args.memory else [])
+    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE", "MEM-LOCAL"] + (["PAGES/NODE"] if args.memory else [])
     print(table(headers, rows))
     return 0
+
+
+def _ratio(value) -> str:
+    """The locality share as a percentage; "-" before the first check or with nothing resident."""
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def cmd_run(args) -> int:
