@@ -104,9 +104,9 @@ needs_cpus_0_1 = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reaso
 class FixtureNumaMaps(SplitSource):
     """SplitSource, with each worker's numa_maps read from the snapshot directory."""
 
-    def read(self, path):
+    def read(self, path, limit=None):
         if path.startswith("/proc/") and path.endswith("/numa_maps"):
-            return self.snap.read(path)
+            return self.snap.read(path, limit=limit)
         return super().read(path)
 
 
@@ -178,19 +178,27 @@ def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path)
             # a malformed numa_maps: counted, no ratio, no sample (never a stale one)
             with open(os.path.join(host, "proc", str(w.pid), "numa_maps"), "a") as fh:
                 fh.write("7fff00000000 default N1=oops kernelpagesize_kB=4\n")
-            assert locality.run_round(locality.due(t2 + 60), now=t2 + 60) is None
+            assert locality.run_round(locality.due(t2 + 100), now=t2 + 100) is None
             assert h.memory_local_ratio is None and _gauge(daemon, "1") is None
             assert samples(daemon)[("ascendbind_memory_checks_total", (("result", "malformed"),))] == 1
 
+            # longer than the read limit (a worker's owner can make it so): not held, counted
+            locality.numa_maps_limit = 100
+            _numa_maps(host, w.pid, node0=0, node1=1592)
+            assert locality.run_round(locality.due(t2 + 200), now=t2 + 200) is None
+            assert h.memory_local_ratio is None and _gauge(daemon, "1") is None
+            assert samples(daemon)[("ascendbind_memory_checks_total", (("result", "too_large"),))] == 1
+            locality.numa_maps_limit = MemoryLocality(daemon).numa_maps_limit
+
             # switched off (memory_check_seconds = 0): no round starts, no series stays
             _numa_maps(host, w.pid, node0=0, node1=1592)
-            locality.run_round(locality.due(t2 + 120), now=t2 + 120)
+            locality.run_round(locality.due(t2 + 300), now=t2 + 300)
             assert _gauge(daemon, "1") == 1.0
             daemon.config = daemon.config.replace(memory_check_seconds=0.0)
             assert locality.tick() is False
             assert _gauge(daemon, "1") is None and h.memory_local_ratio is None
             daemon.config = daemon.config.replace(memory_check_seconds=60.0)
-            locality.run_round(locality.due(t2 + 180), now=t2 + 180)
+            locality.run_round(locality.due(t2 + 400), now=t2 + 400)
             assert _gauge(daemon, "1") == 1.0
         finally:
             if w.pid in daemon.held:

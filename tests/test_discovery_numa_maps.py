@@ -39,6 +39,17 @@ def test_the_4_node_fixture_worker_per_node_in_pages_and_in_bytes():
     assert res.total_kib == sum(res.kib.values())
 
 
+def test_a_numa_maps_longer_than_the_limit_is_refused_not_held():
+    with pytest.raises(DiscoveryError) as exc:
+        read_numa_residency(SnapshotHost(HOST_950), 5151, limit=1000)
+    assert exc.value.code == "too_large" and "longer than 1000" in str(exc.value)
+    size = os.path.getsize(os.path.join(HOST_950, "proc", "5151", "numa_maps"))
+    assert read_numa_residency(SnapshotHost(HOST_950), 5151, limit=size).total_kib > 0  # exactly the limit: fine
+    with start_worker(plain=0, acl=0, release=0) as w:
+        with pytest.raises(DiscoveryError, match="longer than 200"):
+            read_numa_residency(LiveHost(), w.pid, limit=200)
+
+
 def test_the_ratio_is_of_bytes_so_remote_huge_pages_are_not_hidden():
     # the NPU0 worker's pool is on node 0; 3 GiB of its hugetlb memory sit on nodes 2-3
     res = read_numa_residency(SnapshotHost(HOST_950), 5151)

@@ -44,7 +44,7 @@ import structlog
 from ..applier.identity import verify_identity
 from ..applier.memory import migrate_memory
 from ..discovery.numa_maps import local_ratio
-from ..discovery.worker import read_numa_residency
+from ..discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
 from ..errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
 from ..model import Binding, StepResult
 
@@ -86,8 +86,9 @@ class MemoryLocality:
     """The check and the rerun for one daemon (``daemon.held``, ``daemon.lock``,
     ``daemon.hosts.source``, ``daemon.metrics``, ``daemon.config``)."""
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon, *, numa_maps_limit: int = NUMA_MAPS_LIMIT) -> None:
         self.daemon = daemon
+        self.numa_maps_limit = numa_maps_limit
         self._thread: threading.Thread | None = None
 
     def busy(self) -> bool:
@@ -140,15 +141,16 @@ class MemoryLocality:
         d, b = self.daemon, h.binding
         ratio: float | None = None
         try:
-            residency = read_numa_residency(d.hosts.source, b.pid, start_time=b.start_time)
+            residency = read_numa_residency(d.hosts.source, b.pid, start_time=b.start_time,
+                                            limit=self.numa_maps_limit)
         except ProcessGone:
             result = "unreadable"  # the reconcile pass drops the worker
         except ParseError as exc:
             result = "malformed"
             log.warning("numa_maps does not parse; locality unknown", pid=b.pid, error=str(exc))
         except DiscoveryError as exc:
-            result = "unreadable"
-            log.info("numa_maps unreadable; locality unknown", pid=b.pid, error=str(exc))
+            result = "too_large" if exc.code == "too_large" else "unreadable"
+            log.info("numa_maps not read; locality unknown", pid=b.pid, error=str(exc))
         else:
             ratio = local_ratio(residency.kib, pool_nodes(b))
             result = "measured" if ratio is not None else "no_pages"

@@ -36,7 +36,7 @@ DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 # what one numa_maps read came to (daemon/locality.py)
-MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed")
+MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
 HTTP_CODES = ("200", "400", "403", "404", "405", "409", "413", "422", "500", "503")
 
 # the planner's fixed alignment-failure set, plus "other" for anything unforeseen

@@ -33,7 +33,7 @@ stopping at the first word that is not one of them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ..errors import ParseError
@@ -84,6 +84,18 @@ def _line_fields(fields: list[str], source: str, lineno: int, line: str) -> tupl
     return nodes, page_kib
 
 
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time: numa_maps of a big process runs to
+    megabytes, and a list of all its lines would hold it twice over."""
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            stop = end
+        yield text[start:stop]
+        start = stop + 1
+
+
 def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
     """Sum the ``N<node>=`` counts of every mapping (see the module docstring).
 
@@ -93,7 +105,7 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
     """
     kib: dict[int, int] = {}
     pages: dict[int, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(_lines(text), start=1):
         fields = line.split()
         if not fields:
             continue

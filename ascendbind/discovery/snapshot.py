@@ -62,8 +62,8 @@ class RecordingHost:
             self._write(os.path.join("cmd", command_file_name(argv).replace("/", "_")), out)
         return out
 
-    def read(self, path: str) -> str | None:
-        text = self.inner.read(path)
+    def read(self, path: str, limit: int | None = None) -> str | None:
+        text = self.inner.read(path) if limit is None else self.inner.read(path, limit=limit)
         if text is not None and not path.endswith("/environ"):
             self._write(path, text)
         return text

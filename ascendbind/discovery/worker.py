@@ -21,7 +21,12 @@ from .procfs import cpuset_cgroup, parse_cgroup, parse_environ, parse_ps_te, par
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "read_numa_residency", "UVB_COMM_PREFIX"]
+__all__ = ["discover_worker", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+
+# characters of numa_maps read at most. A worker with the default vm.max_map_count
+# (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
+# otherwise make root's daemon hold hundreds of MB (long file paths on every line)
+NUMA_MAPS_LIMIT = 32 << 20
 
 # comm is cut to 15 characters: "uvb_poll_window_thread" reads "uvb_poll_window"
 UVB_COMM_PREFIX = "uvb_poll_window"
@@ -163,18 +168,21 @@ def discover_worker(
     )
 
 
-def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None = None) -> NumaResidency:
+def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None = None,
+                        limit: int = NUMA_MAPS_LIMIT) -> NumaResidency:
     """Resident memory of ``pid`` per NUMA node, from ``/proc/<pid>/numa_maps``.
 
     DiscoveryError when the file cannot be read (the process is gone, or reading
-    another user's numa_maps needs CAP_SYS_PTRACE), ParseError when it is
-    malformed. With ``start_time``, ProcessGone ``pid_recycled`` when the pid
+    another user's numa_maps needs CAP_SYS_PTRACE) or is longer than ``limit``
+    (code ``too_large``), ParseError when it is malformed. With ``start_time``, ProcessGone ``pid_recycled`` when the pid
     names another process once the file is read: the counts would be a stranger's.
     """
     path = f"/proc/{int(pid)}/numa_maps"
-    text = source.read(path)
+    text = source.read(path, limit=limit)
     if text is None:
         raise DiscoveryError(f"cannot read {path}: the process is gone, or its memory map is not readable")
+    if len(text) > limit:
+        raise DiscoveryError(f"{path} is longer than {limit} characters; not read further", code="too_large")
     residency = parse_numa_maps(text, path)
     if start_time is not None:
         stat_text = source.read(f"/proc/{int(pid)}/stat")
