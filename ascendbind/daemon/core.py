@@ -47,8 +47,9 @@ from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
 from .auth import Peer, authorize
 from .held import Held
-from .requests import (_int_field, alignment_of, carried_bans, claim_npus, irq_owners, outcome_of_error,
-                       parse_bind_request, recycled_is_a_conflict, resolve_policy, split_bans)
+from .bans import carried_bans, split_bans
+from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
+                       recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
 from .metrics import Metrics
 from .state import StateFile, binding_from_json, binding_to_json

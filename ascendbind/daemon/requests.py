@@ -3,23 +3,22 @@
 Everything here is pure: validation of request bodies (400 on anything off),
 the policy precedence rule (Koordinator: request > node config > default, a
 mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, which
-NPU each saved IRQ mask belongs to, whose irqbalance bans a new owner carries,
-and when a live holder of an NPU gives way.
+NPU each saved IRQ mask belongs to, and when a live holder of an NPU gives way.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from ..config import CHOICES, Config
 from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
-from ..model import Binding, IrqbalanceBans, Plan, Step
+from ..model import Binding, Plan, Step
 from ..planner.alignment import resolve_policy as planner_resolve_policy
 
 __all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners", "evictable",
-           "claim_npus", "recycled_is_a_conflict", "carried_bans", "split_bans"]
+           "claim_npus", "recycled_is_a_conflict"]
 
 
 def _int_field(body: dict, key: str, *, minimum: int) -> int | None:
@@ -78,39 +77,6 @@ def irq_owners(b: Binding) -> dict[int, int]:
                 for w in entry.get("writes", ()) or ():
                     out[int(w["irq"])] = int(entry["npu"])
     return out
-
-
-def carried_bans(new: IrqbalanceBans | None, older: Iterable[IrqbalanceBans | None]) -> IrqbalanceBans | None:
-    """The bans a binding holds after taking over from ``older`` holders: its own plus
-    theirs on the same irqbalance. A new bind finds the IRQs banned already (by the
-    holder it replaces) and adds none, so without this nobody would lift them.
-    Bans on another irqbalance process went with that process's memory."""
-    out = new
-    for bans in older:
-        if bans is None:
-            continue
-        if out is None:
-            out = bans
-        elif out.same_irqbalance(bans):
-            out = IrqbalanceBans(out.pid, out.start_time, out.irqs | bans.irqs)
-    return out
-
-
-def split_bans(bans: IrqbalanceBans, others: Mapping[int, Collection[int]]
-               ) -> tuple[IrqbalanceBans | None, dict[int, IrqbalanceBans]]:
-    """A departing binding's bans -> (those to lift now, pid -> those passed on).
-    ``others``: each other live worker's IRQs. An IRQ another worker still pins stays
-    banned and becomes that worker's to lift; the first such worker takes it."""
-    left: IrqbalanceBans | None = bans
-    passed: dict[int, IrqbalanceBans] = {}
-    for pid, irqs in sorted(others.items()):
-        if left is None:
-            break
-        taken = left.only(irqs)
-        if taken is not None:
-            passed[pid] = taken
-            left = left.only(left.irqs - taken.irqs)
-    return left, passed
 
 
 def evictable(newcomer: int, holder: int, shared: Iterable[int], listed: Collection[tuple[int, int]]) -> bool:
