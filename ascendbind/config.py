@@ -45,7 +45,7 @@ OTHER_VARIABLES: dict[str, str] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "device_type": ("auto", "A2", "A3", "310P", "950", "unknown"),
     "small_pool": ("fail", "share"),
-    "irqbalance": ("warn", "stop"),
+    "irqbalance": ("ban", "warn", "stop"),
     "topology_policy": ("none", "best-effort", "restricted", "single-numa-node"),
     "numa_extension": ("next", "closest", "none"),
     "cpu_bind_policy": ("default", "full-pcpus"),
@@ -75,7 +75,7 @@ class Config:
     memory_rerun_seconds: float = 600.0
     device_type: str = "auto"
     small_pool: str = "fail"
-    irqbalance: str = "warn"
+    irqbalance: str = "ban"
     irq_binding: bool = True
     topology_policy: str = "none"
     prefer_closest_numa: bool = False

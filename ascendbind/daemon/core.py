@@ -19,7 +19,9 @@ Ownership rules:
   affinity restored) and counted as ``evicted``. Anyone may bind their own idle
   process to an NPU; only the driver knows who really uses it, so squatting
   never blocks a real worker. A listed holder is never evicted;
-* IRQ masks are restored only when no live worker owns that NPU any more;
+* IRQ masks are restored only when no live worker owns that NPU any more; the
+  IRQs ascendbind banned in irqbalance likewise go back to it only when no live
+  worker pins them, and until then their ban passes to a worker that does;
 * a worker bound again keeps its first ``original_cpus`` and first saved IRQ
   masks, so release always returns to the state before ascendbind.
 """
@@ -45,6 +47,7 @@ from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
 from .auth import Peer, authorize
 from .held import Held
+from .bans import carried_bans, split_bans
 from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
                        recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
@@ -156,14 +159,25 @@ class Daemon:
         return None
 
     def _restorable(self, h: Held) -> Binding:
-        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns."""
-        b = h.binding
+        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns,
+        and only the irqbalance bans of IRQs no other live worker pins (those pass to it)."""
+        b = self._pass_on_bans(h.binding)
         free = {n for n in b.npus if self.live_owner_of((n,), except_pid=b.pid) is None}
         if free == set(b.npus):
             return b
         owner = irq_owners(b)
         masks = {irq: m for irq, m in b.saved_irq_masks.items() if owner.get(irq) in free}
         return dataclasses.replace(b, saved_irq_masks=frozen_map(masks))
+
+    def _pass_on_bans(self, b: Binding) -> Binding:
+        if b.irqbalance_bans is None:
+            return b
+        others = {pid: irq_owners(o.binding) for pid, o in self.held.items() if pid != b.pid and self.is_alive(o)}
+        left, passed = split_bans(b.irqbalance_bans, others)
+        for pid, bans in passed.items():
+            o = self.held[pid]
+            o.binding = dataclasses.replace(o.binding, irqbalance_bans=carried_bans(o.binding.irqbalance_bans, [bans]))
+        return dataclasses.replace(b, irqbalance_bans=left)
 
     def _last_950(self, h: Held) -> bool:
         if h.binding.plan.mode is not Mode.ASCEND950_CLUSTER:
@@ -174,7 +188,7 @@ class Daemon:
     def _undo_gone(self, h: Held, reason: str) -> None:
         """Forget a worker that no longer exists; restore IRQ masks of NPUs nobody live owns."""
         b = self._restorable(h)
-        if b.saved_irq_masks or self._last_950(h):
+        if b.saved_irq_masks or b.irqbalance_bans or self._last_950(h):
             try:
                 release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
             except AscendbindError as exc:
@@ -321,14 +335,17 @@ class Daemon:
 
     @staticmethod
     def _inherit(binding: Binding, older: list[Held]) -> Binding:
-        """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours."""
+        """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours;
+        and the older holders' irqbalance bans, which are still ours to lift."""
         masks = dict(binding.saved_irq_masks)
         original = binding.original_cpus
         for h in older:
             masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in masks})
             if h.binding.pid == binding.pid:
                 original = h.binding.original_cpus
-        return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original)
+        return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original,
+                                   irqbalance_bans=carried_bans(binding.irqbalance_bans,
+                                                                [h.binding.irqbalance_bans for h in older]))
 
     # ---------------------------------------------------------- release
 
