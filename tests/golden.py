@@ -3,7 +3,7 @@
 Each file is {"argv": [...plan flags...], "exit": N, "plan": <plan JSON>}; the
 test runs ``ascendbind plan --snapshot <host> --format json <argv>`` in-process
 and compares. ``python -m tests.golden --write`` regenerates them (review the
-diff by hand: a golden is a claim about the seed's semantics, not a recording).
+diff by hand: a golden is a claim about the placement rules, not a recording).
 """
 
 from __future__ import annotations

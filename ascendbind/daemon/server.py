@@ -1,4 +1,4 @@
-"""The socket API (SPEC §6): HTTP/1.1 + JSON on a Unix stream socket.
+"""The socket API (docs/api.md): HTTP/1.1 + JSON on a Unix stream socket.
 
 stdlib ``http.server`` does the HTTP parsing; this module adds what a root
 daemon facing local users needs:
