@@ -48,6 +48,7 @@ from .held import Held
 from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
                        recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
+from .locality import ratios_by_npu
 from .metrics import Metrics
 from .state import StateFile, binding_from_json, binding_to_json
 
@@ -92,6 +93,8 @@ class Daemon:
                 log.error("could not write the state file", path=self.state.path,
                           error=exc.strerror if isinstance(exc, OSError) else str(exc))
             self.metrics.bound_workers.set(len(self.held))
+            # a released or gone worker's locality series goes with it
+            self.metrics.memory_local(ratios_by_npu(self.held.values()))
 
     def restore(self) -> dict[str, int]:
         """Load the state file: keep live workers, drop gone ones (a bad file is never a crash loop)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,12 @@ class Held:
     irqs_left_alone: bool = False
     drift_events: int = 0
     late_threads: int = 0
+    # the locality check (daemon/locality.py); times are time.monotonic()
+    memory_local_ratio: float | None = None  # None: not measured yet, unreadable, or nothing resident
+    memory_checked_at: float | None = None
+    memory_last_run: float = field(default_factory=time.monotonic)  # the bind itself ran the memory step
+    memory_reruns: int = 0
+    memory_futile: int = 0  # reruns in a row that left the ratio below the threshold
 
     def to_json(self) -> dict[str, Any]:
         b = self.binding
@@ -43,4 +50,6 @@ class Held:
             "drift": {"events": self.drift_events, "culprit": self.culprit, "left_alone": self.left_alone,
                       "irqs_left_alone": self.irqs_left_alone},
             "late_threads_pinned": self.late_threads,
+            "memory_local_ratio": None if self.memory_local_ratio is None else round(self.memory_local_ratio, 4),
+            "memory_reruns": self.memory_reruns,
         }

@@ -22,7 +22,7 @@ from .listener import Conn, Limits, Listener
 from .wire import Request, Response, WireError, json_response
 
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
-           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS"]
+           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS"]
 
 # `_created` series double every counter for no operator value
 prometheus_client.disable_created_metrics()
@@ -35,6 +35,8 @@ CULPRITS = ("irqbalance", "env", "self", "unknown")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
+# what one numa_maps read came to (daemon/locality.py)
+MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
 HTTP_CODES = ("200", "400", "403", "404", "405", "408", "409", "411", "413", "422", "503", "505")
 LISTENERS = ("api", "metrics")
 
@@ -104,6 +106,20 @@ class Metrics:
         self.internal_errors = Counter(
             "ascendbind_http_internal_errors", "API requests that failed on an unexpected exception", registry=r
         )
+        self.memory_local_ratio = Gauge(
+            "ascendbind_memory_local_ratio",
+            "Share (0-1, of bytes) of the bound worker's resident memory on its pool's NUMA nodes, by NPU",
+            ["npu"], registry=r,
+        )
+        self._memory_npus: set[int] = set()
+        self._memory_lock = threading.Lock()
+        self.memory_checks = Counter(
+            "ascendbind_memory_checks", "Reads of a bound worker's numa_maps, by result", ["result"], registry=r
+        )
+        self.memory_reruns = Counter(
+            "ascendbind_memory_reruns", "Memory steps run again because locality fell below the threshold",
+            ["outcome"], registry=r,
+        )
         self.build_info = Info("ascendbind_build", "Version of the running daemon", registry=r)
         self.build_info.info({"version": __version__, "python": platform.python_version()})
 
@@ -122,6 +138,10 @@ class Metrics:
             self.dropped.labels(d)
         for name in LISTENERS:
             self.refused.labels(name)
+        for c in MEMORY_CHECK_RESULTS:
+            self.memory_checks.labels(c)
+        for o in STEP_OUTCOMES:
+            self.memory_reruns.labels(o)
 
     # ------------------------------------------------------------ recorders
 
@@ -146,6 +166,23 @@ class Metrics:
     def dropped_worker(self, reason: str) -> None:
         if reason in DROP_REASONS:
             self.dropped.labels(reason).inc()
+
+    def memory_local(self, ratios) -> None:
+        """Export exactly ``ratios`` (NPU -> 0..1): an NPU no longer listed loses its series."""
+        with self._memory_lock:
+            for npu in self._memory_npus - set(ratios):
+                self.memory_local_ratio.remove(str(npu))
+            for npu, ratio in ratios.items():
+                self.memory_local_ratio.labels(str(int(npu))).set(min(1.0, max(0.0, float(ratio))))
+            self._memory_npus = {int(n) for n in ratios}
+
+    def memory_check(self, result: str) -> None:
+        if result in MEMORY_CHECK_RESULTS:
+            self.memory_checks.labels(result).inc()
+
+    def memory_rerun(self, outcome: str) -> None:
+        if outcome in STEP_OUTCOMES:
+            self.memory_reruns.labels(outcome).inc()
 
     def http_request(self, path: str, code: int) -> None:
         p = path if path in HTTP_PATHS else "other"

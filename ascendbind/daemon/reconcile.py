@@ -17,6 +17,9 @@ sleeps; ``stop()`` wakes it at once), for each held worker:
    back: it is reported ``culprit="self"`` and left alone (vllm-ascend binds its
    own workers unless ``enable_cpu_binding`` is false, see docs/daemon.md);
 4. IRQ masks we wrote are checked the same way.
+5. every ``memory_check_seconds``, the share of its memory on its pool's NUMA
+   nodes is measured, and the memory step run again when it is too low
+   (daemon/locality.py; in the background, rate-limited).
 
 Cost per pass: one listdir + one comm read + one sched_getaffinity per thread,
 proportional to the number of threads; nothing else is polled.
@@ -36,6 +39,7 @@ from ..applier.irq import irqbalance_pids, read_irq_mask, set_irq_affinity
 from ..cpulist import parse_mask
 from ..errors import ProcessGone
 from ..model import Step
+from .locality import MemoryLocality
 
 __all__ = ["Reconciler", "REASSERT_LIMIT", "AFFINITY_ENV", "env_culprit"]
 
@@ -82,6 +86,7 @@ class Reconciler:
         self.last_pass = time.monotonic()
         # per worker: tid -> comm as last seen (a rename can change the role)
         self._comms: dict[int, dict[int, str]] = {}
+        self.locality = MemoryLocality(daemon)
 
     @property
     def interval(self) -> float:
@@ -141,8 +146,14 @@ class Reconciler:
             self._comms.pop(gone, None)
         if dirty:
             d.save()
+        self._memory_locality()
         d.metrics.reconcile_runs.inc()
         d.metrics.reconcile_duration.observe(time.monotonic() - t0)
+
+    def _memory_locality(self) -> None:
+        """Due locality checks (and at most one memory-step rerun) start in the
+        background: numa_maps walks and migratepages take seconds, this pass must not."""
+        self.locality.tick()
 
     def _threads(self, h) -> bool:
         d, b = self.daemon, h.binding
