@@ -350,6 +350,16 @@ def test_api_md_lists_every_endpoint_with_its_method():
         assert f"### {method} {path}\n" in text, f"api.md has no section for {method} {path}"
 
 
+def test_api_md_worker_keys_are_those_the_daemon_lists():
+    from ascendbind.daemon.held import Held
+    from ascendbind.model import Binding, Plan
+
+    plan = Plan.from_json(PLANS[0])
+    held = Held(Binding(pid=4242, start_time=1, npus=tuple(p.npu for p in plan.npus), plan=plan,
+                        original_cpus=frozenset(plan.allowed_cpus), saved_irq_masks={}, steps=()), bound_at=0.0)
+    assert keys_of("api.md", "### GET /v1/workers") == set(held.to_json())
+
+
 def test_api_md_gives_each_daemon_error_kind_its_status():
     documented = _api_errors()
     client_side = {errors.DaemonUnreachable, errors.StepFailed}  # raised by the CLI, never answered
@@ -376,6 +386,7 @@ def test_api_md_lists_every_code_the_wire_answers_with_its_status():
 _NOT_ANSWERED = {
     "state_dir_untrusted": "serve refuses to start (exit 2) before the socket opens",
     "bad_policy": "the API checks the policy first and answers bad_request",
+    "too_large": "a numa_maps over its read limit: a locality check result, never an answer",
 }
 
 
