@@ -5,7 +5,7 @@ Invariants:
   ``tuple[int, ...]``.
 * NPU ids in a ``Plan`` are *logical* ids (``Chip Logic ID`` of ``npu-smi info -m``;
   on Ascend 950, the ``NPU ID``). Card and chip ids appear only in ``NpuChip``.
-* Nothing here does I/O. ``Plan.to_json()`` is exactly SPEC §4.
+* Nothing here does I/O. ``Plan.to_json()`` is the plan JSON of docs/plan-json.md.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class Plan:
     uvb_tids: tuple[int, ...] = ()
     errors: tuple[PlanIssue, ...] = ()
     warnings: tuple[PlanIssue, ...] = ()
-    # extra, meaning-preserving keys (SPEC §4 "more keys may be added"), e.g. "alignment"
+    # extra keys that add to the plan without changing the meaning of the others, e.g. "alignment"
     extra: Mapping[str, Any] = field(default_factory=frozen_map)
 
     def npu(self, logic_id: int) -> NpuPlan | None:

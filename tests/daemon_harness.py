@@ -5,7 +5,7 @@
         d.client.workers(); d.metrics_text(); d.log()
     # leaving the block always kills the daemon (SIGKILL after a grace period)
 
-The daemon runs with the issue's environment: ASCENDBIND_SOCKET,
+The daemon runs with this environment: ASCENDBIND_SOCKET,
 ASCENDBIND_STATE_DIR, ASCENDBIND_METRICS_LISTEN on a free 127.0.0.1 port,
 ASCENDBIND_RECONCILE_SECONDS=1, ASCENDBIND_SMALL_POOL=share, and PATH with
 fixtures/bin first (the fake one-NPU npu-smi). ASCENDBIND_CONFIG="" keeps a host

@@ -219,7 +219,7 @@ def start_worker(plain: int = 2, acl: int = 1, release: int = 1, names: tuple[st
 
 
 def small_pool_plan(cpus: list[int] | tuple[int, ...], npu: int = 0):
-    """The NpuPlan SPEC §2 gives a pool under ``small_pool = "share"`` (2+ CPUs:
+    """The NpuPlan the role split gives a pool under ``small_pool = "share"`` (2+ CPUs:
     irq = [pool[0]], main = pool[:-1], acl = release = [pool[-1]]; 1 CPU: all)."""
     from ascendbind.model import NpuPlan
 

@@ -15,7 +15,7 @@ treated as our worker. Whoever calls, pid 1, a kernel thread or the binding
 process itself is refused first (NotPermitted ``not_a_worker``).
 
 A worker driving several NPUs gets, per role, the union of those NPUs' role
-CPUs (the seed binds one NPU per worker; this keeps multi-NPU workers on their
+CPUs (the role split is defined per NPU; the union keeps multi-NPU workers on their
 NPUs' pools instead of picking one).
 """
 

@@ -1,6 +1,6 @@
 """The IRQ step: put each target NPU's SQ/CQ interrupts on the CPUs its plan reserved.
 
-SPEC §2 / the seed: the NPU's PCI address comes from ``npu-smi info -t board``
+The NPU's PCI address comes from ``npu-smi info -t board``
 (discovery put it in ``HostFacts.pci_addresses``), its MSI vectors from
 ``<sys>/bus/pci/devices/<addr>/msi_irqs/``; among those, the first
 ``sq_send_trigger_irq`` in ``/proc/interrupts`` order goes to ``irq[0]`` and the
@@ -75,7 +75,7 @@ class IrqWrite:
 class NpuIrqs:
     sq: int
     cq: int
-    cq_guessed: bool  # no cq_update_irq printed: the seed's "SQ + 1"
+    cq_guessed: bool  # no cq_update_irq printed: the CQ is taken to be the IRQ after the SQ
 
 
 class _Skip(Exception):
@@ -157,7 +157,7 @@ def _read_interrupts(proc_root: str) -> tuple[tuple[int, str], ...]:
 
 
 def find_npu_irqs(npu: int, host: HostFacts, rows: tuple[tuple[int, str], ...], *, sys_root: str) -> NpuIrqs:
-    """SQ/CQ IRQs of one NPU, or _Skip with the reason the seed would have skipped."""
+    """SQ/CQ IRQs of one NPU, or _Skip with the reason the IRQ step cannot run for it."""
     pci = host.pci_addresses.get(npu)
     if not pci:
         why = host.pci_unknown.get(npu) or "npu-smi info -t board gave no PCIe Bus Info"

@@ -1,4 +1,4 @@
-"""The memory step: move a bound worker's pages to its pool's NUMA node (seed: ``migratepages``).
+"""The memory step: move a bound worker's pages to its pool's NUMA node (``migratepages``).
 
 ``migratepages <pid> <all nodes> <node of pool[0]>`` (numactl package) moves the
 pages the worker already touched; pages it allocates later follow the first-touch

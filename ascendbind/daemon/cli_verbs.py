@@ -1,5 +1,5 @@
 """The daemon's CLI verbs: ``serve``, and the socket clients ``bind``, ``release``,
-``status``, ``run`` (SPEC §3). ``register(subparsers)`` adds them to the
+``status``, ``run``. ``register(subparsers)`` adds them to the
 ``ascendbind`` parser (cli.py); each handler returns the exit status or raises an
 AscendbindError, which cli.main prints on one line with its exit status.
 

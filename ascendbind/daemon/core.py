@@ -59,7 +59,7 @@ __all__ = ["Daemon", "Held"]
 
 log = structlog.get_logger("ascendbind.daemon")
 
-# plan errors that mean "refused by the topology policy" (SPEC §7: failed + an alignment failure)
+# plan errors that mean "refused by the topology policy": counted failed, plus an alignment failure
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 
 
@@ -100,7 +100,7 @@ class Daemon:
             self.metrics.memory_local(ratios_by_npu(self.held.values()))
 
     def restore(self) -> dict[str, int]:
-        """Load the state file: keep live workers, drop gone ones (SPEC: never a crash loop)."""
+        """Load the state file: keep live workers, drop gone ones (a bad file is never a crash loop)."""
         tidied: dict[str, Any] = {}
         try:
             tidied = self.state.clean()
@@ -208,7 +208,7 @@ class Daemon:
     # ---------------------------------------------------------- bind
 
     def bind_request(self, peer: Peer, body: Any) -> dict[str, Any]:
-        """POST /v1/bind: validate, authorize, bind; counts every outcome (SPEC §7)."""
+        """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total."""
         t0 = time.monotonic()
         try:
             pid, npus, policy = parse_bind_request(body)

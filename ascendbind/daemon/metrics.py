@@ -1,4 +1,4 @@
-"""Prometheus metrics of the daemon (SPEC §7), on an explicit registry.
+"""Prometheus metrics of the daemon, on an explicit registry.
 
 Every label value comes from a fixed set defined here (or by the planner's
 alignment reasons), never from a pid or free text, so the series count is
@@ -24,7 +24,7 @@ from .wire import Request, Response, WireError, json_response
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
            "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS"]
 
-# `_created` series double every counter for no operator value (issue 4)
+# `_created` series double every counter for no operator value
 prometheus_client.disable_created_metrics()
 
 OUTCOMES = ("aligned", "unaligned", "failed", "rejected")
@@ -50,7 +50,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.bind_requests = Counter(
-            "ascendbind_bind_requests", "Bind requests by outcome (SPEC §7)", ["outcome"], registry=r
+            "ascendbind_bind_requests", "Bind requests by outcome", ["outcome"], registry=r
         )
         self.alignment_reasons = ALIGNMENT_REASONS
         self.alignment_failures = Counter(

@@ -1,4 +1,4 @@
-"""The reconcile loop: keep bound workers bound (issue 4, item 5).
+"""The reconcile loop: keep bound workers bound.
 
 Every ``reconcile_seconds`` (a ``threading.Event.wait``, so an idle daemon
 sleeps; ``stop()`` wakes it at once), for each held worker:

@@ -2,7 +2,7 @@
 
 Everything here is pure: validation of request bodies (400 on anything off),
 the policy precedence rule (Koordinator: request > node config > default, a
-mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, which
+mismatch is 409), how a plan's alignment becomes a bind-request outcome, which
 NPU each saved IRQ mask belongs to, and when a live holder of an NPU gives way.
 """
 
@@ -114,7 +114,7 @@ def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, s
 
 
 def alignment_of(plan: Plan) -> tuple[bool, str | None]:
-    """(aligned, failure reason code) from the planner's ``alignment`` block (issue 5).
+    """(aligned, failure reason code) from the planner's ``alignment`` block.
 
     The planner puts that block on every plan; a plan without one (a state file
     written before it existed) was never evaluated, so it does not count as aligned.
@@ -190,8 +190,9 @@ def recycled_is_a_conflict() -> Iterator[None]:
 
 
 def outcome_of_error(exc: BaseException) -> str:
-    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'.
-    A pid that vanished or was recycled under the request counts as a bad request."""
+    """The bind-request outcome of an error: a bad or unauthorised request is
+    'rejected'; everything else 'failed'. A pid that vanished or was recycled
+    under the request counts as a bad request."""
     if isinstance(exc, (UsageError, NotPermitted, ProcessGone)):
         return "rejected"
     if isinstance(exc, Conflict) and exc.code in ("policy_mismatch", "pid_recycled"):

@@ -33,7 +33,7 @@ UVB_COMM_PREFIX = "uvb_poll_window"
 
 
 def _allowed_cpus(source: HostSource, key: str, status_cpus, warnings: list[str]):
-    """(cpus, "cgroup"|"status", cpuset path). SPEC §1: the cgroup cpuset when
+    """(cpus, "cgroup"|"status", cpuset path): the cgroup cpuset when
     readable, else Cpus_allowed_list: never a mask ascendbind itself set."""
     cg_text = source.read(f"/proc/{key}/cgroup")
     where = cpuset_cgroup(parse_cgroup(cg_text, f"/proc/{key}/cgroup")) if cg_text is not None else None
