@@ -11,14 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 from ascendbind.applier.affinity import cpus_for_role, role_of
 from ascendbind.model import Mode, NpuPlan
-from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for
+from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
@@ -27,23 +26,14 @@ needs_two_cpus = pytest.mark.skipif(N_CPUS < 2, reason="roles only separate with
 
 @pytest.fixture(scope="module")
 def daemon():
-    # a world-traversable directory, so the unprivileged-peer test can reach the socket
-    directory = tempfile.mkdtemp(prefix="ascendbind-api-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    try:
-        with running_daemon(directory) as d:
-            d.wait_discovered()
-            yield d
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with public_daemon("ascendbind-api-") as d:  # the unprivileged-peer test reaches its socket
+        yield d
 
 
 @pytest.fixture(autouse=True)
 def _daemon_survives(daemon):
     yield
-    assert daemon.alive(), daemon.log()
-    # leave no binding behind for the next test (workers are reaped by now)
-    daemon.client.release(all=True)
+    survives_and_releases(daemon)
 
 
 def npu_plan(plan_json: dict, npu: int = 0) -> NpuPlan:

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -26,7 +25,7 @@ import pytest
 from ascendbind.client import Client
 from ascendbind.daemon.requests import MAX_JSON_DEPTH
 from ascendbind.daemon.server import API_LIMITS
-from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for
+from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
 from tests.http_fuzz import exchange
 from tests.workers import start_worker
 
@@ -36,23 +35,15 @@ needs_setpriv = pytest.mark.skipif(shutil.which("setpriv") is None, reason="setp
 
 @pytest.fixture(scope="module")
 def daemon():
-    # world-traversable directory and socket: the hostile-uid tests connect as 65534
-    directory = tempfile.mkdtemp(prefix="ascendbind-http-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    try:
-        with running_daemon(directory) as d:
-            d.wait_discovered()
-            os.chmod(d.sock, 0o666)
-            yield d
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with public_daemon("ascendbind-http-") as d:
+        os.chmod(d.sock, 0o666)  # the hostile-uid tests connect as 65534
+        yield d
 
 
 @pytest.fixture(autouse=True)
 def _daemon_survives(daemon):
     yield
-    assert daemon.alive(), daemon.log()
-    Client(daemon.sock, timeout=30).release(all=True)
+    survives_and_releases(daemon)
 
 
 def parse(raw: bytes) -> tuple[int, dict[str, str], object]:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from ascendbind.cpulist import parse_cpulist
 
-__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan"]
+__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap"]
 
 _CHILD = r"""
 import ctypes, os, sys, threading, time
@@ -121,6 +121,16 @@ def cpus_allowed_of(pid: int, tid: int) -> frozenset[int] | None:
     return None
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """Kill a pipe-driven child if it still runs, wait for it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    for fh in (proc.stdin, proc.stdout):
+        if fh:
+            fh.close()
+
+
 class Worker:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
@@ -181,12 +191,7 @@ class Worker:
         return out
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        for fh in (self.proc.stdin, self.proc.stdout):
-            if fh:
-                fh.close()
+        reap(self.proc)
 
 
 @contextlib.contextmanager
