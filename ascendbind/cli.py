@@ -7,7 +7,6 @@ AscendbindError becomes one line on stderr and its documented exit status.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -69,10 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p)
     p.set_defaults(func=cmd_apply)
 
-    if importlib.util.find_spec("ascendbind.daemon.cli_verbs") is not None:
-        from .daemon import cli_verbs
+    from .daemon import cli_verbs
 
-        cli_verbs.register(sub)
+    cli_verbs.register(sub)
     from .completion import register as register_completion
 
     register_completion(sub)
@@ -128,12 +126,10 @@ def cmd_plan(args) -> int:
         source = OneTimeoutPerTool(LiveHost.from_config(config))
     host, worker, plan = _plan_for(source, config, pid, args.npu)
     if args.explain:
-        explain = _optional("ascendbind.planner.explain", "explain_plan")
-        if explain is None:
-            print("(no alignment explanation available in this build)")
-        else:
-            print(explain(host, worker, plan, config))
-            print()
+        from .planner import explain_plan
+
+        print(explain_plan(host, worker, plan, config))
+        print()
     _print_plan(plan, args.format)
     if plan.errors:
         for e in plan.errors:
@@ -179,13 +175,6 @@ def cmd_apply(args) -> int:
         failed = [s for s in binding.steps if s.outcome.value == "failed"]
         raise StepFailed(f"bound pid {args.pid}, but step {failed[0].step.value} failed: {failed[0].detail}")
     return 0
-
-
-def _optional(module: str, name: str):
-    if importlib.util.find_spec(module) is None:
-        return None
-    mod = importlib.import_module(module)
-    return getattr(mod, name, None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@
     Client().worker(1234, explain=True)  # one bound worker, with its plan explanation
 
 API errors are raised as ascendbind.errors exceptions (also stdlib only), whose
-``exit_status`` is the SPEC §3 status: 400 -> 2, 403 -> 7, 404 -> 6, 409 -> 9,
+``exit_status`` is the CLI's exit status (docs/cli.md): 400 -> 2, 403 -> 7, 404 -> 6, 409 -> 9,
 413 -> 2, 422 -> 3, 503 -> 5, socket absent / nobody answering -> 4. The
 exception carries ``status`` (HTTP) and ``payload`` (the JSON body).
 

@@ -45,7 +45,7 @@ OTHER_VARIABLES: dict[str, str] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "device_type": ("auto", "A2", "A3", "310P", "950", "unknown"),
     "small_pool": ("fail", "share"),
-    "irqbalance": ("warn", "stop"),
+    "irqbalance": ("ban", "warn", "stop"),
     "topology_policy": ("none", "best-effort", "restricted", "single-numa-node"),
     "numa_extension": ("next", "closest", "none"),
     "cpu_bind_policy": ("default", "full-pcpus"),
@@ -70,9 +70,12 @@ class Config:
     state_dir: str = "/var/lib/ascendbind"
     metrics_listen: str = "127.0.0.1:9464"
     reconcile_seconds: float = 5.0
+    memory_check_seconds: float = 60.0
+    memory_local_threshold: float = 0.8
+    memory_rerun_seconds: float = 600.0
     device_type: str = "auto"
     small_pool: str = "fail"
-    irqbalance: str = "warn"
+    irqbalance: str = "ban"
     irq_binding: bool = True
     topology_policy: str = "none"
     prefer_closest_numa: bool = False
@@ -169,6 +172,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     choices = CHOICES.get(key)
     if choices and out not in choices:
         raise ConfigError(f"{where}: key {key!r} must be one of {', '.join(choices)}; got {out!r}")
+    if key == "memory_local_threshold" and out > 1:
+        raise ConfigError(f"{where}: key 'memory_local_threshold' is a share, from 0 to 1; got {out:g}")
     if key == "max_numa_nodes" and out < 1:
         raise ConfigError(f"{where}: key 'max_numa_nodes' must be at least 1; got {out}")
     if key == "metrics_listen" and out and out.rpartition(":")[1] != ":":

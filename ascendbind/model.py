@@ -5,7 +5,7 @@ Invariants:
   ``tuple[int, ...]``.
 * NPU ids in a ``Plan`` are *logical* ids (``Chip Logic ID`` of ``npu-smi info -m``;
   on Ascend 950, the ``NPU ID``). Card and chip ids appear only in ``NpuChip``.
-* Nothing here does I/O. ``Plan.to_json()`` is exactly SPEC §4.
+* Nothing here does I/O. ``Plan.to_json()`` is the plan JSON of docs/plan-json.md.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "Outcome",
     "Reason",
     "StepResult",
+    "IrqbalanceBans",
     "Binding",
     "frozen_map",
 ]
@@ -247,7 +248,7 @@ class Plan:
     uvb_tids: tuple[int, ...] = ()
     errors: tuple[PlanIssue, ...] = ()
     warnings: tuple[PlanIssue, ...] = ()
-    # extra, meaning-preserving keys (SPEC §4 "more keys may be added"), e.g. "alignment"
+    # extra keys that add to the plan without changing the meaning of the others, e.g. "alignment"
     extra: Mapping[str, Any] = field(default_factory=frozen_map)
 
     def npu(self, logic_id: int) -> NpuPlan | None:
@@ -352,6 +353,7 @@ class Reason(str, enum.Enum):
     NO_SQ_IRQ = "no_sq_irq"
     NO_IRQ_CPUS = "no_irq_cpus"
     IRQBALANCE_ACTIVE = "irqbalance_active"
+    IRQBALANCE_UNREACHABLE = "irqbalance_unreachable"  # irqbalance runs; telling it to ban/unban failed
     IRQ_WRITE_FAILED = "irq_write_failed"  # a write failed (not EPERM/EIO) or read back differently
     INTERRUPTS_UNREADABLE = "interrupts_unreadable"  # /proc/interrupts missing or malformed
     # memory
@@ -387,12 +389,53 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class IrqbalanceBans:
+    """The IRQs ascendbind added to one running irqbalance's ban list.
+
+    Only those it added: an IRQ it found banned already is someone else's
+    (irqbalance's ``--banirq``, an operator) and stays banned when ascendbind
+    lets go. ``pid`` and ``start_time`` name the irqbalance that was told: the
+    list lives in that process's memory only, so a restarted irqbalance holds
+    none of these bans and is never asked to drop them.
+    """
+
+    pid: int
+    start_time: int | None
+    irqs: frozenset[int]
+
+    def only(self, irqs) -> IrqbalanceBans | None:
+        """These bans narrowed to ``irqs`` (None when nothing is left)."""
+        kept = self.irqs & frozenset(irqs)
+        return IrqbalanceBans(self.pid, self.start_time, kept) if kept else None
+
+    def same_irqbalance(self, other: IrqbalanceBans) -> bool:
+        return (self.pid, self.start_time) == (other.pid, other.start_time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start_time": self.start_time, "irqs": sorted(self.irqs)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> IrqbalanceBans | None:
+        """Inverse of to_json; None for an empty list. ValueError/TypeError/KeyError when malformed."""
+        pid, start = d["pid"], d.get("start_time")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise ValueError(f"bad irqbalance pid {pid!r}")
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
+            raise ValueError(f"bad irqbalance start time {start!r}")
+        irqs = frozenset(d["irqs"])
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in irqs):
+            raise ValueError(f"bad IRQ numbers {sorted(irqs, key=str)!r}")
+        return cls(pid, start, irqs) if irqs else None
+
+
+@dataclass(frozen=True)
 class Binding:
     """What the applier did to one worker, and what it needs to undo it.
 
     ``original_cpus`` is the worker's allowed CPUs before binding (what release
     restores); ``saved_irq_masks`` maps IRQ number -> the mask text read before
-    the first write (what release writes back).
+    the first write (what release writes back); ``irqbalance_bans`` the IRQs it
+    added to a running irqbalance's ban list (what release takes off again).
     """
 
     pid: int
@@ -402,6 +445,7 @@ class Binding:
     original_cpus: frozenset[int]
     saved_irq_masks: Mapping[int, str]
     steps: tuple[StepResult, ...]
+    irqbalance_bans: IrqbalanceBans | None = None
 
     @property
     def failed(self) -> bool:

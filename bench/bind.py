@@ -6,7 +6,7 @@ One worker process with N named threads (default 200: mostly plain, 4
 ``acl_thread*``, 4 ``release_thread*``) is bound again and again by four
 contenders, alternated within each round so drift hits them all alike:
 
-* ``reference``   what the seed implementation runs per worker, as subprocesses:
+* ``reference``   what a script-based binder runs per worker, as subprocesses:
                   ``npu-smi info -m``, ``npu-smi info``, ``npu-smi info -t topo``,
                   ``lscpu -e=CPU,NODE``, ``ps -Te``, ``taskset -acp <main> <pid>``,
                   one ``taskset -cp`` per acl/release thread, ``npu-smi info -t

@@ -49,7 +49,7 @@ from ascendbind.cpulist import format_cpulist  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from bench.neighbour import Neighbour  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port  # noqa: E402
-from tests.workers import cpus_allowed_of  # noqa: E402
+from tests.workers import cpus_allowed_of, reap  # noqa: E402
 
 ARMS = ("unbound", "daemon", "pool")
 ROLES = ("main", "acl", "release", "helpers")
@@ -169,12 +169,7 @@ class StandInProc:
                 for role, tids in self.tids.items() if tids}
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        for fh in (self.proc.stdin, self.proc.stdout):
-            if fh:
-                fh.close()
+        reap(self.proc)
 
 
 def pin_all(pid: int, cpus: frozenset[int]) -> None:

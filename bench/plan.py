@@ -4,8 +4,8 @@
 
 For hosts of 192 to 4096 CPUs and 8 to 128 NPUs, prints the median wall time
 of ``make_plan`` (over N runs) and its peak traced memory, for one target NPU
-and for every NPU at once, in each mode, with the default config (the seed
-plan plus the alignment report) and with ``topology_policy = single-numa-node``
+and for every NPU at once, in each mode, with the default config (the placement
+rules' pools plus the alignment report) and with ``topology_policy = single-numa-node``
 (``max_numa_nodes`` raised to 64 so the 16- and 32-node hosts are evaluated).
 Target: 4096 CPUs / 128 NPUs under 20 ms with the default config. The host
 facts are built in memory, so this measures the planner only.

@@ -182,8 +182,8 @@ def _bind_section(bind: dict) -> list[str]:
         f"`bench/bind.py`: one worker of {bind['params']['threads']} named threads bound again and again, "
         f"contenders alternated, {bind['params']['runs']} runs each. `bare` is the floor: the same /proc reads "
         "and sched_setaffinity calls with no ascendbind code. `daemon` is POST /v1/bind end to end (socket, "
-        "worker discovery, plan, the four steps, state file). `reference` is the seed's per-worker subprocess "
-        "path with the fixture npu-smi; `reference-floor` the same with `npu-smi` replaced by `true`.",
+        "worker discovery, plan, the four steps, state file). `reference` is a script-based binder's "
+        "per-worker subprocess path with the fixture npu-smi; `reference-floor` the same with `npu-smi` replaced by `true`.",
         "",
         "| contender | median (ms) | min | max | / bare |",
         "|---|---:|---:|---:|---:|",

@@ -5,7 +5,7 @@
         d.client.workers(); d.metrics_text(); d.log()
     # leaving the block always kills the daemon (SIGKILL after a grace period)
 
-The daemon runs with the issue's environment: ASCENDBIND_SOCKET,
+The daemon runs with this environment: ASCENDBIND_SOCKET,
 ASCENDBIND_STATE_DIR, ASCENDBIND_METRICS_LISTEN on a free 127.0.0.1 port,
 ASCENDBIND_RECONCILE_SECONDS=1, ASCENDBIND_SMALL_POOL=share, and PATH with
 fixtures/bin first (the fake one-NPU npu-smi). ASCENDBIND_CONFIG="" keeps a host
@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -150,6 +152,28 @@ def running_daemon(directory: str, **extra_env: str) -> Iterator[DaemonProc]:
         yield d
     finally:
         d.stop()
+
+
+@contextlib.contextmanager
+def public_daemon(prefix: str, env=lambda directory: {}) -> Iterator[DaemonProc]:
+    """A discovered daemon in a fresh world-traversable directory under /tmp, so a
+    test acting as uid 65534 can reach its socket; ``env(directory)`` adds to its
+    environment. The directory is removed afterwards."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(directory, 0o755)
+    try:
+        with running_daemon(directory, **env(directory)) as d:
+            d.wait_discovered()
+            yield d
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def survives_and_releases(daemon: DaemonProc) -> None:
+    """After each test of a module sharing one daemon: it is alive, and no binding
+    is left for the next test (whose order may be shuffled)."""
+    assert daemon.alive(), daemon.log()
+    daemon.client.release(all=True)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:

@@ -3,7 +3,7 @@
 Each file is {"argv": [...plan flags...], "exit": N, "plan": <plan JSON>}; the
 test runs ``ascendbind plan --snapshot <host> --format json <argv>`` in-process
 and compares. ``python -m tests.golden --write`` regenerates them (review the
-diff by hand: a golden is a claim about the seed's semantics, not a recording).
+diff by hand: a golden is a claim about the placement rules, not a recording).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ CASES: dict[str, dict[str, list[str]]] = {
         "irq-binding-off": ["--npu", "5", "--irq-binding", "false"],
     },
     "a2-container": {
-        "seed-npu0": ["--npu", "0"],
-        "seed-npu2": ["--npu", "2"],
+        "npu0": ["--npu", "0"],
+        "npu2": ["--npu", "2"],
     },
     "a3-16die": {
-        "seed-npu0": ["--npu", "0"],
-        "seed-npu5": ["--npu", "5"],
-        "seed-npu15": ["--npu", "15"],
+        "npu0": ["--npu", "0"],
+        "npu5": ["--npu", "5"],
+        "npu15": ["--npu", "15"],
         "cpuset-3-200-npu5": ["--pid", "1001", "--npu", "5"],
         "cpuset-3-200-npu5-single-numa-node": ["--pid", "1001", "--npu", "5", "--topology-policy", "single-numa-node"],
         "cpuset-4-131-npu9-single-numa-node": ["--pid", "1002", "--npu", "9", "--topology-policy", "single-numa-node"],

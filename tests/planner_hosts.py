@@ -1,6 +1,6 @@
 """HostFacts / WorkerFacts for planner tests, built directly (the planner is pure).
 
-The shapes follow the real hosts of SPEC / issue 2: an 8x910B3 A2 (192 CPUs,
+The shapes follow real hosts: an 8x910B3 A2 (192 CPUs,
 8 NUMA nodes of 24, NPU pairs on nodes 6, 4, 0, 2), a 16-die A3 (640 CPUs,
 8 nodes of 80, no affinity column), and an Ascend 950 (4 nodes, SMT-2).
 """
@@ -88,7 +88,7 @@ def worker(allowed, *, pid: int = 4242, env: dict | None = None, mems=None, uvb=
     )
 
 
-# ---------------------------------------------------------------- the issue's hosts
+# ---------------------------------------------------------------- the real hosts
 
 A2_AFFINITY = {
     0: frozenset(range(144, 168)), 2: frozenset(range(144, 168)),

@@ -6,7 +6,7 @@
 A flaky test blocks every landing, so a test file is only done when it passes
 many consecutive runs on a loaded machine. Each file gets its own run of
 ``--runs`` consecutive pytest invocations; the first failing run stops that
-file and its output is printed. Run i shuffles the file's tests with seed i
+file and its output is printed. Run i shuffles the file's tests with random seed i
 (``--in-order`` keeps them as written), so order dependence fails too. The burners are plain busy-looping processes
 (no extra tool needed) and are killed whatever happens. Exit status: 0 when
 every file passed every run, 1 otherwise.
@@ -41,7 +41,7 @@ def stop_burners(burners: list[subprocess.Popen]) -> None:
 
 def stress_file(path: str, runs: int, extra: list[str], shuffle: bool) -> tuple[int, str | None]:
     """(runs passed, output of the failing run or None). With ``shuffle`` run i
-    orders the tests with seed i, so a test that needs another before it shows up."""
+    orders the tests with random seed i, so a test that needs another before it shows up."""
     for i in range(runs):
         order = [f"--shuffle={i}"] if shuffle else []
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *order, *extra,

@@ -88,6 +88,10 @@ def test_parse_interrupts_malformed_names_source_and_line(bad, line):
 
 @pytest.fixture
 def tree(tmp_path):
+    return make_tree(tmp_path)
+
+
+def make_tree(tmp_path):
     """A /proc + /sys fixture: NPU 0 at PCI owns MSI IRQs 420-424; 500 is another device's."""
     proc, sys_ = tmp_path / "proc", tmp_path / "sys"
     (proc / "irq").mkdir(parents=True)
@@ -220,13 +224,24 @@ def test_eperm_is_unchangeable_skipped_not_retried(tree):
     assert res.outcome is Outcome.SKIPPED and res.reason is Reason.IRQ_UNCHANGEABLE
 
 
-def test_irqbalance_running_is_reported(tree):
+def test_irqbalance_running_is_reported_with_warn(tree):
     (tree[0] / "77").mkdir()
     (tree[0] / "77" / "comm").write_text("irqbalance\n")
     assert irqbalance_pids(str(tree[0])) == [77]
-    res = bind_irqs(plan(), host(), cfg(tree))
+    res = bind_irqs(plan(), host(), cfg(tree, irqbalance="warn"))
     assert res.outcome is Outcome.APPLIED and res.reason is Reason.IRQBALANCE_ACTIVE
     assert res.data["irqbalance"] == "running" and "irqbalance" in res.detail
+
+
+def test_irqbalance_that_cannot_be_told_still_gets_the_masks_written(tree):
+    # a comm file and nothing else: no stat, no socket of that pid (the default is ban)
+    (tree[0] / "77").mkdir()
+    (tree[0] / "77" / "comm").write_text("irqbalance\n")
+    res = bind_irqs(plan(), host(), cfg(tree))
+    assert res.outcome is Outcome.APPLIED and res.reason is Reason.IRQBALANCE_UNREACHABLE, res.detail
+    assert res.data["irqbalance"] == "unreachable" and "irqbalance_bans" not in res.data
+    assert "pid 77" in res.detail
+    assert mask(tree, 423) == "00000004" and mask(tree, 421) == "00000008"
 
 
 @pytest.fixture

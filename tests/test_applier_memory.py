@@ -1,4 +1,4 @@
-"""The memory step: a real migratepages call, the skip reasons, and the numa_maps share."""
+"""The memory step: a real migratepages call and the skip reasons."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import shutil
 
 import pytest
 
-from ascendbind.applier.memory import migrate_memory, numa_page_share, read_numa_page_share, run_migratepages
+from ascendbind.applier.memory import migrate_memory, run_migratepages
 from ascendbind.config import Config
-from ascendbind.errors import ParseError, ProcessGone
 from ascendbind.model import (
     DeviceType,
     HostFacts,
@@ -78,32 +77,3 @@ def test_two_node_plan_targets_the_node_of_pool0():
     assert res.data["target_node"] == 1
     if not os.path.exists("/sys/devices/system/node/node1"):
         assert res.outcome is Outcome.FAILED and res.reason is Reason.MIGRATEPAGES_FAILED
-
-
-NUMA_MAPS = """\
-55d0c0a00000 default file=/usr/bin/python3.11 mapped=60 N0=60 kernelpagesize_kB=4
-7f0000000000 default anon=1000 dirty=1000 N0=600 N1=400 kernelpagesize_kB=4
-7f1000000000 bind:1 anon=4 dirty=4 N1=4 kernelpagesize_kB=2048
-7ffd00000000 default stack anon=3 dirty=3 N0=3 kernelpagesize_kB=4
-"""
-
-
-def test_numa_page_share_sums_per_node():
-    assert numa_page_share(NUMA_MAPS) == {0: 663, 1: 404}
-
-
-def test_numa_page_share_malformed_names_line():
-    with pytest.raises(ParseError) as exc:
-        numa_page_share(NUMA_MAPS + "zz default N0=1\n", source="/proc/1/numa_maps")
-    assert "/proc/1/numa_maps line 5" in str(exc.value)
-    with pytest.raises(ParseError):
-        numa_page_share("7f00 default N0=x\n")
-
-
-def test_read_numa_page_share_of_a_real_worker():
-    with start_worker(plain=0, acl=0, release=0) as w:
-        share = read_numa_page_share(w.pid)
-        assert share and sum(share.values()) > 0 and set(share) <= {0} | set(range(64))
-        pid = w.pid
-    with pytest.raises(ProcessGone):
-        read_numa_page_share(pid)

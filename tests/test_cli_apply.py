@@ -35,7 +35,7 @@ def test_apply_binds_every_role_for_real_with_shared_small_pool():
         npu = out["plan"]["npus"]["0"]
         pool = sorted(os.sched_getaffinity(0))
         assert npu["pool"] == pool
-        if pool == [0, 1]:  # the CI host: issue 3's "done when"
+        if pool == [0, 1]:  # a 2-CPU host (CI): the shared-roles split of a 2-CPU pool
             assert (npu["main"], npu["acl"], npu["release"]) == ([0], [1], [1])
         after = by_role(w)
         for comm, cpus in after.items():

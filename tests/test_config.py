@@ -46,11 +46,26 @@ def test_unknown_key_is_named(tmp_path):
         {"ASCENDBIND_IRQ_BINDING": "perhaps"},
         {"ASCENDBIND_MAX_NUMA_NODES": "0"},
         {"ASCENDBIND_RECONCILE_SECONDS": "-1"},
+        {"ASCENDBIND_MEMORY_CHECK_SECONDS": "-60"},
+        {"ASCENDBIND_MEMORY_RERUN_SECONDS": "later"},
     ],
 )
 def test_bad_env_values_are_named(env):
     with pytest.raises(ConfigError, match=next(iter(env))):
         load_config(None, env=env)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("1.5", "is a share, from 0 to 1; got 1.5"), ("-0.1", "expected a non-negative number"),
+     ("80%", "expected a number")],
+)
+def test_the_locality_threshold_is_a_share(text, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={"ASCENDBIND_MEMORY_LOCAL_THRESHOLD": text})
+    assert "ASCENDBIND_MEMORY_LOCAL_THRESHOLD: key 'memory_local_threshold'" in str(err.value) and says in str(err.value)
+    for ok in ("0", "0.95", "1"):
+        assert load_config(None, env={"ASCENDBIND_MEMORY_LOCAL_THRESHOLD": ok}).memory_local_threshold == float(ok)
 
 
 def test_missing_explicit_file_is_an_error(tmp_path):

@@ -1,4 +1,4 @@
-"""Issue 5 through the daemon: a bind that the seed plans off the NPU's node counts
+"""NUMA alignment through the daemon: a bind whose seed pool lies off the NPU's node counts
 ``unaligned``; a bind that ``restricted`` refuses counts ``failed`` plus an
 alignment-failure reason. The worker is a real process bound for real;
 the host's static facts come from a two-node snapshot of this machine's CPUs 0-1
@@ -86,7 +86,7 @@ def test_bind_outcomes_unaligned_then_failed_by_policy(tmp_path):
     with start_worker(plain=1, acl=1, release=1) as w:
         try:
             result = daemon.bind_request(root, {"pid": w.pid, "npu": 1})
-            # the seed: NPU0 and NPU1 share the extended pool 0-1, NPU1 takes CPU 1 on NUMA 1,
+            # the placement rules: NPU0 and NPU1 share the extended pool 0-1, NPU1 takes CPU 1 on NUMA 1,
             # while its device sits on NUMA 0
             assert result["plan"]["npus"]["1"]["pool"] == [1]
             assert result["outcome"] == "unaligned"

@@ -265,6 +265,17 @@ def test_auto_bind_binds_what_the_npu_smi_process_table_lists(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
+def _unix_listening(path: str) -> bool:
+    """True once a Unix socket bound to ``path`` is listening (``__SO_ACCEPTCON`` in /proc/net/unix)."""
+    with open("/proc/net/unix") as fh:
+        next(fh)
+        for line in fh:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == path and int(fields[3], 16) & 0x10000:
+                return True
+    return False
+
+
 def test_socket_activation_sd_notify_watchdog_and_journald_lines(tmp_path):
     sock_path = str(tmp_path / "activated.sock")
     notify_path = str(tmp_path / "notify")
@@ -284,7 +295,8 @@ def test_socket_activation_sd_notify_watchdog_and_journald_lines(tmp_path):
     argv += [sys.executable, "-m", "ascendbind.cli", "serve"]
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
     try:
-        assert wait_for(lambda: os.path.exists(sock_path), 5)
+        # the file exists from bind(); connecting is only safe once listen() has run
+        assert wait_for(lambda: _unix_listening(sock_path), 10)
         from ascendbind.client import Client
 
         client = Client(sock_path, timeout=20)

@@ -1,4 +1,4 @@
-"""Config lint at daemon start-up (issue 5, item 8): a real ``ascendbind serve``
+"""Config lint at daemon start-up: a real ``ascendbind serve``
 logs each lint sentence once as a warning after the host is discovered, whether
 the start-up warm-up or a later request discovered it, and again after SIGHUP.
 

@@ -170,7 +170,7 @@ def test_alignment_outcome_is_the_planners_report_and_survives_the_state_file():
                                     "fixtures", "hosts", "a2-8x910b3"))
     cfg = load_config(None, env={})
     host, worker = discover_host(src, cfg), discover_worker(src, None, cfg)
-    # issue 5's example: the seed pool of NPU3 lies on the neighbour node
+    # the A2 example: the seed pool of NPU3 lies on the neighbour node
     seed = make_plan(host, worker, (3,), cfg)
     assert alignment_of(seed) == (False, "pool_off_mask")
     assert alignment_of(Plan.from_json(seed.to_json())) == (False, "pool_off_mask")

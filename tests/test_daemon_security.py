@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from ascendbind.applier.identity import read_identity
-from tests.daemon_harness import FIXTURE_BIN, ROOT, metric_value, running_daemon, wait_for
+from tests.daemon_harness import FIXTURE_BIN, ROOT, metric_value, public_daemon, running_daemon, survives_and_releases, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 
 _WRAPPER = '''#!{python}
@@ -91,23 +89,15 @@ def _env_for(directory: str, listed_tokens: str, **extra: str) -> dict[str, str]
 
 @pytest.fixture(scope="module")
 def daemon():
-    # world-traversable, so uid 65534 can reach the socket
-    directory = tempfile.mkdtemp(prefix="ascendbind-sec-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    try:
-        with running_daemon(directory, **_env_for(directory, "")) as d:
-            d.wait_discovered()
-            d.listed = os.path.join(directory, "listed")
-            yield d
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with public_daemon("ascendbind-sec-", lambda directory: _env_for(directory, "")) as d:
+        d.listed = os.path.join(d.dir, "listed")
+        yield d
 
 
 @pytest.fixture(autouse=True)
 def _clean(daemon):
     yield
-    assert daemon.alive(), daemon.log()
-    daemon.client.release(all=True)
+    survives_and_releases(daemon)
     with open(daemon.listed, "w"):
         pass
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,20 @@ def test_service_keeps_what_the_daemon_needs():
     assert re.search(r"^SocketMode=0660$", sock, re.M)
     listen = re.search(r"^ListenStream=(\S+)$", sock, re.M).group(1)
     assert listen == "/run/ascendbind/ascendbind.sock"
+
+
+def test_service_fd_limit_covers_the_daemon_budget_and_the_daemon_checks_its_own():
+    from ascendbind.daemon.metrics import METRICS_LIMITS
+    from ascendbind.daemon.serve import FD_OVERHEAD
+    from ascendbind.daemon.server import API_LIMITS
+
+    budget = API_LIMITS.max_total + METRICS_LIMITS.max_total + FD_OVERHEAD
+    text = (UNITS / "ascendbind.service").read_text()
+    limit = re.search(r"^LimitNOFILE=(\d+)$", text, re.M)
+    assert limit and int(limit.group(1)) >= budget
+    # started under a smaller soft limit, the daemon raises it to its budget (the hard limit allowing)
+    code = ("import resource; from ascendbind.daemon.serve import ensure_fd_budget; "
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096)); "
+            f"print(ensure_fd_budget({budget}), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == [str(budget), str(budget)], out.stderr

@@ -1,4 +1,4 @@
-"""Parsers over real-looking text: every variant SPEC §1 lists, and every malformed case
+"""Parsers over real-looking text: every variant real hosts print, and every malformed case
 (each must be a ParseError naming the source and the line)."""
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import pytest
 from ascendbind.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_worker
 from ascendbind.discovery.snapshot import record_snapshot
+from ascendbind.discovery.worker import read_numa_residency
 from ascendbind.errors import ProcessGone, ToolMissing, UsageError
 from tests.hanging_tool import HangingNpuSmi
 from tests.test_discovery_host import HOSTS, fake_npu_smi, put
@@ -63,10 +64,13 @@ def test_record_worker_then_discover_gives_the_same_facts(tmp_path, monkeypatch)
 
     for rel in ("cmd/npu-smi_info.txt", "cmd/npu-smi_info_-m.txt", "cmd/npu-smi_info_-t_topo.txt",
                 "cmd/npu-smi_info_-t_board_-i_7.txt", "cmd/lscpu.txt", "cmd/lscpu_-e.txt", "cmd/ps_-Te.txt",
-                f"proc/{w.pid}/status", f"proc/{w.pid}/stat", f"proc/{w.pid}/cgroup", "proc/interrupts",
+                f"proc/{w.pid}/status", f"proc/{w.pid}/stat", f"proc/{w.pid}/cgroup", f"proc/{w.pid}/numa_maps",
+                "proc/interrupts",
                 "sys/devices/system/node/node0/distance", "meta.json"):
         assert rel in files and os.path.isfile(os.path.join(out, rel)), rel
     assert not any(f.endswith("environ") for f in files)
+    # the locality check replays from the snapshot: the worker's memory per node, as recorded
+    assert read_numa_residency(snap, w.pid, start_time=recorded.start_time).total_kib > 0
     assert "do-not-record" not in "".join(open(os.path.join(out, f), errors="replace").read() for f in files)
     meta = json.load(open(os.path.join(out, "meta.json")))
     assert meta["arch"] == os.uname().machine and meta["pid"] == w.pid

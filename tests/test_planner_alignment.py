@@ -1,4 +1,4 @@
-"""Alignment policies (issue 5): the issue's worked examples, reasons, guard, precedence, JSON."""
+"""Alignment policies: the worked examples of docs/alignment.md, reasons, guard, precedence, JSON."""
 
 import pytest
 
@@ -22,12 +22,12 @@ def alignment(plan):
     return plan.to_json()["alignment"]
 
 
-# ---------------------------------------------------------------- the issue's examples
+# ---------------------------------------------------------------- worked examples
 
 
 def test_a2_npu3_default_plan_is_not_aligned_and_says_why():
     plan = a2()
-    assert plan.npu(3).pool == r(120, 143)  # the seed plan is untouched
+    assert plan.npu(3).pool == r(120, 143)  # the seed pool is untouched
     al = alignment(plan)
     assert al["policy"] == "none" and al["aligned"] is False
     assert al["numa_nodes"] == [4]
@@ -67,7 +67,7 @@ def test_a3_cpuset_3_200_npu5_single_numa_node_trims_to_node_0():
     p = plan.npu(5)
     assert (p.pool, p.irq, p.main, p.acl, p.release) == (r(68, 79), (68, 69), r(70, 77), (78,), (79,))
     assert alignment(plan)["aligned"] is True and alignment(plan)["numa_nodes"] == [0]
-    # the default keeps the seed's 68-80, across nodes 0 and 1
+    # the default keeps the seed pool 68-80, across nodes 0 and 1
     seed = make_plan(a3_host(), worker(r(3, 200), mems=range(8)), [5], Config())
     assert seed.npu(5).pool == r(68, 80) and alignment(seed)["aligned"] is False
 

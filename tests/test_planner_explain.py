@@ -1,4 +1,4 @@
-"""plan --explain text, config lint, and the issue-5 examples on the fixture hosts."""
+"""plan --explain text, config lint, and the alignment examples on the fixture hosts."""
 
 import os
 

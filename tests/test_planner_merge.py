@@ -1,4 +1,4 @@
-"""The kubelet hint merge (seed 000_*), table-driven: each row is one rule of the seed."""
+"""The kubelet hint merge, table-driven: each row is one rule of the merge."""
 
 import pytest
 

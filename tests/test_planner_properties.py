@@ -1,4 +1,4 @@
-"""Hypothesis properties of the planner over generated hosts (issue 2 "Tests")."""
+"""Hypothesis properties of the planner over generated hosts ."""
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,7 +53,7 @@ def topo_cases(draw, device_type=DeviceType.A2, node_aligned=False):
 
 
 def extended_pool(h, allowed, npu, per, n_nodes):
-    """Oracle for the seed's extended pool (next-node extension), written from SPEC §2."""
+    """Oracle for the extended pool (next-node extension), written from the rule, not the code."""
     base = h.topo_affinity[npu] & allowed
     nodes = {c // per for c in base}
     if len(nodes) == 1 and n_nodes > 1:
@@ -107,7 +107,7 @@ def test_topo_affinity_pools_disjoint_unless_extended_pools_intersect_and_differ
 @SETTINGS
 @given(topo_cases(node_aligned=True))
 def test_node_aligned_affinities_without_extension_never_overlap(case):
-    # (with the seed's next-node extension, NPUs on adjacent nodes do overlap: the
+    # (with the default next-node extension, NPUs on adjacent nodes do overlap: the
     # A2 boards avoid it by putting NPUs on every other node)
     h, allowed, t1, _, cfg, _, _ = case
     plan = make_plan(h, worker(allowed), t1, cfg.replace(numa_extension="none"))

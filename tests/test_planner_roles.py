@@ -1,4 +1,4 @@
-"""The role split (SPEC §2) and target selection (SPEC §3)."""
+"""The role split and target selection."""
 
 import pytest
 

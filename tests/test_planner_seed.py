@@ -1,4 +1,4 @@
-"""The seed design's worked examples (003_*), reproduced exactly, plus each mode's basics."""
+"""The placement rules' worked examples (A3 slices, A2 shared affinity), exactly, plus each mode's basics."""
 
 import dataclasses
 
@@ -43,7 +43,7 @@ def test_seed_a3_worker5_row():
 
 
 def test_seed_a3_workers_with_the_same_cpuset_get_disjoint_slices():
-    # the seed's key property: slicing by global id, not by the visible list
+    # the key property of global_slice: slicing by global id, not by the visible list
     a = make_plan(a3_host(), worker(range(640), pid=1), [0, 1], DEFAULT)
     b = make_plan(a3_host(), worker(range(640), pid=2), [2, 3], DEFAULT)
     pools = [set(p.pool) for p in a.npus + b.npus]
@@ -86,7 +86,7 @@ def test_a2_full_host_pairs_extend_to_the_next_node_and_split():
     expect = {0: r(144, 167), 2: r(168, 191), 1: r(96, 119), 3: r(120, 143),
               4: r(0, 23), 6: r(24, 47), 5: r(48, 71), 7: r(72, 95)}
     assert {p.npu: p.pool for p in plan.npus} == expect
-    # the issue-5 observation: NPU3 sits entirely on the neighbour node
+    # the alignment example: NPU3 sits entirely on the neighbour node
     assert plan.npu(3).numa_nodes == (5,)
     assert not plan.warnings
 
@@ -124,7 +124,7 @@ def test_numa_extension_none_keeps_the_affinity_node():
 
 
 def test_numa_extension_closest_uses_distances():
-    # 4 nodes of 10; node 0 is nearest to node 2 (15), the seed's next node 1 is far (30)
+    # 4 nodes of 10; node 0 is nearest to node 2 (15), the default next node 1 is far (30)
     h = host(40, 4, device_type=DeviceType.A2, chips=[(0, 0, 0), (1, 0, 1)],
              affinity={0: frozenset(r(0, 9)), 1: frozenset(r(0, 9))})
     dist = {0: (10, 30, 15, 30), 1: (30, 10, 30, 15), 2: (15, 30, 10, 30), 3: (30, 15, 30, 10)}

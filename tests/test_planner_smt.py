@@ -1,4 +1,4 @@
-"""cpu_bind_policy = full-pcpus: whole physical cores per pool and per role (issue 5, item 7)."""
+"""cpu_bind_policy = full-pcpus: whole physical cores per pool and per role."""
 
 import dataclasses
 
@@ -80,7 +80,7 @@ def test_950_clusters_are_whole_cores():
 
 
 def test_full_pcpus_pool_too_small_for_whole_core_roles():
-    # cpuset 0-2,8-9 = cores (0,8), (1,9) and half of (2,10): 5 CPUs, enough for the seed's split,
+    # cpuset 0-2,8-9 = cores (0,8), (1,9) and half of (2,10): 5 CPUs, enough for the CPU-wise split,
     # but whole-core roles need IRQ core + main + ACL/release core without a partial core in between
     h = x86_host(n_cpus=16, n_nodes=1, device_type=DeviceType.A3, chips=[(0, 0, 0)])
     allowed = (0, 1, 2, 8, 9)
@@ -130,6 +130,6 @@ def test_no_physical_core_in_two_pools(case):
     for npu, p in pools.items():
         overlap = any(pools[o].pool and set(pools[o].pool) & set(p.pool) for o in pools if o != npu)
         if overlap:
-            continue  # the seed's rule overlapped the pools themselves (warned about); not a core question
+            continue  # topo_affinity overlapped the pools themselves (warned about); not a core question
         for c in p.pool:
             assert owner.setdefault(core[c], npu) == npu, (core[c], owner[core[c]], npu)

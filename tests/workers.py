@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from ascendbind.cpulist import parse_cpulist
 
-__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan"]
+__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap"]
 
 _CHILD = r"""
 import ctypes, os, sys, threading, time
@@ -128,6 +128,16 @@ def cpus_allowed_of(pid: int, tid: int) -> frozenset[int] | None:
     return None
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """Kill a pipe-driven child if it still runs, wait for it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    for fh in (proc.stdin, proc.stdout):
+        if fh:
+            fh.close()
+
+
 class Worker:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
@@ -192,12 +202,7 @@ class Worker:
         return out
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        for fh in (self.proc.stdin, self.proc.stdout):
-            if fh:
-                fh.close()
+        reap(self.proc)
 
 
 @contextlib.contextmanager
@@ -230,7 +235,7 @@ def start_worker(plain: int = 2, acl: int = 1, release: int = 1, names: tuple[st
 
 
 def small_pool_plan(cpus: list[int] | tuple[int, ...], npu: int = 0):
-    """The NpuPlan SPEC §2 gives a pool under ``small_pool = "share"`` (2+ CPUs:
+    """The NpuPlan the role split gives a pool under ``small_pool = "share"`` (2+ CPUs:
     irq = [pool[0]], main = pool[:-1], acl = release = [pool[-1]]; 1 CPU: all)."""
     from ascendbind.model import NpuPlan
 

@@ -1,4 +1,4 @@
-"""Per-thread CPU affinity of one worker: the seed's role split, applied and read back.
+"""Per-thread CPU affinity of one worker: the role split by thread name, applied and read back.
 
 Kernel facts this module is built on (measured on the CI host):
 
@@ -14,7 +14,7 @@ Kernel facts this module is built on (measured on the CI host):
   difference is reported (``mask_narrowed`` / ``mask_refused``) with the CPUs
   the kernel kept.
 
-Roles (SPEC §2): every thread -> ``main``; comm ``acl_thread*`` -> ``acl``;
+Roles: every thread -> ``main``; comm ``acl_thread*`` -> ``acl``;
 ``release_thread*`` -> ``release``. On Ascend 950 (``ascend950_cluster``) every
 thread goes to the whole cluster (``pool``).
 
@@ -51,7 +51,7 @@ _MAX_REPORTED = 20
 
 
 def role_of(comm: str) -> str:
-    """The seed's thread roles: ``acl_thread*`` -> acl, ``release_thread*`` -> release, else main."""
+    """Thread roles by name: ``acl_thread*`` -> acl, ``release_thread*`` -> release, else main."""
     if comm.startswith("acl_thread"):
         return "acl"
     if comm.startswith("release_thread"):

@@ -15,7 +15,7 @@ treated as our worker. Whoever calls, pid 1, a kernel thread or the binding
 process itself is refused first (NotPermitted ``not_a_worker``).
 
 A worker driving several NPUs gets, per role, the union of those NPUs' role
-CPUs (the seed binds one NPU per worker; this keeps multi-NPU workers on their
+CPUs (the role split is defined per NPU; the union keeps multi-NPU workers on their
 NPUs' pools instead of picking one).
 """
 
@@ -28,6 +28,7 @@ from ..errors import PlanImpossible, ProcessGone
 from ..model import (
     Binding,
     HostFacts,
+    IrqbalanceBans,
     NpuPlan,
     Outcome,
     Plan,
@@ -39,7 +40,7 @@ from ..model import (
 )
 from .affinity import bind_threads, set_all_threads
 from .identity import check_may_bind, recycled, require_worker, verify_identity
-from .irq import bind_irqs, restore_irq_masks
+from .irq import bind_irqs, hand_back_bans, restore_irq_masks
 from .memory import migrate_memory
 from .uvb import bind_uvb_threads, restore_uvb_threads
 
@@ -110,6 +111,7 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config)
     steps.append(_guard(Step.UVB, lambda: bind_uvb_threads(plan)))
 
     saved = {int(k): v for k, v in irq.data.get("previous", {}).items()}
+    bans = irq.data.get("irqbalance_bans")
     return Binding(
         pid=pid,
         start_time=worker.start_time if worker.start_time is not None else start,
@@ -118,13 +120,15 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config)
         original_cpus=frozenset(worker.allowed_cpus),
         saved_irq_masks=frozen_map(saved),
         steps=tuple(steps),
+        irqbalance_bans=IrqbalanceBans.from_json(bans) if bans else None,
     )
 
 
 def release_binding(
     binding: Binding, config: Config, *, restore_irqs: bool = True, restore_uvb: bool = False
 ) -> tuple[StepResult, ...]:
-    """Restore the worker's original affinity (all threads) and, if asked, the saved IRQ masks.
+    """Restore the worker's original affinity (all threads) and, if asked, the saved IRQ
+    masks, taking the IRQs it banned in irqbalance off that ban list again.
 
     ``restore_uvb`` puts the Ascend 950 UVB poll threads back on their old masks;
     the daemon asks for it only when the last 950 worker is released, since the
@@ -144,7 +148,11 @@ def release_binding(
         steps.append(res)
 
     if restore_irqs:
-        steps.append(_guard(Step.IRQ, lambda: restore_irq_masks(binding.saved_irq_masks, proc_root=proc_root)))
+        irq = _guard(Step.IRQ, lambda: restore_irq_masks(binding.saved_irq_masks, proc_root=proc_root))
+        bans = binding.irqbalance_bans
+        if bans is not None:
+            irq = _guard(Step.IRQ, lambda: hand_back_bans(irq, bans, config))
+        steps.append(irq)
     else:
         steps.append(
             StepResult(Step.IRQ, Outcome.SKIPPED, Reason.NOT_APPLICABLE, "IRQ masks left as bound (restore_irqs=False)")

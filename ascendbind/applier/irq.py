@@ -1,6 +1,6 @@
 """The IRQ step: put each target NPU's SQ/CQ interrupts on the CPUs its plan reserved.
 
-SPEC §2 / the seed: the NPU's PCI address comes from ``npu-smi info -t board``
+The NPU's PCI address comes from ``npu-smi info -t board``
 (discovery put it in ``HostFacts.pci_addresses``), its MSI vectors from
 ``<sys>/bus/pci/devices/<addr>/msi_irqs/``; among those, the first
 ``sq_send_trigger_irq`` in ``/proc/interrupts`` order goes to ``irq[0]`` and the
@@ -16,8 +16,13 @@ Kernel behaviour this code respects:
   change, so it is skipped (``irq_unchangeable``) and never retried.
 * ``/proc/irq`` is read-only under systemd's ``ProtectKernelTunables=yes``;
   ``os.access(W_OK)`` reports the read-only mount (``irq_not_writable``).
-* A running irqbalance rewrites these masks on its next pass. It is reported
-  (``irqbalance_active``) and stopped only when config says ``irqbalance = "stop"``.
+* A running irqbalance rewrites these masks on its next pass. With
+  ``irqbalance = "ban"`` (the default) it is told, before the first write, to
+  leave the target IRQs alone, and the ban is lifted again for any IRQ whose
+  write did not go through, so exactly the pinned IRQs stay banned
+  (``data["irqbalance_bans"]``, ``Binding.irqbalance_bans``); when it cannot be
+  told the masks are still written (``irqbalance_unreachable``). ``warn`` only
+  reports it (``irqbalance_active``); ``stop`` stops it (applier/irqbalance.py).
 
 Every mask is read before the first write (kept in ``data["previous"]`` and
 ``Binding.saved_irq_masks`` so release can restore it) and read back after.
@@ -27,17 +32,15 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..command import run_command
 from ..config import Config
 from ..cpulist import format_cpulist, format_mask, parse_mask
 from ..discovery.irqs import parse_interrupts
 from ..errors import ParseError
-from ..model import HostFacts, Mode, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from ..model import HostFacts, IrqbalanceBans, Mode, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, irqbalance_pids, stop_irqbalance, unban_irqs
 
 __all__ = [
     "IrqWrite",
@@ -49,6 +52,7 @@ __all__ = [
     "stop_irqbalance",
     "bind_irqs",
     "restore_irq_masks",
+    "hand_back_bans",
 ]
 
 SQ_NAME = "sq_send_trigger_irq"
@@ -71,7 +75,7 @@ class IrqWrite:
 class NpuIrqs:
     sq: int
     cq: int
-    cq_guessed: bool  # no cq_update_irq printed: the seed's "SQ + 1"
+    cq_guessed: bool  # no cq_update_irq printed: the CQ is taken to be the IRQ after the SQ
 
 
 class _Skip(Exception):
@@ -153,7 +157,7 @@ def _read_interrupts(proc_root: str) -> tuple[tuple[int, str], ...]:
 
 
 def find_npu_irqs(npu: int, host: HostFacts, rows: tuple[tuple[int, str], ...], *, sys_root: str) -> NpuIrqs:
-    """SQ/CQ IRQs of one NPU, or _Skip with the reason the seed would have skipped."""
+    """SQ/CQ IRQs of one NPU, or _Skip with the reason the IRQ step cannot run for it."""
     pci = host.pci_addresses.get(npu)
     if not pci:
         why = host.pci_unknown.get(npu) or "npu-smi info -t board gave no PCIe Bus Info"
@@ -175,48 +179,6 @@ def find_npu_irqs(npu: int, host: HostFacts, rows: tuple[tuple[int, str], ...], 
     if cq is None:
         return NpuIrqs(sq, sq + 1, True)
     return NpuIrqs(sq, cq, False)
-
-
-def irqbalance_pids(proc_root: str = "/proc") -> list[int]:
-    """Pids whose comm is ``irqbalance`` (a scan of <proc>/*/comm)."""
-    found = []
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"{proc_root}/{name}/comm", os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            if os.read(fd, 64).strip() == b"irqbalance":
-                found.append(int(name))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return sorted(found)
-
-
-def stop_irqbalance(timeout: float = 10.0) -> tuple[bool, str]:
-    """``systemctl stop irqbalance`` (argv, no shell). Returns (stopped, sentence)."""
-    exe = shutil.which("systemctl")
-    if exe is None:
-        return False, "systemctl not found, irqbalance left running"
-    env = {"LC_ALL": "C", "LANG": "C", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    try:
-        proc = run_command([exe, "stop", "irqbalance"], timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return False, f"systemctl stop irqbalance timed out after {timeout:g}s"
-    except OSError as exc:
-        return False, f"systemctl could not start: {exc.strerror}"
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()
-        return False, f"systemctl stop irqbalance exited {proc.returncode}: {tail[-1] if tail else 'no output'}"
-    return True, "irqbalance stopped (systemctl stop irqbalance)"
 
 
 def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
@@ -253,22 +215,10 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
         targets.append((npu_plan.npu, found.cq, frozenset({cq_cpu}), entry))
 
     data: dict = {"npus": per_npu}
-    irqbalance_note = None
-    irqbalance_live = False
+    irqbalance_reason, irqbalance_note, ban = None, None, None
     if targets:
-        pids = irqbalance_pids(proc_root)
-        if pids:
-            data["irqbalance"] = "running"
-            irqbalance_live = True
-            irqbalance_note = f"irqbalance (pid {pids[0]}) is running and will move these IRQs again"
-            if config.irqbalance == "stop":
-                stopped, sentence = stop_irqbalance(config.command_timeout_seconds)
-                irqbalance_note = sentence
-                if stopped:
-                    data["irqbalance"] = "stopped"
-                    irqbalance_live = False
-        else:
-            data["irqbalance"] = "not running"
+        irqbalance_reason, irqbalance_note, ban = _tell_irqbalance(
+            {irq for _npu, irq, _cpus, _entry in targets}, config, data)
 
     writes: list[IrqWrite] = []
     previous: dict[int, str] = {}
@@ -284,11 +234,43 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
             # partly effective: keep the old text so release still restores it
             previous[irq] = w.previous
     data["previous"] = previous
-    return _summarise(writes, per_npu, data, irqbalance_live, irqbalance_note)
+    if ban is not None and ban.bans is not None:
+        bans = ban.bans
+        not_pinned = {w.irq for w in writes if w.status != "ok"}
+        if bans.irqs & not_pinned:
+            # banned before the write so that no pass of irqbalance falls in between;
+            # what did not get pinned is irqbalance's to balance again
+            try:
+                bans = unban_irqs(bans, not_pinned, proc_root=proc_root, timeout=config.command_timeout_seconds)
+            except Unreachable as exc:
+                irqbalance_note += f"; IRQs not pinned stay banned until release: {exc}"
+        if bans is not None:
+            data["irqbalance_bans"] = bans.to_json()
+    return _summarise(writes, per_npu, data, irqbalance_reason, irqbalance_note)
+
+
+def _tell_irqbalance(irqs: set[int], config: Config, data: dict) -> tuple[Reason | None, str | None, BanResult | None]:
+    """Deal with a running irqbalance as config says; (reason, sentence, ban) and
+    ``data["irqbalance"]``: not running | running | stopped | banned | unreachable."""
+    pids = irqbalance_pids(config.proc_root)
+    if not pids:
+        data["irqbalance"] = "not running"
+        return None, None, None
+    if config.irqbalance == "stop":
+        stopped, sentence = stop_irqbalance(config.command_timeout_seconds)
+        data["irqbalance"] = "stopped" if stopped else "running"
+        return (None if stopped else Reason.IRQBALANCE_ACTIVE), sentence, None
+    if config.irqbalance == "ban":
+        ban = ban_irqs(pids[0], irqs, proc_root=config.proc_root, timeout=config.command_timeout_seconds)
+        data["irqbalance"] = ban.status
+        return (None if ban.status == "banned" else Reason.IRQBALANCE_UNREACHABLE), ban.sentence, ban
+    data["irqbalance"] = "running"
+    return Reason.IRQBALANCE_ACTIVE, f"irqbalance (pid {pids[0]}) is running and will move these IRQs again", None
 
 
 def _summarise(
-    writes: list[IrqWrite], per_npu: list[dict], data: dict, irqbalance_live: bool, irqbalance_note: str | None
+    writes: list[IrqWrite], per_npu: list[dict], data: dict, irqbalance_reason: Reason | None,
+    irqbalance_note: str | None
 ) -> StepResult:
     ok = [w for w in writes if w.status == "ok"]
     failed = [w for w in writes if w.status == "failed"]
@@ -309,8 +291,8 @@ def _summarise(
             Outcome.FAILED, Reason.IRQ_WRITE_FAILED, f"IRQ {w.irq}: {w.error}. {detail}", data
         )
     if ok:
-        if irqbalance_live:
-            reason = Reason.IRQBALANCE_ACTIVE
+        if irqbalance_reason is not None:
+            reason = irqbalance_reason
         elif unchangeable:
             reason = Reason.IRQ_UNCHANGEABLE
         else:
@@ -344,3 +326,19 @@ def restore_irq_masks(saved: Mapping[int, str], *, proc_root: str = "/proc") -> 
         reason = Reason.IRQ_UNCHANGEABLE if all(w.status == "unchangeable" for w in failed) else Reason.IRQ_WRITE_FAILED
         return _result(Outcome.FAILED, reason, f"IRQ {failed[0].irq}: {failed[0].error}; {detail}", data)
     return _result(Outcome.APPLIED, None, f"restored {detail}", data)
+
+
+def hand_back_bans(restored: StepResult, bans: IrqbalanceBans, config: Config) -> StepResult:
+    """Release, after ``restore_irq_masks``: take our bans off irqbalance's list. The
+    step fails (``irqbalance_unreachable``) when that irqbalance runs and could not
+    be told; a mask failure keeps its own reason."""
+    status, sentence = hand_back(bans, proc_root=config.proc_root, timeout=config.command_timeout_seconds)
+    data = {**restored.data, "irqbalance_bans": {**bans.to_json(), "status": status}}
+    detail = f"{restored.detail}; {sentence}"
+    if restored.outcome is Outcome.FAILED:
+        return _result(Outcome.FAILED, restored.reason, detail, data)
+    if status == "unreachable":
+        return _result(Outcome.FAILED, Reason.IRQBALANCE_UNREACHABLE, detail, data)
+    if status == "handed back" and restored.outcome is Outcome.SKIPPED:
+        return _result(Outcome.APPLIED, None, detail, data)
+    return _result(restored.outcome, restored.reason, detail, data)

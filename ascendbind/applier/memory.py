@@ -1,4 +1,4 @@
-"""The memory step: move a bound worker's pages to its pool's NUMA node (seed: ``migratepages``).
+"""The memory step: move a bound worker's pages to its pool's NUMA node (``migratepages``).
 
 ``migratepages <pid> <all nodes> <node of pool[0]>`` (numactl package) moves the
 pages the worker already touched; pages it allocates later follow the first-touch
@@ -6,31 +6,26 @@ policy of the CPUs it now runs on. Moving pages of another user's process needs
 CAP_SYS_PTRACE; a large heap takes seconds, so the command gets a longer
 timeout than the discovery commands.
 
-``numa_page_share`` / ``read_numa_page_share`` answer "where does this worker's
-memory live" from ``/proc/<pid>/numa_maps``. They are for ``status --memory``
-only and never run on the bind path: reading numa_maps walks the page tables of
-every mapping, which takes seconds on a worker with a 100 GiB heap.
+Where a worker's memory lives is measured by discovery
+(``discovery.numa_maps``); the daemon's locality check runs this step again
+when too little of it is on the pool's nodes.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Sequence
 
 from ..command import run_command
 from ..config import Config
-from ..errors import NotPermitted, ParseError, ProcessGone
 from ..model import HostFacts, Outcome, Plan, Reason, Step, StepResult, frozen_map
 
 __all__ = [
     "MIGRATE_TIMEOUT_FLOOR",
     "run_migratepages",
     "migrate_memory",
-    "numa_page_share",
-    "read_numa_page_share",
 ]
 
 # seconds; the configured command timeout is for npu-smi/lscpu, far too short for 100 GiB
@@ -83,46 +78,3 @@ def migrate_memory(plan: Plan, pid: int, host: HostFacts, config: Config) -> Ste
 
 def _result(outcome: Outcome, reason: Reason | None, detail: str, data: dict | None = None) -> StepResult:
     return StepResult(Step.MEMORY, outcome, reason, detail, frozen_map(data))
-
-
-_NODE = re.compile(r"^N(\d+)=(\d+)$")
-
-
-def numa_page_share(text: str, source: str = "numa_maps") -> dict[int, int]:
-    """NUMA node -> pages mapped there, summed over every mapping of a numa_maps text.
-
-    Counts are pages of each mapping's own size (``kernelpagesize_kB``), as the
-    kernel prints them; huge-page mappings count one per huge page.
-    """
-    share: dict[int, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        fields = line.split()
-        if not fields:
-            continue
-        try:
-            int(fields[0], 16)
-        except ValueError:
-            raise ParseError(source, "row does not start with a hex address", line=lineno, text=line) from None
-        for field in fields[2:]:
-            m = _NODE.match(field)
-            if m:
-                node = int(m.group(1))
-                share[node] = share.get(node, 0) + int(m.group(2))
-            elif field.startswith("N") and field[1:2].isdigit():
-                raise ParseError(source, f"bad node field {field!r}", line=lineno, text=line)
-    return dict(sorted(share.items()))
-
-
-def read_numa_page_share(pid: int, *, proc_root: str = "/proc") -> dict[int, int]:
-    """On demand only (``status --memory``): the per-node page share of ``pid``."""
-    path = f"{proc_root}/{pid}/numa_maps"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise ProcessGone(f"process {pid} does not exist ({path} absent)", code="pid_gone") from None
-    except PermissionError:
-        raise NotPermitted(f"not permitted to read {path}") from None
-    except OSError as exc:
-        raise ProcessGone(f"process {pid}: {path}: {exc.strerror}", code="pid_gone") from None
-    return numa_page_share(text, source=path)

@@ -1,4 +1,4 @@
-"""Who is calling, and may they touch that pid (SPEC §6).
+"""Who is calling, and may they touch that pid.
 
 The caller's identity is the kernel's, from ``SO_PEERCRED`` on the connected
 Unix socket: pid, uid and gid as of connect(), with the pid translated into the

@@ -1,4 +1,4 @@
-"""Auto-bind (``auto_bind = true``, off by default; issue 4, item 11).
+"""Auto-bind (``auto_bind = true``, off by default).
 
 A multi-process server (``vllm serve`` with tensor parallelism) starts one
 worker per NPU without asking anybody; ``ascendbind run --npu`` suits single-NPU

@@ -1,5 +1,5 @@
 """The daemon's CLI verbs: ``serve``, and the socket clients ``bind``, ``release``,
-``status``, ``run`` (SPEC §3). ``register(subparsers)`` adds them to the
+``status``, ``run``. ``register(subparsers)`` adds them to the
 ``ascendbind`` parser (cli.py); each handler returns the exit status or raises an
 AscendbindError, which cli.main prints on one line with its exit status.
 
@@ -163,13 +163,16 @@ def cmd_status(args) -> int:
     else:
         workers = client.workers()["workers"]
     if args.memory:
-        from ..applier.memory import read_numa_page_share
+        from ..discovery import LiveHost
+        from ..discovery.worker import read_numa_residency
+        from ..errors import AscendbindError
 
         for w in workers:
             try:
-                w["memory_pages_by_node"] = {str(k): v for k, v in read_numa_page_share(w["pid"]).items()}
-            except Exception as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
-                w["memory_pages_by_node"] = {"error": f"{type(exc).__name__}: {exc}"[:120]}
+                residency = read_numa_residency(LiveHost(), w["pid"], start_time=w.get("start_time"))
+                w["memory_pages_by_node"] = {str(k): v for k, v in residency.pages.items()}
+            except AscendbindError as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
+                w["memory_pages_by_node"] = {"error": str(exc)[:120]}
     if args.format == "json":
         print(compact_json({"health": health, "workers": workers}))
         return 0
@@ -187,12 +190,12 @@ def cmd_status(args) -> int:
         drift = w.get("drift", {})
         row = [str(w["pid"]), ",".join(map(str, w["npus"])), w.get("outcome", "-"), pools, acl,
                str(drift.get("events", 0)) + (f" ({drift['culprit']})" if drift.get("culprit") else ""),
-               str(w.get("late_threads_pinned", 0))]
+               str(w.get("late_threads_pinned", 0)), _ratio(w.get("memory_local_ratio"))]
         if args.memory:
             mem = w["memory_pages_by_node"]
             row.append(" ".join(f"{k}:{v}" for k, v in mem.items()) or "-")
         rows.append(row)
-    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE"] + (["PAGES/NODE"] if args.memory else [])
+    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE", "MEM-LOCAL"] + (["PAGES/NODE"] if args.memory else [])
     print(table(headers, rows))
     for w in workers:
         for line in _why_lines(w):
@@ -224,6 +227,11 @@ def _why_lines(w: dict) -> list[str]:
     if drift.get("irqs_left_alone"):
         out.append(f"IRQs left alone: {drift.get('irqs_left_alone_why') or 'IRQ masks kept moving'}")
     return out
+
+
+def _ratio(value) -> str:
+    """The locality share as a percentage; "-" before the first check or with nothing resident."""
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def cmd_run(args) -> int:

@@ -19,7 +19,9 @@ Ownership rules:
   affinity restored) and counted as ``evicted``. Anyone may bind their own idle
   process to an NPU; only the driver knows who really uses it, so squatting
   never blocks a real worker. A listed holder is never evicted;
-* IRQ masks are restored only when no live worker owns that NPU any more;
+* IRQ masks are restored only when no live worker owns that NPU any more; the
+  IRQs ascendbind banned in irqbalance likewise go back to it only when no live
+  worker pins them, and until then their ban passes to a worker that does;
 * a worker bound again keeps its first ``original_cpus`` and first saved IRQ
   masks, so release always returns to the state before ascendbind.
 """
@@ -45,9 +47,11 @@ from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
 from .auth import Peer, authorize
 from .held import Held
+from .bans import carried_bans, split_bans
 from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
                        recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
+from .locality import ratios_by_npu
 from .metrics import Metrics
 from .observe import role_cpus
 from .state import StateFile, binding_from_json, binding_to_json
@@ -56,7 +60,7 @@ __all__ = ["Daemon", "Held"]
 
 log = structlog.get_logger("ascendbind.daemon")
 
-# plan errors that mean "refused by the topology policy" (SPEC §7: failed + an alignment failure)
+# plan errors that mean "refused by the topology policy": counted failed, plus an alignment failure
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 
 
@@ -89,9 +93,11 @@ class Daemon:
                 log.error("could not write the state file", path=self.state.path,
                           error=exc.strerror if isinstance(exc, OSError) else str(exc))
             self.metrics.bound_workers.set(len(self.held))
+            # a released or gone worker's locality series goes with it
+            self.metrics.memory_local(ratios_by_npu(self.held.values()))
 
     def restore(self) -> dict[str, int]:
-        """Load the state file: keep live workers, drop gone ones (SPEC: never a crash loop)."""
+        """Load the state file: keep live workers, drop gone ones (a bad file is never a crash loop)."""
         tidied: dict[str, Any] = {}
         try:
             tidied = self.state.clean()
@@ -147,14 +153,25 @@ class Daemon:
         return None
 
     def _restorable(self, h: Held) -> Binding:
-        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns."""
-        b = h.binding
+        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns,
+        and only the irqbalance bans of IRQs no other live worker pins (those pass to it)."""
+        b = self._pass_on_bans(h.binding)
         free = {n for n in b.npus if self.live_owner_of((n,), except_pid=b.pid) is None}
         if free == set(b.npus):
             return b
         owner = irq_owners(b)
         masks = {irq: m for irq, m in b.saved_irq_masks.items() if owner.get(irq) in free}
         return dataclasses.replace(b, saved_irq_masks=frozen_map(masks))
+
+    def _pass_on_bans(self, b: Binding) -> Binding:
+        if b.irqbalance_bans is None:
+            return b
+        others = {pid: irq_owners(o.binding) for pid, o in self.held.items() if pid != b.pid and self.is_alive(o)}
+        left, passed = split_bans(b.irqbalance_bans, others)
+        for pid, bans in passed.items():
+            o = self.held[pid]
+            o.binding = dataclasses.replace(o.binding, irqbalance_bans=carried_bans(o.binding.irqbalance_bans, [bans]))
+        return dataclasses.replace(b, irqbalance_bans=left)
 
     def _last_950(self, h: Held) -> bool:
         if h.binding.plan.mode is not Mode.ASCEND950_CLUSTER:
@@ -165,7 +182,7 @@ class Daemon:
     def _undo_gone(self, h: Held, reason: str) -> None:
         """Forget a worker that no longer exists; restore IRQ masks of NPUs nobody live owns."""
         b = self._restorable(h)
-        if b.saved_irq_masks or self._last_950(h):
+        if b.saved_irq_masks or b.irqbalance_bans or self._last_950(h):
             try:
                 release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
             except AscendbindError as exc:
@@ -185,7 +202,7 @@ class Daemon:
     # ---------------------------------------------------------- bind
 
     def bind_request(self, peer: Peer, body: Any) -> dict[str, Any]:
-        """POST /v1/bind: validate, authorize, bind; counts every outcome (SPEC §7)."""
+        """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total."""
         t0 = time.monotonic()
         try:
             pid, npus, policy = parse_bind_request(body)
@@ -312,14 +329,17 @@ class Daemon:
 
     @staticmethod
     def _inherit(binding: Binding, older: list[Held]) -> Binding:
-        """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours."""
+        """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours;
+        and the older holders' irqbalance bans, which are still ours to lift."""
         masks = dict(binding.saved_irq_masks)
         original = binding.original_cpus
         for h in older:
             masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in masks})
             if h.binding.pid == binding.pid:
                 original = h.binding.original_cpus
-        return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original)
+        return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original,
+                                   irqbalance_bans=carried_bans(binding.irqbalance_bans,
+                                                                [h.binding.irqbalance_bans for h in older]))
 
     # ---------------------------------------------------------- release
 

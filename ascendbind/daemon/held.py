@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ class Held:
     irqs_left_alone_why: str | None = None
     drift_events: int = 0
     late_threads: int = 0
+    # the locality check (daemon/locality.py); times are time.monotonic()
+    memory_local_ratio: float | None = None  # None: not measured yet, unreadable, or nothing resident
+    memory_checked_at: float | None = None
+    memory_last_run: float = field(default_factory=time.monotonic)  # the bind itself ran the memory step
+    memory_reruns: int = 0
+    memory_futile: int = 0  # reruns in a row that left the ratio below the threshold
     # (host, worker, config) the plan was made from: explains it without a new discovery.
     # Not persisted; a binding restored from the state file is explained from fresh facts.
     facts: tuple | None = field(default=None, repr=False)
@@ -106,6 +113,8 @@ class Held:
                       "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
                       "irqs_left_alone_why": self.irqs_left_alone_why},
             "late_threads_pinned": self.late_threads,
+            "memory_local_ratio": None if self.memory_local_ratio is None else round(self.memory_local_ratio, 4),
+            "memory_reruns": self.memory_reruns,
         }
 
 

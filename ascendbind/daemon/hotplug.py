@@ -1,4 +1,4 @@
-"""Hot-plug: CPU and PCI uevents trigger a debounced rediscovery (issue 4, item 6).
+"""Hot-plug: CPU and PCI uevents trigger a debounced rediscovery.
 
 pyudev listens on the *kernel* netlink group (``source="kernel"``): CI machines
 and containers run no udevd, and the kernel's own events are what we need (a CPU

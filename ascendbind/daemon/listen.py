@@ -4,6 +4,10 @@ A created socket is born mode 0660 (umask set around bind(), so there is no
 window in which others could connect), group ``socket_group``. A stale file
 left by a crashed daemon is replaced; a live daemon's socket, or a path that is
 not a socket at all, is an error rather than something to delete.
+
+The backlog is the host's ``somaxconn`` (systemd's socket gets the same from the
+listener, which calls listen() again): a burst of connections waits in the
+queue for an answer instead of failing connect() with EAGAIN.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import structlog
 
 from ..errors import ConfigError
 from . import systemd
+from .listener import somaxconn
 
 __all__ = ["open_listen_socket"]
 
@@ -32,7 +37,7 @@ def _group_id(name: str) -> int:
         raise ConfigError(f"socket_group {name!r} is not a group on this host") from None
 
 
-def open_listen_socket(path: str, group: str = "", *, backlog: int = 64) -> tuple[socket.socket, str, bool]:
+def open_listen_socket(path: str, group: str = "", *, backlog: int | None = None) -> tuple[socket.socket, str, bool]:
     """(listening socket, how it was obtained, whether we own the file) — systemd's if activated."""
     fds = systemd.listen_fds()
     if fds:
@@ -67,5 +72,5 @@ def open_listen_socket(path: str, group: str = "", *, backlog: int = 64) -> tupl
     os.chmod(path, 0o660)
     if group:
         os.chown(path, -1, _group_id(group))
-    sock.listen(backlog)
+    sock.listen(backlog or somaxconn())
     return sock, "created", True

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the daemon (SPEC §7), on an explicit registry.
+"""Prometheus metrics of the daemon, on an explicit registry.
 
 Every label value comes from a fixed set defined here (or by the planner's
 alignment reasons), never from a pid or free text, so the series count is
@@ -12,8 +12,6 @@ from __future__ import annotations
 import platform
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
 
 import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
@@ -21,11 +19,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from .. import __version__
 from ..planner import ALIGNMENT_FAILURE_REASONS
 from .blame import CULPRITS  # who moved a bound thread's or IRQ's mask: a fixed set, decided on evidence
+from .listener import Conn, Limits, Listener
+from .wire import Request, Response, WireError, json_response
 
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
-           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS"]
+           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS"]
 
-# `_created` series double every counter for no operator value (issue 4)
+# `_created` series double every counter for no operator value
 prometheus_client.disable_created_metrics()
 
 OUTCOMES = ("aligned", "unaligned", "failed", "rejected")
@@ -34,7 +34,10 @@ STEP_OUTCOMES = ("applied", "skipped", "failed")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
-HTTP_CODES = ("200", "400", "403", "404", "405", "409", "413", "422", "500", "503")
+# what one numa_maps read came to (daemon/locality.py)
+MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
+HTTP_CODES = ("200", "400", "403", "404", "405", "408", "409", "411", "413", "422", "503", "505")
+LISTENERS = ("api", "metrics")
 
 # the planner's fixed alignment-failure set, plus "other" for anything unforeseen
 ALIGNMENT_REASONS = (*ALIGNMENT_FAILURE_REASONS, "other")
@@ -46,7 +49,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.bind_requests = Counter(
-            "ascendbind_bind_requests", "Bind requests by outcome (SPEC §7)", ["outcome"], registry=r
+            "ascendbind_bind_requests", "Bind requests by outcome", ["outcome"], registry=r
         )
         self.alignment_reasons = ALIGNMENT_REASONS
         self.alignment_failures = Counter(
@@ -101,6 +104,27 @@ class Metrics:
         self.http = Counter(
             "ascendbind_http_requests", "Socket API requests by path and status", ["path", "code"], registry=r
         )
+        self.refused = Counter(
+            "ascendbind_connections_refused", "Connections answered 503 busy at accept (a cap was reached)",
+            ["listener"], registry=r,
+        )
+        self.internal_errors = Counter(
+            "ascendbind_http_internal_errors", "API requests that failed on an unexpected exception", registry=r
+        )
+        self.memory_local_ratio = Gauge(
+            "ascendbind_memory_local_ratio",
+            "Share (0-1, of bytes) of the bound worker's resident memory on its pool's NUMA nodes, by NPU",
+            ["npu"], registry=r,
+        )
+        self._memory_npus: set[int] = set()
+        self._memory_lock = threading.Lock()
+        self.memory_checks = Counter(
+            "ascendbind_memory_checks", "Reads of a bound worker's numa_maps, by result", ["result"], registry=r
+        )
+        self.memory_reruns = Counter(
+            "ascendbind_memory_reruns", "Memory steps run again because locality fell below the threshold",
+            ["outcome"], registry=r,
+        )
         self.build_info = Info("ascendbind_build", "Version of the running daemon", registry=r)
         self.build_info.info({"version": __version__, "python": platform.python_version()})
 
@@ -117,6 +141,12 @@ class Metrics:
             self.discovery_errors.labels(c)
         for d in DROP_REASONS:
             self.dropped.labels(d)
+        for name in LISTENERS:
+            self.refused.labels(name)
+        for c in MEMORY_CHECK_RESULTS:
+            self.memory_checks.labels(c)
+        for o in STEP_OUTCOMES:
+            self.memory_reruns.labels(o)
 
     # ------------------------------------------------------------ recorders
 
@@ -142,10 +172,33 @@ class Metrics:
         if reason in DROP_REASONS:
             self.dropped.labels(reason).inc()
 
+    def memory_local(self, ratios) -> None:
+        """Export exactly ``ratios`` (NPU -> 0..1): an NPU no longer listed loses its series."""
+        with self._memory_lock:
+            for npu in self._memory_npus - set(ratios):
+                self.memory_local_ratio.remove(str(npu))
+            for npu, ratio in ratios.items():
+                self.memory_local_ratio.labels(str(int(npu))).set(min(1.0, max(0.0, float(ratio))))
+            self._memory_npus = {int(n) for n in ratios}
+
+    def memory_check(self, result: str) -> None:
+        if result in MEMORY_CHECK_RESULTS:
+            self.memory_checks.labels(result).inc()
+
+    def memory_rerun(self, outcome: str) -> None:
+        if outcome in STEP_OUTCOMES:
+            self.memory_reruns.labels(outcome).inc()
+
     def http_request(self, path: str, code: int) -> None:
         p = path if path in HTTP_PATHS else "other"
-        c = str(code) if str(code) in HTTP_CODES else "500"
+        c = str(code) if str(code) in HTTP_CODES else "other"
         self.http.labels(p, c).inc()
+
+    def connection_refused(self, listener: str) -> None:
+        self.refused.labels(listener if listener in LISTENERS else "api").inc()
+
+    def http_internal_error(self) -> None:
+        self.internal_errors.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -160,51 +213,55 @@ def parse_listen(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-class _MetricsHandler(BaseHTTPRequestHandler):
-    server_version = "ascendbind-metrics"
-    sys_version = ""
-
-    def do_GET(self) -> None:
-        if urlsplit(self.path).path not in ("/metrics", "/"):
-            self.send_error(404)
-            return
-        body = self.server.metrics.render()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, fmt, *args) -> None:
-        pass
+# Prometheus scrapes one connection at a time; 16 open connections, 2 threads and
+# short deadlines are plenty, and are this port's whole budget of descriptors and
+# threads: nothing done to it can take anything from the API socket.
+METRICS_LIMITS = Limits(max_total=16, per_peer=16, workers=2, line_timeout=2.0, request_timeout=5.0,
+                        write_timeout=5.0, max_body=0)
 
 
-class MetricsListener(ThreadingHTTPServer):
-    """/metrics over TCP for Prometheus. Its accept loop blocks in select() with no
-    timeout (prometheus_client's own server wakes twice a second); ``stop()``
-    wakes it by connecting."""
+class MetricsListener:
+    """/metrics over TCP for Prometheus, on its own listener.Listener thread."""
 
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, addr: tuple[str, int], metrics: Metrics) -> None:
-        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-        super().__init__(addr, _MetricsHandler)
+    def __init__(self, addr: tuple[str, int], metrics: Metrics, *, limits: Limits = METRICS_LIMITS) -> None:
+        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.listen()
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+        self.server_address = sock.getsockname()
         self.metrics = metrics
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": None},
-                                        name="metrics-tcp", daemon=True)
+        self.listener = Listener(sock, limits, self._handle, identify=_tcp_peer, refused=self._refused,
+                                 name="metrics")
+        self._thread = threading.Thread(target=self.listener.serve, name="metrics-tcp", daemon=True)
         self._thread.start()
 
+    def _handle(self, conn: Conn, req: Request) -> Response:
+        if req.path not in ("/metrics", "/"):
+            return json_response(404, {"error": "not_found", "detail": "this port serves only /metrics"})
+        if req.method not in ("GET", "HEAD"):
+            return json_response(405, {"error": "method_not_allowed", "detail": "/metrics takes GET, HEAD"},
+                                 {"Allow": "GET, HEAD"})
+        return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST)
+
+    def _refused(self, conn: Conn | None, err: WireError) -> None:
+        if err.code == "busy":
+            self.metrics.connection_refused("metrics")
+
     def stop(self) -> None:
-        stopper = threading.Thread(target=self.shutdown, daemon=True)
-        stopper.start()
-        try:
-            with socket.create_connection(self.server_address[:2], timeout=1):
-                pass
-        except OSError:
-            pass
-        stopper.join(5)
-        self.server_close()
+        self.listener.stop()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def _tcp_peer(sock: socket.socket) -> tuple[None, str, bool]:
+    # no uid on TCP: the address is the peer, and nobody gets root's reserve
+    return None, sock.getpeername()[0], False
 
 
 def start_tcp_listener(metrics: Metrics, listen: str) -> MetricsListener | None:

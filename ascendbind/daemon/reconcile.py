@@ -16,6 +16,9 @@ sleeps; ``stop()`` wakes it at once), for each held worker:
    tuner). Whatever the culprit, a worker re-asserted ``REASSERT_LIMIT`` times
    within ``window`` seconds is left alone, and its status says why;
 4. IRQ masks we wrote are checked the same way (``irqbalance`` / ``external``).
+5. every ``memory_check_seconds``, the share of its memory on its pool's NUMA
+   nodes is measured, and the memory step run again when it is too low
+   (daemon/locality.py; in the background, rate-limited).
 
 Cost per pass: one task listing per worker and one sched_getaffinity per thread;
 ``comm`` only for the few threads whose name can have changed (observe.py).
@@ -42,6 +45,7 @@ from .blame import Blame, blame_irqs, blame_threads, left_alone_sentence
 from .evidence import read_evidence
 from .held import SeenThread, accepted
 from .observe import observe_threads, role_cpus
+from .locality import MemoryLocality
 
 __all__ = ["Reconciler", "REASSERT_LIMIT"]
 
@@ -71,6 +75,7 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
+        self.locality = MemoryLocality(daemon)
 
     @property
     def interval(self) -> float:
@@ -117,6 +122,7 @@ class Reconciler:
                     dirty |= self._reconcile_worker(h)
         if dirty:
             d.save()
+        self._memory_locality()
         d.metrics.reconcile_runs.inc()
         d.metrics.reconcile_duration.observe(time.monotonic() - t0)
         d.metrics.reconcile_cpu.observe(time.thread_time() - c0)
@@ -141,6 +147,11 @@ class Reconciler:
             d._undo_gone(h, "recycled" if exc.code == "pid_recycled" else "exited")
             return True
         return False
+
+    def _memory_locality(self) -> None:
+        """Due locality checks (and at most one memory-step rerun) start in the
+        background: numa_maps walks and migratepages take seconds, this pass must not."""
+        self.locality.tick()
 
     # ------------------------------------------------------------ threads
 

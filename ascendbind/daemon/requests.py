@@ -2,13 +2,15 @@
 
 Everything here is pure: validation of request bodies (400 on anything off),
 the policy precedence rule (Koordinator: request > node config > default, a
-mismatch is 409), how a plan's alignment becomes a SPEC §7 outcome, which
+mismatch is 409), how a plan's alignment becomes a bind-request outcome, which
 NPU each saved IRQ mask belongs to, and when a live holder of an NPU gives way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
@@ -17,16 +19,68 @@ from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
 from ..model import Binding, Plan, Step
 from ..planner.alignment import resolve_policy as planner_resolve_policy
 
-__all__ = ["parse_bind_request", "alignment_of", "outcome_of_error", "resolve_policy", "irq_owners", "evictable",
-           "claim_npus", "recycled_is_a_conflict"]
+__all__ = ["parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
+           "irq_owners", "evictable", "claim_npus", "recycled_is_a_conflict", "MAX_JSON_DEPTH", "PID_MAX", "NPU_MAX"]
+
+# json.loads recurses once per nesting level: a deep body must be refused before
+# it can reach the interpreter's recursion limit. No request needs more than 2.
+MAX_JSON_DEPTH = 8
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no pid is larger on any host
+NPU_MAX = 1 << 16  # logical NPU ids are small; this only keeps absurd numbers out of the planner
+_MAXIMUM = {"pid": PID_MAX, "npu": NPU_MAX}
+_ESCAPE = re.compile(r"\\.", re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+def decode_json_body(raw: bytes) -> Any:
+    """A request body -> its JSON value ({} when empty); UsageError (400 ``bad_json``) otherwise."""
+    if not raw.strip():
+        return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the body is not UTF-8 JSON: {exc.reason} at byte {exc.start}", code="bad_json") from None
+    # few brackets cannot nest deep: skip the scan for every ordinary body
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise UsageError(f"the body nests deeper than {MAX_JSON_DEPTH} levels", code="bad_json")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"the body is not JSON: {str(exc)[:200]}", code="bad_json") from None
+
+
+def json_depth(text: str, stop: int | None = None) -> int:
+    """The bracket nesting of ``text`` outside JSON strings: exact for JSON, an upper bound otherwise.
+
+    Linear and in C: escapes dropped, the text between quotes dropped, then one
+    pass per level deletes the innermost ``[]``/``{}`` pairs (stopping once
+    ``stop`` levels are passed). A per-character Python loop costs tens of ms
+    on a 64 KiB body, and a regular expression for whole strings backtracks
+    quadratically on a body of unterminated quotes.
+    """
+    outside = "".join(_ESCAPE.sub("", text).split('"')[0::2])
+    brackets = _NOT_BRACKET.sub("", outside)
+    depth = 0
+    while brackets:
+        inner_removed = _INNERMOST.sub("", brackets)
+        if len(inner_removed) == len(brackets):
+            return depth + len(brackets)  # unbalanced, so not JSON: bound it by what is left
+        brackets, depth = inner_removed, depth + 1
+        if stop is not None and depth > stop:
+            break
+    return depth
 
 
 def _int_field(body: dict, key: str, *, minimum: int) -> int | None:
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise UsageError(f"field {key!r} must be an integer >= {minimum}, got {v!r}", code="bad_request")
+    maximum = _MAXIMUM.get(key, PID_MAX)
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        shown = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else "a huge number"
+        raise UsageError(f"field {key!r} must be an integer from {minimum} to {maximum}, got {shown[:60]}",
+                         code="bad_request")
     return v
 
 
@@ -36,27 +90,31 @@ def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, s
         raise UsageError("the body must be a JSON object", code="bad_request")
     unknown = sorted(set(body) - {"pid", "npu", "topology_policy"})
     if unknown:
-        raise UsageError(f"unknown field(s): {', '.join(map(str, unknown))}", code="bad_request")
+        raise UsageError(f"unknown field(s): {', '.join(k[:40] for k in unknown[:8])}", code="bad_request")
     pid = _int_field(body, "pid", minimum=1)
     npu = body.get("npu")
     npus: tuple[int, ...] | None
     if npu is None:
         npus = None
-    elif isinstance(npu, list) and npu and len(npu) <= 64:
+    elif isinstance(npu, list):
+        if not 1 <= len(npu) <= 64:
+            raise UsageError("field 'npu' must list 1 to 64 NPU ids", code="bad_request")
+        if any(n is None for n in npu):
+            raise UsageError("field 'npu' must list integers, got null", code="bad_request")
         npus = tuple(sorted({_int_field({"npu": n}, "npu", minimum=0) for n in npu}))  # type: ignore[misc]
     else:
         npus = (_int_field(body, "npu", minimum=0),)  # type: ignore[assignment]
     policy = body.get("topology_policy")
-    if policy is not None and policy not in CHOICES["topology_policy"]:
+    if policy is not None and (not isinstance(policy, str) or policy not in CHOICES["topology_policy"]):
         raise UsageError(
-            f"field 'topology_policy' must be one of {', '.join(CHOICES['topology_policy'])}, got {policy!r}",
+            f"field 'topology_policy' must be one of {', '.join(CHOICES['topology_policy'])}, got {policy!r:.60}",
             code="bad_request",
         )
     return pid, npus, policy
 
 
 def alignment_of(plan: Plan) -> tuple[bool, str | None]:
-    """(aligned, failure reason code) from the planner's ``alignment`` block (issue 5).
+    """(aligned, failure reason code) from the planner's ``alignment`` block.
 
     The planner puts that block on every plan; a plan without one (a state file
     written before it existed) was never evaluated, so it does not count as aligned.
@@ -132,8 +190,9 @@ def recycled_is_a_conflict() -> Iterator[None]:
 
 
 def outcome_of_error(exc: BaseException) -> str:
-    """SPEC §7: a bad or unauthorised request is 'rejected'; everything else 'failed'.
-    A pid that vanished or was recycled under the request counts as a bad request."""
+    """The bind-request outcome of an error: a bad or unauthorised request is
+    'rejected'; everything else 'failed'. A pid that vanished or was recycled
+    under the request counts as a bad request."""
     if isinstance(exc, (UsageError, NotPermitted, ProcessGone)):
         return "rejected"
     if isinstance(exc, Conflict) and exc.code in ("policy_mismatch", "pid_recycled"):

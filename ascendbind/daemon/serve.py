@@ -16,11 +16,17 @@ made it, and once more after the discovery that follows each SIGHUP reload.
 
 SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
 --all`` undoes them).
+
+File descriptors are budgeted: each listener's connection cap is its share, and
+the rest (state file, /proc reads, command pipes, udev, epoll) needs at most a
+hundred or so. The daemon checks the soft RLIMIT_NOFILE covers the sum at start
+(raising it to the hard limit if needed) and says so when it cannot.
 """
 
 from __future__ import annotations
 
 import queue
+import resource
 import signal
 import threading
 import time
@@ -37,14 +43,17 @@ from .autobind import AutoBinder
 from .core import Daemon
 from .hotplug import HotplugMonitor
 from .listen import open_listen_socket
-from .metrics import Metrics, start_tcp_listener
+from .metrics import METRICS_LIMITS, Metrics, start_tcp_listener
 from .reconcile import Reconciler
 from .replan import rediscover_and_replan
-from .server import ApiServer
+from .server import API_LIMITS, ApiServer
 
 __all__ = ["serve", "RESTART_KEYS"]
 
 log = structlog.get_logger("ascendbind.serve")
+
+# descriptors besides the listeners' connections: see the module docstring
+FD_OVERHEAD = 128
 
 # keys a running daemon cannot change on SIGHUP
 RESTART_KEYS = ("socket", "state_dir", "metrics_listen", "socket_group", "proc_root", "sys_root")
@@ -80,6 +89,7 @@ class _Service:
     def start(self) -> None:
         cfg = self.config
         real_state_dir = self.daemon.state.prepare()
+        ensure_fd_budget(API_LIMITS.max_total + METRICS_LIMITS.max_total + FD_OVERHEAD)
         try:
             sock, how, owned = open_listen_socket(cfg.socket, cfg.socket_group)
         except OSError as exc:
@@ -160,6 +170,21 @@ class _Service:
         if self.owned_path:
             _unlink_if_socket(self.owned_path)
         log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.held))
+
+
+def ensure_fd_budget(needed: int) -> int:
+    """Make the soft RLIMIT_NOFILE at least ``needed`` where the hard limit allows; returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < needed:
+            log.warning("open-file limit below the daemon's budget; raise LimitNOFILE", limit=soft, needed=needed)
+    return soft
 
 
 def _pid() -> int:

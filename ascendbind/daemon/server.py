@@ -1,48 +1,46 @@
-"""The socket API (SPEC §6): HTTP/1.1 + JSON on a Unix stream socket.
+"""The socket API: HTTP/1.1 + JSON on a Unix stream socket.
 
-stdlib ``http.server`` does the HTTP parsing; this module adds what a root
-daemon facing local users needs:
+wire.py reads the bytes, listener.py owns the connections (caps per peer uid,
+capacity kept for root, deadlines, a bounded worker pool); this module is the
+part that knows the endpoints: route, method (405 with ``Allow``), the caller
+from SO_PEERCRED, the JSON body, the daemon call, and one JSON answer with a
+request id and one log line.
 
-* limits: body size (413 before reading it), a deadline for receiving the whole
-  request (headers and body) so a slow client cannot hold a slot, and a bounded
-  number of connections in flight (the next one gets an immediate 503);
-* one response per connection (``Connection: close``): no idle keep-alives;
-* every error is JSON ``{"error": CODE, "detail": "..."}``, including the ones
-  http.server itself produces (bad request line, oversized headers);
-* the caller's identity from SO_PEERCRED, a request id, one log line each.
-
-The listening socket itself comes from listen.py.
+No request ends in a 5xx other than 503 and 505: every daemon error maps to
+its status, and an exception nobody expected is still answered (503
+``internal_error``), logged as an error event naming the exception and where it
+was raised, and counted in ``ascendbind_http_internal_errors_total``, so a bug
+costs one request, never a traceback in the journal or the daemon.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import socket
-import socketserver
 import threading
 import time
-import uuid
-from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qs, urlsplit
+import traceback
+from urllib.parse import parse_qs
 
 import structlog
 
-from .. import __version__
 from ..errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, NotPermitted, PlanImpossible,
                       ProcessGone, UsageError)
 from .auth import Peer, peer_of
 from .core import Daemon
+from .listener import Conn, Limits, Listener
+from .requests import decode_json_body, parse_bind_request
+from .wire import Request, Response, WireError, error_response, json_response
 
-__all__ = ["ApiServer", "http_status_of", "MAX_BODY"]
+__all__ = ["ApiServer", "http_status_of", "API_LIMITS", "MAX_BODY", "ROUTES"]
 
 log = structlog.get_logger("ascendbind.api")
 
 MAX_BODY = 64 * 1024
-REQUEST_DEADLINE = 5.0  # seconds to receive a whole request
-WRITE_TIMEOUT = 10.0
-MAX_CONNECTIONS = 32
+# File descriptors: 128 connections at most; uid 0 alone may use the last 32,
+# one other uid at most 16. Threads: 6 for everyone plus 2 that serve root only.
+API_LIMITS = Limits(max_total=128, per_peer=16, root_reserve=32, workers=6, root_workers=2,
+                    line_timeout=2.0, request_timeout=5.0, write_timeout=5.0, max_body=MAX_BODY)
 _REQ_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 _STATUS = (
@@ -54,7 +52,7 @@ _STATUS = (
     (PlanImpossible, 422),
     (DiscoveryError, 503),
 )
-_ROUTES = {
+ROUTES = {
     "/v1/bind": "POST",
     "/v1/release": "POST",
     "/v1/workers": "GET",
@@ -65,324 +63,151 @@ _ROUTES = {
 
 
 def http_status_of(exc: AscendbindError) -> int:
+    """The status of a daemon error; one outside the mapped kinds is 503 (never another 5xx)."""
     for kind, code in _STATUS:
         if isinstance(exc, kind):
             return code
-    return 500
+    return 503
 
 
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that share one deadline: a byte every few seconds does not reset it."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock, self.deadline = sock, deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("request not received within the deadline")
-        self.sock.settimeout(left)
-        return self.sock.recv_into(buf)
+def allowed_methods(path: str) -> str:
+    want = ROUTES[path]
+    return "GET, HEAD" if want == "GET" else want
 
 
-class _SendAll(io.BufferedIOBase):
-    """Unbuffered writes that send everything (a raw socket file may write short)."""
+def _plan_query(query: str) -> tuple[int | None, tuple[int, ...] | None, str | None]:
+    try:
+        q = parse_qs(query, keep_blank_values=False, strict_parsing=bool(query), max_num_fields=70)
+    except ValueError as exc:
+        raise UsageError(f"bad query string: {str(exc)[:100]}", code="bad_request") from None
+    body: dict = {}
+    for key, values in q.items():
+        if key not in ("pid", "npu", "topology_policy"):
+            raise UsageError(f"unknown query parameter {key[:40]!r}", code="bad_request")
+        if key == "topology_policy":
+            body[key] = values[-1]
+            continue
+        if not all(v.isascii() and v.isdigit() and len(v) <= 12 for v in values):
+            raise UsageError(f"query parameter {key!r} must be a decimal integer", code="bad_request")
+        ints = [int(v) for v in values]
+        body[key] = ints if key == "npu" else ints[-1]
+    return parse_bind_request(body)
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
 
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self.sock.sendall(data)
-        return len(data)
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{f.filename.rpartition('/')[2]}:{f.lineno} in {f.name}"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = f"ascendbind/{__version__}"
-    sys_version = ""
-    server: ApiServer
+class ApiServer:
+    """The API on ``sock`` (already bound and listening): ``serve()`` blocks, ``stop()`` ends it."""
 
-    # ------------------------------------------------------------ plumbing
+    def __init__(self, sock: socket.socket, daemon: Daemon, *, limits: Limits = API_LIMITS) -> None:
+        self.daemon = daemon
+        self.listener = Listener(sock, limits, self._handle, identify=_identify, refused=self._refused, name="api")
+        self._busy_lock = threading.Lock()
+        self._busy_since_log = 0
+        self._busy_logged_at = -60.0
 
-    def setup(self) -> None:
-        self.connection = self.request
-        self.rfile = io.BufferedReader(_DeadlineReader(self.request, time.monotonic() + self.server.deadline))
-        self.wfile = _SendAll(self.request)
-        self.peer: Peer | None = None
-        try:
-            self.peer = peer_of(self.request)
-        except OSError:
-            pass
-        self.request_id = uuid.uuid4().hex[:16]
-        self.responded = False
-        self.t0 = time.monotonic()
-        structlog.contextvars.bind_contextvars(
-            request_id=self.request_id,
-            peer_pid=self.peer.pid if self.peer else None,
-            peer_uid=self.peer.uid if self.peer else None,
-        )
+    def serve(self) -> None:
+        self.listener.serve()
 
-    def finish(self) -> None:
-        structlog.contextvars.clear_contextvars()
-        try:
-            self.rfile.close()
-        except OSError:
-            pass
+    def stop(self) -> None:
+        self.listener.stop()
 
-    def handle(self) -> None:
-        self.close_connection = True
-        self.timed_out = False
-        self.handle_one_request()
-        if self.timed_out and not self.responded:
-            self._send_json(408, {"error": "request_timeout", "detail": "the request was not received in time"})
+    # ------------------------------------------------------------ answers the loop made
 
-    def address_string(self) -> str:
-        return f"pid {self.peer.pid}" if self.peer else "unknown peer"
-
-    def log_message(self, fmt, *args) -> None:  # http.server's own stderr lines
-        pass
-
-    def log_error(self, fmt, *args) -> None:
-        if fmt.startswith("Request timed out"):
-            self.timed_out = True
-        log.info("request not completed", reason=(fmt % args)[:200])
-
-    def send_error(self, code, message=None, explain=None) -> None:
-        # http.server's HTML errors (bad request line, headers too large, ...) -> JSON
-        self._send_json(int(code), {"error": "bad_http", "detail": message or explain or "malformed HTTP request"})
-
-    def handle_expect_100(self) -> bool:
-        # refuse an oversized body before the client sends it
-        if self._declared_length() > MAX_BODY:
-            self._too_large()
-            return False
-        return super().handle_expect_100()
-
-    def _send_json(self, status: int, payload: dict, *, extra_headers: dict | None = None) -> None:
-        body = (json.dumps(payload, sort_keys=False) + "\n").encode()
-        self._send(status, body, "application/json", extra_headers)
-
-    def _send(self, status: int, body: bytes, ctype: str, extra_headers: dict | None = None) -> None:
-        if self.responded:
+    def _refused(self, conn: Conn | None, err: WireError) -> None:
+        self.daemon.metrics.http_request("other", err.status)
+        if err.code == "busy":
+            self.daemon.metrics.connection_refused("api")
+            self._log_busy()
             return
-        self.responded = True
-        self.request.settimeout(WRITE_TIMEOUT)
+        peer = conn.peer if conn is not None else None
+        log.info("request not completed", request_id=conn.id if conn else None, status=err.status, error=err.code,
+                 detail=err.detail, peer_pid=getattr(peer, "pid", None), peer_uid=getattr(peer, "uid", None))
+
+    def _log_busy(self) -> None:
+        # one line per 10 s at most: a flood of refusals must not become a flood of log lines
+        now = time.monotonic()
+        with self._busy_lock:
+            self._busy_since_log += 1
+            if now - self._busy_logged_at < 10.0:
+                return
+            n, self._busy_since_log, self._busy_logged_at = self._busy_since_log, 0, now
+        log.warning("connections refused: too many open", refused=n, open=self.listener.open_connections())
+
+    # ------------------------------------------------------------ requests
+
+    def _handle(self, conn: Conn, req: Request) -> Response:
+        t0 = time.monotonic()
+        rid = req.header("x-request-id")
+        if rid and _REQ_ID.match(rid):
+            conn.id = rid
+        peer: Peer | None = conn.peer  # type: ignore[assignment]
+        structlog.contextvars.bind_contextvars(request_id=conn.id, peer_pid=peer.pid if peer else None,
+                                               peer_uid=peer.uid if peer else None)
         try:
-            self.send_response_only(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
-            self.send_header("X-Request-Id", self.request_id)
-            for k, v in (extra_headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            if getattr(self, "command", "") != "HEAD":
-                self.wfile.write(body)
-        except OSError:
-            pass  # the client went away; nothing to tell it
-        path = urlsplit(getattr(self, "path", "") or "").path
-        self.server.daemon.metrics.http_request(path if path in _ROUTES else "other", status)
-        log.info("request", method=getattr(self, "command", None), path=path[:100], status=status,
-                 ms=round((time.monotonic() - self.t0) * 1000, 1))
+            resp = self._route(peer, req)
+        except WireError as err:
+            resp = error_response(err)
+        except Exception as exc:  # noqa: BLE001 - the last resort: answer, log, count; never a traceback
+            self.daemon.metrics.http_internal_error()
+            log.error("request failed unexpectedly", exception=type(exc).__name__, detail=str(exc)[:300],
+                      where=_where(exc), method=req.method[:16], path=req.path[:100])
+            resp = json_response(503, {"error": "internal_error",
+                                       "detail": f"the daemon failed on this request ({type(exc).__name__}); "
+                                                 "it is logged and counted"})
+        path = req.path if req.path in ROUTES else "other"
+        self.daemon.metrics.http_request(path, resp.status)
+        log.info("request", method=req.method[:16], path=req.path[:100], status=resp.status,
+                 ms=round((time.monotonic() - t0) * 1000, 1))
+        structlog.contextvars.clear_contextvars()
+        return resp
 
-    def _declared_length(self) -> int:
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return 0
+    def _route(self, peer: Peer | None, req: Request) -> Response:
+        want = ROUTES.get(req.path)
+        if want is None:
+            return json_response(404, {"error": "not_found",
+                                       "detail": f"no endpoint {req.path[:100]!r}; see docs/daemon.md"})
+        method = "GET" if req.method == "HEAD" else req.method
+        if method != want:
+            allow = allowed_methods(req.path)
+            return json_response(405, {"error": "method_not_allowed", "detail": f"{req.path} takes {allow}"},
+                                 {"Allow": allow})
         try:
-            n = int(raw)
-        except ValueError:
-            return -1
-        return n if n >= 0 else -1
-
-    def _too_large(self) -> None:
-        self._send_json(413, {"error": "body_too_large", "detail": f"the body must be at most {MAX_BODY} bytes"})
-
-    def _read_json(self):
-        if self.headers.get("Transfer-Encoding"):
-            raise _Reply(411, "length_required", "send the body with a Content-Length header")
-        n = self._declared_length()
-        if n < 0:
-            raise _Reply(400, "bad_request", "bad Content-Length header")
-        if n > MAX_BODY:
-            self._too_large()
-            self._drain(n)
-            raise _Reply(413, "", "")
-        raw = self.rfile.read(n) if n else b""
-        if len(raw) < n:
-            raise _Reply(400, "bad_request", "the body ended before Content-Length bytes")
-        if not raw.strip():
-            return {}
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise _Reply(400, "bad_json", f"the body is not JSON: {exc}") from None
-
-    def _drain(self, n: int) -> None:
-        # read (a bounded amount of) what the client is still sending, so closing
-        # does not reset the connection before it has read our 413
-        left = min(n, 1 << 20)
-        try:
-            while left > 0:
-                chunk = self.rfile.read1(min(left, 65536))
-                if not chunk:
-                    break
-                left -= len(chunk)
-        except (OSError, TimeoutError):
-            pass
-
-    # ------------------------------------------------------------ dispatch
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def _dispatch(self, method: str) -> None:
-        if self.headers.get("X-Request-Id") and _REQ_ID.match(self.headers["X-Request-Id"]):
-            self.request_id = self.headers["X-Request-Id"]
-            structlog.contextvars.bind_contextvars(request_id=self.request_id)
-        url = urlsplit(self.path)
-        want = _ROUTES.get(url.path)
-        daemon = self.server.daemon
-        try:
-            if want is None:
-                raise _Reply(404, "not_found", f"no endpoint {url.path[:100]!r}; see docs/daemon.md")
-            if method != want and not (method == "HEAD" and want == "GET"):
-                raise _Reply(405, "method_not_allowed", f"{url.path} takes {want}", {"Allow": want})
-            if self.peer is None:
+            if peer is None:
                 raise NotPermitted("could not read the caller's credentials (SO_PEERCRED)")
-            if method == "POST":
-                body = self._read_json()
-            # the request is in; from here on slow work must not trip the read deadline
-            self.request.settimeout(WRITE_TIMEOUT)
-            if url.path == "/v1/bind":
-                self._send_json(200, daemon.bind_request(self.peer, body))
-            elif url.path == "/v1/release":
-                self._send_json(200, daemon.release_request(self.peer, body))
-            elif url.path == "/v1/workers":
-                self._send_json(200, daemon.workers(url.query))
-            elif url.path == "/v1/plan":
-                pid, npus, policy = _plan_query(url.query)
-                self._send_json(200, daemon.plan_request(self.peer, pid, npus, policy))
-            elif url.path == "/healthz":
-                self._send_json(200, daemon.health())
-            elif url.path == "/metrics":
-                self._send(200, daemon.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
-        except _Reply as r:
-            if r.code:
-                self._send_json(r.status, {"error": r.code, "detail": r.detail}, extra_headers=r.headers)
+            return self._call(peer, req)
         except AscendbindError as exc:
             payload = {"error": exc.code, "detail": str(exc)}
             plan = getattr(exc, "plan", None)
             if plan is not None:
                 payload["plan"] = plan.to_json()
             status = http_status_of(exc)
-            if status == 500:
-                log.error("request failed", error=exc.code, detail=str(exc))
-            self._send_json(status, payload)
-        except TimeoutError:
-            self.timed_out = True
-        except Exception as exc:  # a bug must cost one request, never the daemon
-            log.exception("request crashed")
-            self._send_json(500, {"error": "internal", "detail": f"{type(exc).__name__}: {exc}"[:300]})
+            if status == 503 and not isinstance(exc, DiscoveryError):
+                log.error("request failed", error=exc.code, detail=str(exc)[:300])
+            return json_response(status, payload)
+
+    def _call(self, peer: Peer, req: Request) -> Response:
+        daemon = self.daemon
+        if req.path == "/v1/bind":
+            return json_response(200, daemon.bind_request(peer, decode_json_body(req.body)))
+        if req.path == "/v1/release":
+            return json_response(200, daemon.release_request(peer, decode_json_body(req.body)))
+        if req.path == "/v1/workers":
+            return json_response(200, daemon.workers(req.query))
+        if req.path == "/v1/plan":
+            pid, npus, policy = _plan_query(req.query)
+            return json_response(200, daemon.plan_request(peer, pid, npus, policy))
+        if req.path == "/healthz":
+            return json_response(200, daemon.health())
+        return Response(200, daemon.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
 
 
-class _Reply(Exception):
-    def __init__(self, status: int, code: str, detail: str, headers: dict | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail, self.headers = status, code, detail, headers
-
-
-def _plan_query(query: str) -> tuple[int | None, tuple[int, ...] | None, str | None]:
-    from .core import parse_bind_request
-
-    try:
-        q = parse_qs(query, keep_blank_values=False, strict_parsing=bool(query), max_num_fields=70)
-    except ValueError as exc:
-        raise UsageError(f"bad query string: {exc}", code="bad_request") from None
-    body: dict = {}
-    for key, values in q.items():
-        if key not in ("pid", "npu", "topology_policy"):
-            raise UsageError(f"unknown query parameter {key!r}", code="bad_request")
-        if key == "topology_policy":
-            body[key] = values[-1]
-            continue
-        try:
-            ints = [int(v) for v in values]
-        except ValueError:
-            raise UsageError(f"query parameter {key!r} must be an integer", code="bad_request") from None
-        body[key] = ints if key == "npu" else ints[-1]
-    return parse_bind_request(body)
-
-
-class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, sock: socket.socket, daemon: Daemon, *, max_connections: int = MAX_CONNECTIONS,
-                 deadline: float = REQUEST_DEADLINE) -> None:
-        super().__init__(None, _Handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock
-        self.daemon = daemon
-        self.deadline = deadline
-        self._slots = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            self._refuse_busy(request)
-            return
-        t = threading.Thread(target=self._serve_one, args=(request, client_address), daemon=True)
-        t.start()
-
-    def _serve_one(self, request, client_address) -> None:
-        try:
-            self.process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def _refuse_busy(self, request) -> None:
-        body = json.dumps({"error": "busy", "detail": "too many connections in flight; retry"}).encode()
-        try:
-            request.settimeout(0.5)
-            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "
-                            + str(len(body)).encode() + b"\r\n\r\n" + body)
-        except OSError:
-            pass
-        self.shutdown_request(request)
-
-    def serve(self) -> None:
-        # select() without a timeout: no periodic wake-ups; stop() wakes it by connecting
-        self.serve_forever(poll_interval=None)
-
-    def stop(self) -> None:
-        t = threading.Thread(target=self.shutdown, daemon=True)
-        t.start()
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(1)
-                s.connect(self.socket.getsockname())
-        except OSError:
-            pass
-        t.join(5)
+def _identify(sock: socket.socket) -> tuple[Peer, int, bool]:
+    peer = peer_of(sock)
+    return peer, peer.uid, peer.uid == 0

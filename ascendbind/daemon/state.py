@@ -1,9 +1,10 @@
 """The daemon's checkpoint: ``state_dir/state.json``.
 
 What it holds: one entry per bound worker (pid, start time, NPUs, plan, the
-affinity before binding, the IRQ masks saved before the first write, the step
-results), so that a restarted daemon keeps reconciling its workers and
-``release`` can still undo what an earlier daemon did.
+affinity before binding, the IRQ masks saved before the first write, the IRQs
+it added to irqbalance's ban list, the step results), so that a restarted
+daemon keeps reconciling its workers and ``release`` can still undo what an
+earlier daemon did.
 
 Invariants:
 * Written only in a directory no other user can change (daemon/statedir.py): the
@@ -47,7 +48,7 @@ from typing import Any
 import structlog
 
 from ..errors import ConfigError
-from ..model import Binding, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from ..model import Binding, IrqbalanceBans, Outcome, Plan, Reason, Step, StepResult, frozen_map
 from .statedir import trusted_state_dir, untrusted_reason
 
 __all__ = ["StateFile", "LoadResult", "binding_to_json", "binding_from_json", "read_boot_id", "STATE_VERSION"]
@@ -74,6 +75,8 @@ def binding_to_json(b: Binding, **extra: Any) -> dict[str, Any]:
         "saved_irq_masks": {str(k): v for k, v in sorted(b.saved_irq_masks.items())},
         "steps": [s.to_json() for s in b.steps],
     }
+    if b.irqbalance_bans is not None:
+        out["irqbalance_bans"] = b.irqbalance_bans.to_json()
     out.update(extra)
     return out
 
@@ -101,6 +104,8 @@ def binding_from_json(d: dict[str, Any]) -> Binding:
         original_cpus=frozenset(int(c) for c in d["original_cpus"]),
         saved_irq_masks=frozen_map({int(k): str(v) for k, v in d.get("saved_irq_masks", {}).items()}),
         steps=tuple(_step_from_json(s) for s in d.get("steps", ())),
+        # absent in files written before irqbalance bans were kept
+        irqbalance_bans=IrqbalanceBans.from_json(d["irqbalance_bans"]) if d.get("irqbalance_bans") else None,
     )
 
 

@@ -10,7 +10,7 @@ The kernel prints one header row of CPU columns, then one row per IRQ:
 Numeric rows carry one count per CPU column, then the chip, hwirq and trigger
 columns, then the action name(s); shared IRQs list several actions joined by
 ", ". Rows keyed by a name (NMI, LOC, ERR, …) are architecture counters, not
-device IRQs, and are ignored. The order matters: the seed takes the *first*
+device IRQs, and are ignored. The order matters: the IRQ step takes the *first*
 ``sq_send_trigger_irq`` of an NPU's MSI set in this order.
 """
 

@@ -5,7 +5,9 @@ host in a RecordingHost and runs the real discovery through it, so the
 snapshot holds exactly what discovery read (command output under ``cmd/``,
 /proc and /sys files under the same relative paths). On top of that it records
 what the applier reads later: ``/proc/interrupts``, each NPU's
-``msi_irqs`` directory, the NUMA node lists, and ``meta.json``.
+``msi_irqs`` directory, the NUMA node lists, and ``meta.json``; with a pid,
+also the worker's ``numa_maps``, which the daemon's memory-locality check reads
+(it names the files the worker maps, never their contents).
 
 ``/proc/<pid>/environ`` is never written: environments carry secrets (API
 keys, tokens). Only ``ASCEND_RT_VISIBLE_DEVICES`` goes to ``meta.json``'s
@@ -60,8 +62,8 @@ class RecordingHost:
             self._write(os.path.join("cmd", command_file_name(argv).replace("/", "_")), out)
         return out
 
-    def read(self, path: str) -> str | None:
-        text = self.inner.read(path)
+    def read(self, path: str, limit: int | None = None) -> str | None:
+        text = self.inner.read(path) if limit is None else self.inner.read(path, limit=limit)
         if text is not None and not path.endswith("/environ"):
             self._write(path, text)
         return text
@@ -171,6 +173,10 @@ def _record(out_dir: str, pid: int | None, config: Config) -> SnapshotFiles:
     for addr in sorted(set(facts.pci_addresses.values()) if facts else ()):
         if rec.listdir(f"/sys/bus/pci/devices/{addr}/msi_irqs") is None:
             warnings.append(f"no /sys/bus/pci/devices/{addr}/msi_irqs on this host")
+    if worker is not None and pid is not None:
+        # the locality check's input; without --pid the "worker" is this process,
+        # whose memory map would tell a bug report nothing
+        rec.read(f"/proc/{worker.pid}/numa_maps")
     rec.read("/sys/devices/system/cpu/online")
     rec.read(f"{NODE_ROOT}/online")
     for node in sorted(facts.numa_nodes if facts else ()):

@@ -4,7 +4,9 @@ The I/O edge is this one small interface, so discovery code is written once and
 tests inject a SnapshotHost instead of monkeypatching:
 
     run(argv)      -> stdout text, or None when the command does not exist there
-    read(path)     -> file text, or None when the file is absent / unreadable
+    read(path)     -> file text, or None when the file is absent / unreadable;
+                      read(path, limit=N) stops after N+1 characters, so a caller
+                      can refuse a file longer than N without holding all of it
     listdir(path)  -> sorted names, or None when the directory is absent
 
 ``argv[0]`` is the *logical* tool name ("npu-smi", "lscpu", "ps"); LiveHost maps
@@ -42,7 +44,7 @@ __all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "comma
 class HostSource(Protocol):
     def run(self, argv: Sequence[str]) -> str | None: ...
 
-    def read(self, path: str) -> str | None: ...
+    def read(self, path: str, limit: int | None = None) -> str | None: ...
 
     def listdir(self, path: str) -> list[str] | None: ...
 
@@ -107,10 +109,10 @@ class LiveHost:
             return self.sys_root + path[len("/sys") :]
         return path
 
-    def read(self, path: str) -> str | None:
+    def read(self, path: str, limit: int | None = None) -> str | None:
         try:
             with open(self.host_path(path), encoding="utf-8", errors="replace") as fh:
-                return fh.read()
+                return fh.read(-1 if limit is None else limit + 1)
         except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError, IsADirectoryError):
             return None
         except OSError:
@@ -150,8 +152,8 @@ class OneTimeoutPerTool:
                 self._hung[tool] = str(exc).removeprefix("command ")
             raise
 
-    def read(self, path: str) -> str | None:
-        return self.inner.read(path)
+    def read(self, path: str, limit: int | None = None) -> str | None:
+        return self.inner.read(path) if limit is None else self.inner.read(path, limit=limit)
 
     def listdir(self, path: str) -> list[str] | None:
         return self.inner.listdir(path)
@@ -226,8 +228,8 @@ class SnapshotHost:
     def host_path(self, path: str) -> str:
         return os.path.join(self.directory, path.lstrip("/"))
 
-    def read(self, path: str) -> str | None:
-        return self._read_file(self.host_path(path))
+    def read(self, path: str, limit: int | None = None) -> str | None:
+        return self._read_file(self.host_path(path), limit)
 
     def listdir(self, path: str) -> list[str] | None:
         try:
@@ -236,9 +238,9 @@ class SnapshotHost:
             return None
 
     @staticmethod
-    def _read_file(path: str) -> str | None:
+    def _read_file(path: str, limit: int | None = None) -> str | None:
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
-                return fh.read()
+                return fh.read(-1 if limit is None else limit + 1)
         except OSError:
             return None

@@ -1,28 +1,39 @@
 """Per-request facts of one worker process, through a HostSource.
 
-Cheap by design (a daemon calls this for every bind): a few small /proc files,
-one ``comm`` per thread, the cgroup cpuset file; ``ps -Te`` only with
-``want_uvb`` (Ascend 950).
+``discover_worker`` is cheap by design (a daemon calls it for every bind): a
+few small /proc files, one ``comm`` per thread, the cgroup cpuset file;
+``ps -Te`` only with ``want_uvb`` (Ascend 950).
+
+``read_numa_residency`` is not: the kernel walks every page table of the
+process to print ``numa_maps`` (about a second for a 100 GiB heap of 4 KiB
+pages), so it never runs on the bind path, only in the daemon's rate-limited
+locality check and in ``status --memory``.
 """
 
 from __future__ import annotations
 
 from ..config import Config
 from ..cpulist import format_cpulist
-from ..errors import ParseError, ProcessGone, UsageError
+from ..errors import DiscoveryError, ParseError, ProcessGone, UsageError
 from ..model import ProcessIdentity, ThreadInfo, WorkerFacts, frozen_map
+from .numa_maps import NumaResidency, parse_numa_maps
 from .procfs import cpuset_cgroup, parse_cgroup, parse_environ, parse_ps_te, parse_stat_start_time, parse_status
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "UVB_COMM_PREFIX"]
+__all__ = ["discover_worker", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+
+# characters of numa_maps read at most. A worker with the default vm.max_map_count
+# (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
+# otherwise make root's daemon hold hundreds of MB (long file paths on every line)
+NUMA_MAPS_LIMIT = 32 << 20
 
 # comm is cut to 15 characters: "uvb_poll_window_thread" reads "uvb_poll_window"
 UVB_COMM_PREFIX = "uvb_poll_window"
 
 
 def _allowed_cpus(source: HostSource, key: str, status_cpus, warnings: list[str]):
-    """(cpus, "cgroup"|"status", cpuset path). SPEC §1: the cgroup cpuset when
+    """(cpus, "cgroup"|"status", cpuset path): the cgroup cpuset when
     readable, else Cpus_allowed_list: never a mask ascendbind itself set."""
     cg_text = source.read(f"/proc/{key}/cgroup")
     where = cpuset_cgroup(parse_cgroup(cg_text, f"/proc/{key}/cgroup")) if cg_text is not None else None
@@ -155,3 +166,27 @@ def discover_worker(
         uvb_tids=_uvb_tids(source) if want_uvb else (),
         warnings=tuple(warnings),
     )
+
+
+def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None = None,
+                        limit: int = NUMA_MAPS_LIMIT) -> NumaResidency:
+    """Resident memory of ``pid`` per NUMA node, from ``/proc/<pid>/numa_maps``.
+
+    DiscoveryError when the file cannot be read (the process is gone, or reading
+    another user's numa_maps needs CAP_SYS_PTRACE) or is longer than ``limit``
+    (code ``too_large``), ParseError when it is malformed. With ``start_time``, ProcessGone ``pid_recycled`` when the pid
+    names another process once the file is read: the counts would be a stranger's.
+    """
+    path = f"/proc/{int(pid)}/numa_maps"
+    text = source.read(path, limit=limit)
+    if text is None:
+        raise DiscoveryError(f"cannot read {path}: the process is gone, or its memory map is not readable")
+    if len(text) > limit:
+        raise DiscoveryError(f"{path} is longer than {limit} characters; not read further", code="too_large")
+    residency = parse_numa_maps(text, path)
+    if start_time is not None:
+        stat_text = source.read(f"/proc/{int(pid)}/stat")
+        start = parse_stat_start_time(stat_text, f"/proc/{int(pid)}/stat") if stat_text is not None else None
+        if start != start_time:
+            raise ProcessGone(f"pid {pid} exited or was recycled while its numa_maps was read", code="pid_recycled")
+    return residency

@@ -2,8 +2,8 @@
 
 One file per rule family: ``global_slice.py``, ``topo_affinity.py``,
 ``cluster950.py``, ``roles.py``; ``layout.py`` holds the host's CPU/NUMA
-lookups built once per plan; ``plan.py`` puts them together. NUMA alignment
-(issue 5): ``providers.py`` (device/cpu/memory hints), ``hints.py`` (the
+lookups built once per plan; ``plan.py`` puts them together. NUMA alignment:
+``providers.py`` (device/cpu/memory hints), ``hints.py`` (the
 kubelet merge), ``alignment.py`` (policies, precedence, failure reasons),
 ``explain.py`` (``plan --explain``) and ``lint.py`` (config tensions).
 

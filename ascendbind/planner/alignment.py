@@ -1,4 +1,4 @@
-"""NUMA alignment under ``topology_policy`` (issue 5; seeds 000_* kubelet, 004_* Koordinator).
+"""NUMA alignment under ``topology_policy``, after the kubelet Topology Manager and Koordinator.
 
 For every planned target NPU the device, cpu and memory providers offer hints
 (providers.py), the hints are merged (hints.py), and the policy decides:
@@ -46,7 +46,7 @@ PROVIDERS: tuple[str, ...] = ("device", "cpu", "memory")
 
 # Why an NPU is not aligned: the label set of ascendbind_alignment_failures_total{reason}.
 ALIGNMENT_FAILURE_REASONS: tuple[str, ...] = (
-    "pool_off_mask",  # the hints agree, but the kept (seed) pool is on other nodes
+    "pool_off_mask",  # the hints agree, but the kept seed pool is on other nodes
     "cpu_no_fit",  # no single node can hold a pool meeting the role minimum for this NPU
     "device_cpu_mismatch",  # the device's node cannot hold the NPU's pool
     "memory_mismatch",  # Mems_allowed excludes the node device and cpu agree on

@@ -1,4 +1,4 @@
-"""``ascend950_cluster``: one full CPU cluster per NPU on its affinity node (SPEC §2).
+"""``ascend950_cluster``: one full CPU cluster per NPU on its affinity node.
 
 * Candidates as in topo_affinity (targets + hidden NPUs whose affinity meets
   the allowed CPUs); each one's affinity ∩ allowed must lie on one NUMA node.
@@ -10,7 +10,7 @@
   cluster; if that is empty, allowed CPUs of node 0 minus CPU 0.
 
 A hidden candidate whose affinity spans nodes cannot take a cluster and is
-left out of the hand-out (the seed skips it the same way).
+left out of the hand-out rather than given a cluster on a node it only partly uses.
 """
 
 from __future__ import annotations

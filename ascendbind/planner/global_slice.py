@@ -1,4 +1,4 @@
-"""``global_slice``: cut the sorted allowed CPUs by *global* logical NPU id (SPEC §2).
+"""``global_slice``: cut the sorted allowed CPUs by *global* logical NPU id.
 
 Why global ids: two workers with the same cpuset but different visible NPUs
 must not overlap, so both slice the same id space and each keeps its own

@@ -1,4 +1,4 @@
-"""NUMA hints and their merge, after the kubelet Topology Manager (seed 000_*).
+"""NUMA hints and their merge, after the kubelet Topology Manager.
 
 A *hint* is a NUMA bitmask (bit n = node n; ``None`` = "no opinion"), a
 ``preferred`` flag and a ``score`` (0 = no signal, never "zero utilisation").

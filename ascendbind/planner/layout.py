@@ -7,7 +7,7 @@ once (dicts and sorted tuples) and each rule stays linear in the CPU count.
 Whole-core *units* serve ``cpu_bind_policy = full-pcpus``: a unit is the set of
 SMT siblings (same ``CORE`` in ``lscpu -e``) that are in a given CPU list,
 ordered by their lowest CPU. With the default policy every CPU is its own
-unit, which makes unit arithmetic identical to the seed's CPU arithmetic.
+unit, which makes unit arithmetic identical to plain CPU arithmetic.
 """
 
 from __future__ import annotations
@@ -109,11 +109,11 @@ class Layout:
         return bool(self.distances) and all(n in self.distances for n in self.nodes)
 
     def extension_node(self, node: int, how: str) -> int | None:
-        """The node a one-node pool is extended to (SPEC §2, ``numa_extension``).
+        """The node a one-node pool is extended to (``numa_extension``).
 
-        ``next`` is the seed's ``(node + 1) % n_nodes`` over the nodes that have
-        CPUs (the seed builds its node map from ``lscpu -e=CPU,NODE``, so CPU-less
-        nodes never count). ``closest`` is the nearest other node by sysfs
+        ``next`` is ``(node + 1) % n_nodes`` over the nodes that have CPUs (the node
+        map comes from the CPU list of ``lscpu -e``, so CPU-less nodes never
+        count). ``closest`` is the nearest other node by sysfs
         distance, ties to the lower id; without distances it is ``next``.
         """
         if how == "none" or node not in self.nodes or len(self.nodes) < 2:
@@ -151,7 +151,7 @@ class Layout:
     def split(self, pool: Sequence[int], parts: int) -> list[tuple[int, ...]]:
         """Split a sorted pool evenly into ``parts`` in order; the last takes the remainder.
 
-        The seed's ``average_distribute``: ``len // parts`` each, counted in units
+        An even split: ``len // parts`` each, counted in units
         (whole cores with full-pcpus).
         """
         if not self.full_pcpus:

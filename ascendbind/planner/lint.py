@@ -1,6 +1,6 @@
 """Config lint: settings that contradict each other or do nothing on this host.
 
-After Koordinator's "tension points" (seed 004_*): the combinations are legal,
+After Koordinator's "tension points": the combinations are legal,
 so they are never errors, but an operator should hear about them once at
 start-up and in ``plan --explain``. Pure: config + host facts in, sentences out.
 """

@@ -1,4 +1,4 @@
-"""Entry point of the planner: facts + targets + config -> Plan (SPEC §2). Pure.
+"""Entry point of the planner: facts + targets + config -> Plan. Pure.
 
 Order of work, each step in its own module:
 
@@ -46,7 +46,7 @@ def effective_device_type(host: HostFacts, config: Config) -> DeviceType:
 
 
 def choose_mode(device_type: DeviceType, host: HostFacts) -> tuple[Mode, str | None]:
-    """The seed's mode table, and the fallback sentence when topo_affinity has no affinity."""
+    """The mode for a device type, and the fallback sentence when topo_affinity has no affinity."""
     if device_type is DeviceType.A3:
         return Mode.GLOBAL_SLICE, None
     if device_type is DeviceType.A950:
@@ -57,7 +57,7 @@ def choose_mode(device_type: DeviceType, host: HostFacts) -> tuple[Mode, str | N
 
 
 class SeedPools:
-    """The seed rules' result for one request, kept whole for the alignment step."""
+    """The placement rules' seed pools for one request, kept whole for the alignment step."""
 
     def __init__(self, mode: Mode) -> None:
         self.mode = mode
@@ -96,7 +96,7 @@ def seed_pools(host: HostFacts, layout: Layout, mode: Mode, targets: Sequence[in
 
 def make_plan(host: HostFacts, worker: WorkerFacts, targets: Sequence[int], config: Config, *,
               request_policy: str | None = None) -> Plan:
-    """SPEC §2. Never raises for a per-NPU problem: it goes into ``plan.errors``
+    """The plan for ``targets``. Never raises for a per-NPU problem: it goes into ``plan.errors``
     (code + sentence with the numbers) and the NPU is absent from ``plan.npus``.
     Planning uses ``worker.allowed_cpus`` only (never a mask ascendbind set).
 

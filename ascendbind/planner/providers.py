@@ -1,15 +1,15 @@
-"""The three hint providers of issue 5, each NUMA-bitmask hints for one NPU.
+"""The three hint providers of NUMA alignment, each NUMA-bitmask hints for one NPU.
 
 device  the NPU's node(s) from its topo affinity, else its PCI device's sysfs
         ``numa_node``, else no opinion (A3: HCCS makes every node equally far,
-        the seed's reason for global_slice, so A3 never has one). One preferred
+        which is also why A3 plans with global_slice; A3 never has one). One preferred
         hint per node.
 cpu     the single nodes on which a pool meeting the role minimum can be built
         *inside that node* for this NPU and the NPUs that share the node
         (preferred; score = the share of the node's allowed CPUs, or of the
-        slice, this NPU would get, in percent, at least 1), plus the seed
-        pool's own nodes when it spans several (not preferred), so a merge
-        that cannot align still describes the seed plan.
+        slice, this NPU would get, in percent, at least 1), plus the
+        seed pool's own nodes when it spans several (not preferred), so a merge
+        that cannot align still describes the pool the placement rules gave.
 memory  one preferred hint per node in the worker's ``Mems_allowed``, plus
         their union (not preferred); no opinion when Mems_allowed is unknown.
 
@@ -150,7 +150,7 @@ def cpu_hints(ctx: HintContext, npu: int) -> list[Hint]:
     else:
         minimum = ctx.minimum
         for node, members, member_set, total in ctx.node_table():
-            # this NPU's share of the node, by arithmetic (the seed's even split)
+            # this NPU's share of the node, by arithmetic (the placement rules' even split)
             if npu in member_set:
                 k, last = len(members), members[-1] == npu
             else:

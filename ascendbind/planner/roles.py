@@ -1,6 +1,6 @@
-"""Split one NPU's pool into roles: IRQ, main, ACL, release (SPEC §2 "Role split").
+"""Split one NPU's pool into roles: IRQ, main, ACL, release.
 
-The seed's rule, for a pool sorted ascending:
+The rule, for a pool sorted ascending:
 
     irq = pool[0:2]   main = pool[2:-2]   acl = [pool[-2]]   release = [pool[-1]]
 

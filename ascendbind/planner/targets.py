@@ -1,4 +1,4 @@
-"""Which NPUs a worker drives (SPEC §3 "Target NPUs"). Pure: facts in, ids out."""
+"""Which NPUs a worker drives. Pure: facts in, ids out."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def visible_devices(worker: WorkerFacts) -> tuple[int, ...] | None:
 
 
 def select_targets(host: HostFacts, worker: WorkerFacts, requested: Sequence[int] | None) -> tuple[int, ...]:
-    """SPEC §3 'Target NPUs': ``requested`` if given (each must be a known logical id
+    """The target NPUs: ``requested`` if given (each must be a known logical id
     when the host lists any); else the NPUs the process table lists for worker.pid;
     else the running NPUs filtered by the worker's ASCEND_RT_VISIBLE_DEVICES;
     else PlanImpossible(code="no_target_npu") saying which it tried.

@@ -1,17 +1,17 @@
-"""``topo_affinity``: pools from each NPU's CPU affinity (``npu-smi info -t topo``), SPEC §2.
+"""``topo_affinity``: pools from each NPU's CPU affinity (``npu-smi info -t topo``).
 
 1. Candidates are the target NPUs plus every other logical NPU whose affinity
    intersects the allowed CPUs. Hidden NPUs count so that two single-NPU
    workers whose NPUs share an affinity split it instead of both taking it.
 2. A candidate's base pool is its affinity ∩ allowed (empty: that NPU fails).
 3. A base pool on one NUMA node is extended with the allowed CPUs of another
-   node (``numa_extension``: the seed's next node, the closest, or none).
+   node (``numa_extension``: the next node, the closest, or none).
 4. NPUs with identical extended pools split it evenly in logical-id order,
    the last taking the remainder.
 5. Only target NPUs are kept.
 
 Extended pools that intersect without being identical are not separated by
-the seed's rule; when that makes a target's final pool overlap another
+the even split; when that makes a target's final pool overlap another
 NPU's, the plan carries a ``pools_overlap`` warning naming both.
 """
 
@@ -138,5 +138,5 @@ def _overlaps(layout: Layout, groups: dict[frozenset[int], list[int]], pools: di
                         f"NPU {x}'s pool {cl(pools[x])} overlaps NPU {y}'s pool {cl(pools[y])} on CPUs "
                         f"{cl(shared)}: their NUMA-extended affinity pools (NUMA {nodes_of_ext(ex)} "
                         f"and NUMA {nodes_of_ext(ey)}) intersect without being identical, and "
-                        f"the seed's split only separates NPUs with identical pools"))
+                        f"the even split only separates NPUs with identical pools"))
     return sorted(warnings, key=lambda w: (w.npu, w.reason))

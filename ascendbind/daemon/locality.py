@@ -1,0 +1,207 @@
+"""Memory locality: how much of a bound worker's memory is on its pool's NUMA
+nodes, and the memory step run again when too little is.
+
+Binding moves the threads; the memory step (``migratepages``) moves the pages
+the worker had then; later allocations follow first touch on the new CPUs. What
+still drifts away: memory a worker allocated before it was bound and touched
+again from elsewhere, page cache read on another node, allocations that fell
+back to a remote node when the local one was full. So every
+``memory_check_seconds`` the reconcile pass has each bound worker's
+``/proc/<pid>/numa_maps`` read (through the daemon's HostSource) and the share
+of its resident memory, in bytes, on the NUMA nodes of its pool(s) computed:
+``memory_local_ratio`` in ``status``, ``ascendbind_memory_local_ratio{npu}`` in
+the metrics. A worker with nothing resident has no ratio (no sample): 1.0 would
+claim a locality nobody measured, 0 would trigger a pointless migration.
+
+When the ratio is below ``memory_local_threshold`` the memory step runs again,
+rate-limited (``memory_rerun_due``): at least ``memory_rerun_seconds`` after
+the last run (the bind's own counts as one), that interval doubled for every
+rerun in a row that left the ratio below the threshold (pages the NPU driver
+pinned for DMA cannot move; walking 100 GiB again every few minutes to find
+that out buys nothing), up to ``RERUN_BACKOFF_CAP`` times.
+
+Cost: the kernel walks the page tables of every mapping to print numa_maps,
+and migratepages of a big heap takes seconds to minutes, so neither runs on
+the reconcile thread (whose progress feeds the systemd watchdog): ``tick``
+starts one background round at a time over the workers whose check is due,
+and a round runs at most one migratepages, for the worst worker. Nothing is
+read or run under the daemon's lock.
+
+The series is labelled by NPU only (bounded by the host, no pid): a worker
+driving several NPUs gives each of them its ratio; two workers sharing an NPU
+(``allow_shared_npu``) give it the lower of theirs, the one an alert should see.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from ..applier.identity import verify_identity
+from ..applier.memory import migrate_memory
+from ..discovery.numa_maps import local_ratio
+from ..discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
+from ..errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
+from ..model import Binding, StepResult
+
+__all__ = ["MemoryLocality", "memory_rerun_due", "ratios_by_npu", "pool_nodes", "RERUN_BACKOFF_CAP"]
+
+log = structlog.get_logger("ascendbind.locality")
+
+RERUN_BACKOFF_CAP = 16
+
+
+def pool_nodes(binding: Binding) -> frozenset[int]:
+    """The NUMA nodes of every pool the worker is bound to: where its threads run."""
+    return frozenset(n for p in binding.plan.npus for n in p.numa_nodes)
+
+
+def memory_rerun_due(ratio: float | None, threshold: float, last_run: float, now: float,
+                     interval: float, futile: int = 0) -> bool:
+    """Run the memory step again? Only for a measured ratio below ``threshold``, and
+    only ``interval`` x 2**``futile`` (capped at RERUN_BACKOFF_CAP x) after ``last_run``."""
+    if ratio is None or ratio >= threshold:
+        return False
+    backoff = min(2 ** max(0, min(futile, 30)), RERUN_BACKOFF_CAP)
+    return now - last_run >= interval * backoff
+
+
+def ratios_by_npu(helds: Iterable[Any]) -> dict[int, float]:
+    """NPU -> the lowest measured ratio among the workers bound to it."""
+    out: dict[int, float] = {}
+    for h in helds:
+        ratio = h.memory_local_ratio
+        if ratio is None:
+            continue
+        for npu in h.binding.npus:
+            out[npu] = min(ratio, out.get(npu, ratio))
+    return out
+
+
+class MemoryLocality:
+    """The check and the rerun for one daemon (``daemon.held``, ``daemon.lock``,
+    ``daemon.hosts.source``, ``daemon.metrics``, ``daemon.config``)."""
+
+    def __init__(self, daemon, *, numa_maps_limit: int = NUMA_MAPS_LIMIT) -> None:
+        self.daemon = daemon
+        self.numa_maps_limit = numa_maps_limit
+        self._thread: threading.Thread | None = None
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def tick(self, now: float | None = None) -> bool:
+        """From the reconcile pass: start a background round over the workers whose
+        check is due, unless one still runs. True when a round was started."""
+        if self.daemon.config.memory_check_seconds <= 0:
+            self._forget()
+            return False
+        if self.busy():
+            return False
+        due = self.due(time.monotonic() if now is None else now)
+        if not due:
+            return False
+        self._thread = threading.Thread(target=self._round, args=(due,), name="memory-locality", daemon=True)
+        self._thread.start()
+        return True
+
+    def due(self, now: float) -> list:
+        interval = self.daemon.config.memory_check_seconds
+        with self.daemon.lock:
+            return [h for _, h in sorted(self.daemon.held.items())
+                    if h.memory_checked_at is None or now - h.memory_checked_at >= interval]
+
+    def _round(self, due: list) -> None:
+        try:
+            self.run_round(due)
+        except Exception:  # a bug here must not take the daemon down; the next tick tries again
+            log.exception("memory locality round crashed")
+
+    def run_round(self, due: list, now: float | None = None) -> StepResult | None:
+        """Measure each of ``due``, then rerun the memory step for the worst one that
+        is due a rerun. Returns that rerun's result, or None when none ran."""
+        measured = []
+        for h in due:
+            ratio = self.measure(h, time.monotonic() if now is None else now)
+            if ratio is not None:
+                measured.append((ratio, h.binding.pid, h))
+        for _ratio, _pid, h in sorted(measured, key=lambda m: m[:2]):
+            result = self.rerun_if_due(h, time.monotonic() if now is None else now)
+            if result is not None:
+                return result
+        return None
+
+    def measure(self, h, now: float) -> float | None:
+        """Read the worker's numa_maps; record (and export) its ratio. None when
+        there is none: unreadable, malformed, nothing resident, or no longer held."""
+        d, b = self.daemon, h.binding
+        ratio: float | None = None
+        try:
+            residency = read_numa_residency(d.hosts.source, b.pid, start_time=b.start_time,
+                                            limit=self.numa_maps_limit)
+        except ProcessGone:
+            result = "unreadable"  # the reconcile pass drops the worker
+        except ParseError as exc:
+            result = "malformed"
+            log.warning("numa_maps does not parse; locality unknown", pid=b.pid, error=str(exc))
+        except DiscoveryError as exc:
+            result = "too_large" if exc.code == "too_large" else "unreadable"
+            log.info("numa_maps not read; locality unknown", pid=b.pid, error=str(exc))
+        else:
+            ratio = local_ratio(residency.kib, pool_nodes(b))
+            result = "measured" if ratio is not None else "no_pages"
+        d.metrics.memory_check(result)
+        with d.lock:
+            if d.held.get(b.pid) is not h:
+                return None
+            h.memory_checked_at = now
+            h.memory_local_ratio = ratio
+            if ratio is not None and ratio >= d.config.memory_local_threshold:
+                h.memory_futile = 0
+            d.metrics.memory_local(ratios_by_npu(d.held.values()))
+        return ratio
+
+    def rerun_if_due(self, h, now: float) -> StepResult | None:
+        """Run the memory step again for ``h`` when ``memory_rerun_due`` says so."""
+        d, b, cfg = self.daemon, h.binding, self.daemon.config
+        with d.lock:
+            if d.held.get(b.pid) is not h or not memory_rerun_due(
+                    h.memory_local_ratio, cfg.memory_local_threshold, h.memory_last_run, now,
+                    cfg.memory_rerun_seconds, h.memory_futile):
+                return None
+            before = h.memory_local_ratio
+            # claimed before it runs: a slow migratepages is never started twice
+            h.memory_last_run = now
+        try:
+            host = d.hosts.get()
+            # migratepages on a recycled pid would move a stranger's pages
+            verify_identity(b.pid, b.start_time, cfg.proc_root)
+        except AscendbindError as exc:
+            log.info("memory step not run again", pid=b.pid, error=str(exc))
+            return None
+        result = migrate_memory(b.plan, b.pid, host, cfg)
+        d.metrics.memory_rerun(result.outcome.value)
+        after = self.measure(h, now)
+        with d.lock:
+            if d.held.get(b.pid) is h:
+                h.memory_reruns += 1
+                if after is None or after < cfg.memory_local_threshold:
+                    h.memory_futile += 1
+        log.info("memory step run again", pid=b.pid, npus=list(b.npus), ratio_before=round(before or 0, 4),
+                 ratio_after=None if after is None else round(after, 4), outcome=result.outcome.value,
+                 reason=result.reason.value if result.reason else None, detail=result.detail)
+        return result
+
+    def _forget(self) -> None:
+        """The check is switched off (memory_check_seconds = 0): no stale ratios."""
+        d = self.daemon
+        with d.lock:
+            if any(h.memory_local_ratio is not None for h in d.held.values()):
+                for h in d.held.values():
+                    h.memory_local_ratio = None
+                    h.memory_checked_at = None
+                d.metrics.memory_local({})

@@ -1,0 +1,136 @@
+"""irqbalance's control protocol as values: its ``setup`` reply parsed, its ban command
+built, the ban list merged. Pure: no socket, no file (applier/irqbalance.py talks).
+
+What irqbalance (1.x, built with its UI socket) says and accepts:
+
+* ``setup`` is answered with one line of space-separated tokens::
+
+      SLEEP 10 IRQ 421 LOAD 0 DIFF 0 CLASS 0 IRQ 423 LOAD 0 DIFF 0 CLASS 0 BANNED 00000000
+
+  ``SLEEP`` is its pass interval in seconds, each ``IRQ`` group one entry of its
+  ban list (``--banirq`` ones and those set over the socket alike), ``BANNED``
+  the CPUs it keeps IRQs off (a kernel-style hex mask).
+* ``settings ban irqs 421 423`` *replaces* the whole ban list, ``--banirq`` ones
+  included; ``settings ban irqs NONE`` empties it. Hence read, merge, write.
+* It reads a command with one ``recvmsg`` into a 500-byte buffer: a longer one
+  would be cut silently, so it is refused here instead (``BanListTooLong``).
+* It parses the list with ``strtoul`` until a number reads 0: IRQ 0 is kept only
+  in first place, and an empty list would read as "IRQ 0". The list is sent in
+  ascending order and never empty (``NONE``), which keeps both true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import ParseError
+
+__all__ = [
+    "IrqbalanceSetup",
+    "BanListTooLong",
+    "parse_setup",
+    "ban_command",
+    "list_with",
+    "list_without",
+    "SOURCE",
+    "MAX_COMMAND",
+    "SOCKET_DIR",
+    "socket_path",
+    "ABSTRACT_ADDRESS",
+]
+
+SOURCE = "irqbalance setup reply"
+MAX_COMMAND = 500  # irqbalance's receive buffer
+BAN_PREFIX = "settings ban irqs "
+# where irqbalance binds when its runtime directory exists (systemd: RuntimeDirectory=irqbalance)
+SOCKET_DIR = "/run/irqbalance"
+# its fallback binds a zeroed sockaddr_un: an abstract address of 108 NUL bytes
+# (sun_path's size on Linux), the same for every pid
+ABSTRACT_ADDRESS = b"\0" * 108
+
+
+def socket_path(pid: int) -> str:
+    return f"{SOCKET_DIR}/irqbalance{pid}.sock"
+
+
+@dataclass(frozen=True)
+class IrqbalanceSetup:
+    sleep_seconds: int
+    banned_irqs: frozenset[int]
+    banned_cpus: str  # hex mask text as irqbalance printed it
+
+
+class BanListTooLong(ValueError):
+    """The ban command would exceed irqbalance's 500-byte receive buffer."""
+
+
+def _int(token: str | None, what: str, text: str) -> int:
+    if token is None:
+        raise ParseError(SOURCE, f"ends where {what} was expected", text=text)
+    try:
+        return int(token, 10)
+    except ValueError:
+        raise ParseError(SOURCE, f"{what} is not a number: {token!r}", text=text) from None
+
+
+def parse_setup(text: str) -> IrqbalanceSetup:
+    """The ``setup`` reply as values; ParseError for anything else (no reply, a
+    truncated reply, another program's words)."""
+    tokens = text.split()
+    if not tokens:
+        raise ParseError(SOURCE, "empty reply")
+    it = iter(tokens)
+
+    def expect(word: str) -> None:
+        got = next(it, None)
+        if got != word:
+            raise ParseError(SOURCE, f"expected {word!r}, got {got!r}", text=text)
+
+    expect("SLEEP")
+    sleep = _int(next(it, None), "the SLEEP value", text)
+    banned: set[int] = set()
+    word = next(it, None)
+    while word == "IRQ":
+        irq = _int(next(it, None), "an IRQ number", text)
+        if irq < 0:
+            raise ParseError(SOURCE, f"negative IRQ number {irq}", text=text)
+        for field in ("LOAD", "DIFF", "CLASS"):
+            expect(field)
+            _int(next(it, None), f"the {field} value of IRQ {irq}", text)
+        banned.add(irq)
+        word = next(it, None)
+    if word != "BANNED":
+        raise ParseError(SOURCE, f"expected 'IRQ' or 'BANNED', got {word!r}", text=text)
+    mask = next(it, None)
+    if mask is None or not all(c in "0123456789abcdefABCDEF," for c in mask):
+        raise ParseError(SOURCE, f"BANNED is not a CPU mask: {mask!r}", text=text)
+    extra = next(it, None)
+    if extra is not None:
+        raise ParseError(SOURCE, f"unexpected {extra!r} after the BANNED mask", text=text)
+    return IrqbalanceSetup(sleep, frozenset(banned), mask)
+
+
+def ban_command(irqs: Iterable[int]) -> str:
+    """The command that makes ``irqs`` irqbalance's whole ban list."""
+    wanted = sorted(set(irqs))
+    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in wanted):
+        raise ValueError(f"IRQ numbers must be non-negative integers: {wanted!r}")
+    command = BAN_PREFIX + (" ".join(map(str, wanted)) if wanted else "NONE")
+    if len(command) > MAX_COMMAND:
+        raise BanListTooLong(
+            f"a ban list of {len(wanted)} IRQs takes {len(command)} bytes; irqbalance reads at most {MAX_COMMAND}"
+        )
+    return command
+
+
+def list_with(current: frozenset[int], ours: Iterable[int]) -> tuple[frozenset[int], frozenset[int]]:
+    """(the whole list to send, the IRQs this adds). IRQs already on the list are not
+    added by us, so they are never ours to take off again."""
+    ours = frozenset(ours)
+    return current | ours, ours - current
+
+
+def list_without(current: frozenset[int], ours: Iterable[int]) -> frozenset[int]:
+    """The list with exactly ``ours`` taken off; everyone else's bans stay."""
+    return current - frozenset(ours)

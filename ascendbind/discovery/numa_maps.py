@@ -1,0 +1,134 @@
+"""``/proc/<pid>/numa_maps`` -> where a process's resident memory lives. Pure.
+
+One line per mapping (VMA), as the kernel's ``show_numa_map`` prints it::
+
+    <start addr> <policy> [file=<path>|heap|stack] [huge] [anon=N] [dirty=N]
+        [mapped=N] [mapmax=N] [swapcache=N] [active=N] [writeback=N]
+        [N<node>=<pages> ...] kernelpagesize_kB=<size>
+
+What counts as resident: ``N<node>=<pages>`` is the number of the mapping's
+pages the kernel found *present* (mapped by a page-table entry) on that node
+while walking the page tables. Swapped-out and never-touched pages are not
+counted; a page shared with other processes (library text, a model file's page
+cache) is counted in every process that maps it, which is right here: the
+worker reads it, and the memory step (``migratepages`` run as root moves shared
+pages too) would move it. A mapping with nothing present prints no ``N`` field
+and no page size.
+
+Units: the counts are in the mapping's own page size, ``kernelpagesize_kB``:
+one per 2 MiB (or 1 GiB) huge page in a hugetlb mapping, one per base page
+elsewhere (a transparent huge page is already counted as 512 base pages). A
+ratio over raw counts would weigh a 2 MiB huge page like a 4 KiB page, so a
+worker whose 100 GiB of hugetlb memory is all remote could still look local
+through its small pages. Every count is therefore multiplied by its page size:
+``kib`` is the resident memory per node in KiB, and ratios are ratios of bytes.
+``pages`` keeps the counts as printed (what ``status --memory`` shows).
+
+``file=`` paths are printed unescaped (only a newline is escaped), so a path
+may contain spaces and even ``N0=5``-like words. The fields the kernel adds
+always follow the path, so they are read from the end of the line backwards,
+stopping at the first word that is not one of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from ..errors import ParseError
+from ..model import frozen_map
+
+__all__ = ["NumaResidency", "parse_numa_maps", "local_ratio"]
+
+# the kernel's own counters; anything else ends the trailing run of fields
+_FIELD = re.compile(r"^(N(\d+)|kernelpagesize_kB|anon|dirty|mapped|mapmax|swapcache|active|writeback)=(\d+)$")
+# a word in field position that is not a valid field: garbage, not part of a path
+_LOOKS_LIKE_FIELD = re.compile(r"^(N\d*|kernelpagesize_kB)=")
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+
+
+@dataclass(frozen=True)
+class NumaResidency:
+    """Resident memory of one process per NUMA node: ``kib`` (KiB, page-size
+    weighted) and ``pages`` (the kernel's counts, each in its mapping's page size)."""
+
+    kib: Mapping[int, int]
+    pages: Mapping[int, int]
+
+    @property
+    def total_kib(self) -> int:
+        return sum(self.kib.values())
+
+
+def _line_fields(fields: list[str], source: str, lineno: int, line: str) -> tuple[dict[int, int], int | None]:
+    """(node -> pages, page size in KiB or None) from the trailing kernel fields of one line."""
+    nodes: dict[int, int] = {}
+    page_kib: int | None = None
+    for word in reversed(fields[2:]):
+        m = _FIELD.match(word)
+        if m is None:
+            if _LOOKS_LIKE_FIELD.match(word):
+                raise ParseError(source, f"bad field {word!r}", line=lineno, text=line)
+            break
+        value = int(m.group(3))
+        if m.group(2) is not None:
+            node = int(m.group(2))
+            if node in nodes:
+                raise ParseError(source, f"node N{node} printed twice", line=lineno, text=line)
+            nodes[node] = value
+        elif m.group(1) == "kernelpagesize_kB":
+            if page_kib is not None or value == 0:
+                raise ParseError(source, f"bad field {word!r}", line=lineno, text=line)
+            page_kib = value
+    return nodes, page_kib
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time: numa_maps of a big process runs to
+    megabytes, and a list of all its lines would hold it twice over."""
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            stop = end
+        yield text[start:stop]
+        start = stop + 1
+
+
+def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
+    """Sum the ``N<node>=`` counts of every mapping (see the module docstring).
+
+    ParseError (naming ``source`` and the line) for a line that does not start
+    with a hex address and a policy, a malformed ``N``/page-size field, or node
+    counts without a page size (the kernel prints one whenever it prints counts).
+    """
+    kib: dict[int, int] = {}
+    pages: dict[int, int] = {}
+    for lineno, line in enumerate(_lines(text), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if not _HEX.match(fields[0]):
+            raise ParseError(source, "row does not start with a hex address", line=lineno, text=line)
+        if len(fields) < 2:
+            raise ParseError(source, "row has no memory policy", line=lineno, text=line)
+        nodes, page_kib = _line_fields(fields, source, lineno, line)
+        if not nodes:
+            continue
+        if page_kib is None:
+            raise ParseError(source, "node counts without kernelpagesize_kB", line=lineno, text=line)
+        for node, count in nodes.items():
+            pages[node] = pages.get(node, 0) + count
+            kib[node] = kib.get(node, 0) + count * page_kib
+    return NumaResidency(frozen_map(dict(sorted(kib.items()))), frozen_map(dict(sorted(pages.items()))))
+
+
+def local_ratio(kib_by_node: Mapping[int, int], nodes: Iterable[int]) -> float | None:
+    """Share (0-1) of the resident memory that lies on ``nodes``; None when
+    nothing is resident (no locality to speak of: neither 1 nor 0 is true)."""
+    total = sum(kib_by_node.values())
+    if total <= 0:
+        return None
+    wanted = set(nodes)
+    return sum(v for n, v in kib_by_node.items() if n in wanted) / total
