@@ -18,7 +18,7 @@ import pytest
 from ascendbind.applier.affinity import cpus_for_role, role_of
 from ascendbind.model import Mode, NpuPlan
 from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
-from tests.workers import cpus_allowed_of, start_worker
+from tests.workers import cpus_allowed_of, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(N_CPUS < 2, reason="roles only separate with 2+ CPUs")
@@ -138,8 +138,7 @@ def test_worker_that_keeps_rebinding_itself_without_evidence_is_left_alone_as_ex
         assert metric_value(text, "ascendbind_drift_total", culprit="external") >= 4
         assert (metric_value(text, "ascendbind_drift_total", culprit="self") or 0) == before
     finally:
-        proc.kill()
-        proc.wait()
+        reap(proc)
 
 
 def test_exited_worker_is_dropped_within_seconds(daemon):

@@ -18,7 +18,7 @@ from ascendbind.daemon.held import YOUNG_PASSES, SeenThread, accepted
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
 from ascendbind.render import compact_json
-from tests.workers import start_worker
+from tests.workers import reap, start_worker
 
 # ---------------------------------------------------------------- the blame rule
 
@@ -165,8 +165,9 @@ def test_evidence_is_read_from_the_worker_and_its_ancestors_in_proc():
         assert read_evidence(2 ** 22 + 12345) == Evidence(arm=is_arm())
         assert MAX_ANCESTORS >= 2  # API server -> engine core -> worker
     finally:
-        server.stdin.close()
+        server.stdin.close()  # it ends its child and exits
         server.wait(timeout=30)
+        reap(server)
 
 
 # ---------------------------------------------------------------- the comm-cache rule

@@ -23,8 +23,8 @@ import pytest
 from ascendbind.cpulist import format_mask, parse_cpulist
 from ascendbind.daemon.evidence import is_arm
 from ascendbind.daemon.held import YOUNG_PASSES
-from tests.daemon_harness import ROOT, DaemonProc, metric_value, running_daemon, wait_for
-from tests.workers import cpus_allowed_of, start_worker
+from tests.daemon_harness import ROOT, DaemonProc, metric_value, running_daemon, survives_and_releases, wait_for
+from tests.workers import cpus_allowed_of, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 ALL = frozenset(os.sched_getaffinity(0))
@@ -46,8 +46,7 @@ def daemon():
 @pytest.fixture(autouse=True)
 def _release_all(daemon):
     yield
-    assert daemon.alive(), daemon.log()[-3000:]
-    daemon.client.release(all=True)
+    survives_and_releases(daemon)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -124,8 +123,7 @@ def test_a_worker_with_cpu_affinity_conf_that_rebinds_itself_is_blamed_self(daem
         assert "blamed self" in drift["left_alone_why"] and "unset CPU_AFFINITY_CONF" in drift["left_alone_why"]
         assert metric_value(daemon.metrics_text(), "ascendbind_drift_total", culprit="self") >= 4
     finally:
-        proc.kill()
-        proc.wait()
+        reap(proc)
 
 
 _VLLM_SERVER = r"""
@@ -154,8 +152,9 @@ def test_a_vllm_worker_is_judged_by_its_servers_command_line(daemon):
         else:  # vllm-ascend's binder skips non-ARM hosts: no evidence against the worker here
             assert drift["culprit"] == "external" and "runs only on ARM hosts" in drift["blame"]
     finally:
-        server.stdin.close()
+        server.stdin.close()  # the server kills its worker when its stdin ends
         server.wait(timeout=30)
+        reap(server)
 
 
 # ---------------------------------------------------------------- late names
