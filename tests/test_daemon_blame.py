@@ -16,7 +16,7 @@ from ascendbind.daemon.blame import (CULPRITS, Evidence, blame_irqs, blame_threa
 from ascendbind.daemon.evidence import MAX_ANCESTORS, is_arm, read_evidence
 from ascendbind.daemon.held import YOUNG_PASSES, SeenThread, accepted
 from ascendbind.daemon.metrics import Metrics
-from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
+from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads, thread_count
 from ascendbind.render import compact_json
 from tests.workers import reap, start_worker
 
@@ -259,6 +259,56 @@ def test_a_real_thread_named_after_the_look_that_first_saw_it_is_caught_while_yo
         os.sched_setaffinity(other, set(cpus))
         assert observe_threads(w.pid, cache, roles, pass_no + 1)[1] == [other]
     assert observe_threads(w.pid, cache, roles, pass_no + 2) is None  # reaped: no task list
+
+
+def _stat_line(pid: int, num_threads: int) -> str:
+    fields = ["S"] + ["0"] * 16 + [str(num_threads)] + ["0"] * 30  # field 20 is num_threads
+    return f"{pid} (worker x) " + " ".join(fields) + "\n"
+
+
+def test_a_look_walks_the_cache_without_listing_while_the_thread_count_holds(tmp_path):
+    with start_worker(plain=2, acl=0, release=0) as w:
+        assert thread_count(w.pid) == len(w.threads())
+        cpus = frozenset(os.sched_getaffinity(0))
+        roles = {"main": cpus, "acl": cpus, "release": cpus}
+        for tid in w.threads():
+            os.sched_setaffinity(tid, cpus)
+        cache: dict[int, SeenThread] = {}
+        observe_threads(w.pid, cache, roles, 1)
+        for seen in cache.values():
+            seen.young = 0
+        # a proc tree whose stat gives the real count but whose task list is empty: a look
+        # that listed would forget every thread; the walk answers from the kernel's masks
+        fake = tmp_path / "proc"
+        (fake / str(w.pid) / "task").mkdir(parents=True)
+        (fake / str(w.pid) / "stat").write_text(_stat_line(w.pid, len(cache)))
+        quiet = next(p for p in range(2, 2 + COMM_SWEEP_PASSES)
+                     if all((t + p) % COMM_SWEEP_PASSES for t in cache))
+        assert observe_threads(w.pid, cache, roles, quiet, proc_root=str(fake)) == ([], [])
+        assert set(cache) == set(w.threads())
+        # one more thread than cached: the listing decides (and, being empty here, forgets all)
+        (fake / str(w.pid) / "stat").write_text(_stat_line(w.pid, len(cache) + 1))
+        assert observe_threads(w.pid, cache, roles, quiet, proc_root=str(fake)) == ([], [])
+        assert cache == {}
+
+
+def test_a_thread_born_as_another_exits_keeps_the_count_and_is_still_found():
+    cpus = sorted(os.sched_getaffinity(0))
+    roles = {"main": frozenset(cpus), "acl": frozenset(cpus), "release": frozenset(cpus)}
+    with start_worker(plain=1, acl=0, release=0) as w:
+        for tid in w.threads():
+            os.sched_setaffinity(tid, roles["main"])
+        old = w.spawn("worker_old")
+        cache: dict[int, SeenThread] = {}
+        observe_threads(w.pid, cache, roles, 1)
+        w.stop(old)
+        new = w.spawn("acl_thread")  # same count as the cache holds
+        assert thread_count(w.pid) == len(cache)
+        to_pin, drifted = observe_threads(w.pid, cache, roles, 2)
+        # the walk met the exited tid (ESRCH), listed, forgot it and found the newcomer
+        assert old not in cache and new in cache and drifted == []
+        assert set(cache) == set(w.threads()) and cache[new].role == "acl"
+        assert to_pin == []  # its role's CPUs are the whole set here: already where it belongs
 
 
 # ---------------------------------------------------------------- compact JSON

@@ -1,10 +1,26 @@
 """One look at a bound worker's threads per reconcile pass, as cheap as the kernel allows.
 
-A pass costs, per worker, one listing of ``/proc/<pid>/task`` and, per thread,
-one ``sched_getaffinity``: the mask is the only thing that can drift, and no
-interface hands out the masks of many threads at once. ``comm`` (three more
-syscalls and the most expensive part of a look) is read only when it can have
-news, decided by ``comm_due``:
+Per thread a look costs one ``sched_getaffinity``: the mask is the only thing
+that can drift, and no interface hands out the masks of many threads at once.
+
+The task list is read only when the thread set may have changed. Listing
+``/proc/<pid>/task`` makes the kernel build a ``/proc`` entry for every thread
+and costs more than the masks themselves (measured: about three quarters of a
+look at 16 x 200 threads), while threads come and go rarely once a worker runs.
+So a look first reads the thread count from ``/proc/<pid>/stat``; when it equals
+the number of threads cached, it walks the cache instead (``_look_known``). That
+walk gives up and lists after all when anything is off: a cached thread is gone
+(ESRCH), its ``comm`` cannot be read under this pid, or a mask moved (drift is
+acted upon only after a listing has confirmed that the thread is this worker's).
+A thread that exits while another is born keeps the count; the exited one then
+answers ESRCH. Only if the kernel handed its tid to another process between two
+passes (a pid-space wrap within one period) could the walk miss the newcomer,
+and then for at most one comm sweep: the sweep reads each cached thread's
+``comm`` through ``/proc/<pid>/task/<tid>``, which fails for a tid that is not
+this worker's.
+
+``comm`` (three more syscalls) is read only when it can have news, decided by
+``comm_due``:
 
 * a thread never seen before: its role comes from its name;
 * a *young* thread, for its first ``YOUNG_PASSES`` passes: a thread is created
@@ -30,7 +46,8 @@ from ..applier.bind import merge_npu_plans
 from ..model import Plan
 from .held import YOUNG_PASSES, SeenThread
 
-__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "read_comm", "role_cpus"]
+__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "read_comm", "role_cpus",
+           "thread_count"]
 
 COMM_SWEEP_PASSES = 30
 
@@ -59,6 +76,28 @@ def read_comm(path: str) -> str | None:
         os.close(fd)
 
 
+def thread_count(pid: int, proc_root: str = "/proc") -> int | None:
+    """``num_threads`` (field 20) of ``/proc/<pid>/stat``; None when unreadable."""
+    try:
+        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    rest = text[text.rfind(")") + 1:].split()  # rest[0] is field 3: field 20 is rest[17]
+    try:
+        return int(rest[17])
+    except (IndexError, ValueError):
+        return None
+
+
+Look = tuple[list[tuple[int, str]], list[int]]
+
+
 def observe_threads(
     pid: int,
     threads: dict[int, SeenThread],
@@ -67,7 +106,7 @@ def observe_threads(
     *,
     proc_root: str = "/proc",
     sweep: int = COMM_SWEEP_PASSES,
-) -> tuple[list[tuple[int, str]], list[int]] | None:
+) -> Look | None:
     """Look at every thread of ``pid`` once.
 
     Returns (to_pin, drifted): ``to_pin`` lists (tid, role) of threads that are new
@@ -76,6 +115,45 @@ def observe_threads(
     be read (the process is gone). New or renamed threads already on their role's
     CPUs are accepted into ``threads`` here.
     """
+    if threads and thread_count(pid, proc_root) == len(threads):
+        known = _look_known(pid, threads, pass_no, proc_root=proc_root, sweep=sweep)
+        if known is not None:
+            return known
+    return _look_listed(pid, threads, role_cpus, pass_no, proc_root=proc_root, sweep=sweep)
+
+
+def _look_known(pid: int, threads: dict[int, SeenThread], pass_no: int, *, proc_root: str,
+                sweep: int) -> Look | None:
+    """The look without a listing, over the cached threads; None (and nothing changed)
+    when a listing must decide: a thread gone or not this worker's, or a mask moved."""
+    task_dir = f"{proc_root}/{pid}/task"
+    getaff = os.sched_getaffinity
+    to_pin: list[tuple[int, str]] = []
+    looked: list[SeenThread] = []
+    for tid, seen in threads.items():
+        try:
+            mask = getaff(tid)
+        except OSError:
+            return None
+        if seen.young > 0 or (tid + pass_no) % sweep == 0:  # comm_due, inlined: hot loop
+            comm = read_comm(f"{task_dir}/{tid}/comm")
+            if comm is None:
+                return None
+            role = role_of(comm)
+            if role != seen.role:
+                to_pin.append((tid, role))
+                continue
+            looked.append(seen)
+        if mask != seen.mask:
+            return None
+    for seen in looked:
+        if seen.young > 0:
+            seen.young -= 1
+    return to_pin, []
+
+
+def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[str, frozenset[int]],
+                 pass_no: int, *, proc_root: str, sweep: int) -> Look | None:
     task_dir = f"{proc_root}/{pid}/task"
     try:
         names = os.listdir(task_dir)
