@@ -63,6 +63,9 @@ def test_ctrl_c_while_waiting_also_kills_the_group(tmp_path):
         wait_for(lambda: fake.hung_runs() == 1, 20, 0.02)
         signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, delivered where the wait blocks
 
+    # A shell that starts the suite in the background leaves SIGINT ignored, and then
+    # Python never raises KeyboardInterrupt: install the usual handler for this test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=interrupt_once_hung)
     t.start()
     try:
@@ -70,6 +73,7 @@ def test_ctrl_c_while_waiting_also_kills_the_group(tmp_path):
             command.run_command([exe, "info"], timeout=60)
     finally:
         t.join()
+        signal.signal(signal.SIGINT, previous)
     assert fake.wait_no_survivors() == []
 
 

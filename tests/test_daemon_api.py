@@ -18,7 +18,7 @@ import pytest
 from ascendbind.applier.affinity import cpus_for_role, role_of
 from ascendbind.model import Mode, NpuPlan
 from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
-from tests.workers import cpus_allowed_of, reap, start_worker
+from tests.workers import SELF_BINDER, cpus_allowed_of, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(N_CPUS < 2, reason="roles only separate with 2+ CPUs")
@@ -103,16 +103,6 @@ def test_drifted_mask_is_reasserted_and_counted(daemon):
     assert metric_value(daemon.metrics_text(), "ascendbind_drift_total", culprit="external") >= 1
 
 
-_SELF_BINDER = r"""
-import os, sys, time
-sys.stdout.write("ready\n"); sys.stdout.flush()
-allcpus = set(range(os.cpu_count()))
-while True:
-    os.sched_setaffinity(0, allcpus)   # an in-process binder that keeps undoing ours
-    time.sleep(0.2)
-"""
-
-
 @needs_two_cpus
 def test_worker_that_keeps_rebinding_itself_without_evidence_is_left_alone_as_external(daemon):
     # nothing in its environment or command line says it binds itself: the daemon cannot tell
@@ -120,7 +110,7 @@ def test_worker_that_keeps_rebinding_itself_without_evidence_is_left_alone_as_ex
     env = {k: v for k, v in os.environ.items() if k not in ("CPU_AFFINITY_CONF", "OMP_PROC_BIND", "KMP_AFFINITY",
                                                             "GOMP_CPU_AFFINITY")}
     before = metric_value(daemon.metrics_text(), "ascendbind_drift_total", culprit="self") or 0
-    proc = subprocess.Popen([sys.executable, "-c", _SELF_BINDER], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", SELF_BINDER], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().strip() == "ready"
         status, _ = daemon.curl("POST", "/v1/bind", {"pid": proc.pid, "npu": 0})

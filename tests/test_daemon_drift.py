@@ -24,7 +24,7 @@ from ascendbind.cpulist import format_mask, parse_cpulist
 from ascendbind.daemon.evidence import is_arm
 from ascendbind.daemon.held import YOUNG_PASSES
 from tests.daemon_harness import ROOT, DaemonProc, metric_value, running_daemon, survives_and_releases, wait_for
-from tests.workers import cpus_allowed_of, reap, start_worker
+from tests.workers import SELF_BINDER, cpus_allowed_of, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 ALL = frozenset(os.sched_getaffinity(0))
@@ -100,18 +100,8 @@ def test_a_bound_thread_moved_by_taskset_is_blamed_external_and_never_self(daemo
     assert (metric_value(text, "ascendbind_drift_total", culprit="self") or 0) == self_before
 
 
-_SELF_BINDER = r"""
-import os, sys, time
-sys.stdout.write("ready\n"); sys.stdout.flush()
-allcpus = set(range(os.cpu_count()))
-while True:
-    os.sched_setaffinity(0, allcpus)   # an in-process binder that keeps undoing ours
-    time.sleep(0.2)
-"""
-
-
 def test_a_worker_with_cpu_affinity_conf_that_rebinds_itself_is_blamed_self(daemon):
-    proc = subprocess.Popen([sys.executable, "-c", _SELF_BINDER], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", SELF_BINDER], stdout=subprocess.PIPE, text=True,
                             env=clean_env(CPU_AFFINITY_CONF="1"))
     try:
         assert proc.stdout.readline().strip() == "ready"
@@ -138,7 +128,7 @@ child.kill(); child.wait()
 
 
 def test_a_vllm_worker_is_judged_by_its_servers_command_line(daemon):
-    server = subprocess.Popen([sys.executable, "-c", _VLLM_SERVER, _SELF_BINDER, "vllm", "serve", "m",
+    server = subprocess.Popen([sys.executable, "-c", _VLLM_SERVER, SELF_BINDER, "vllm", "serve", "m",
                                "--additional-config", '{"enable_cpu_binding": true}'],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean_env())
     try:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from ascendbind.cpulist import parse_cpulist
 
-__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap"]
+__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap", "SELF_BINDER"]
 
 _CHILD = r"""
 import ctypes, os, sys, threading, time
@@ -103,6 +103,18 @@ for line in sys.stdin:
     else:
         out.write("?\n")
     out.flush()
+"""
+
+
+# A child that keeps undoing any binding, as an in-process binder does: prints
+# "ready", then resets its own mask to every CPU five times a second.
+SELF_BINDER = r"""
+import os, sys, time
+sys.stdout.write("ready\n"); sys.stdout.flush()
+allcpus = set(range(os.cpu_count()))
+while True:
+    os.sched_setaffinity(0, allcpus)   # an in-process binder that keeps undoing ours
+    time.sleep(0.2)
 """
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "set_all_threads",
     "set_tid_affinity",
     "thread_masks",
+    "read_comm",
 ]
 
 ROLES = ("main", "acl", "release")
@@ -80,7 +81,8 @@ def cpus_for_role(npu_plan: NpuPlan, role: str, mode: Mode | str) -> frozenset[i
     return frozenset()
 
 
-def _read_comm(path: str) -> str | None:
+def read_comm(path: str) -> str | None:
+    """A thread's ``comm`` (one read, at most 64 bytes); None once the thread is gone."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -102,7 +104,7 @@ def thread_masks(pid: int, *, proc_root: str = "/proc") -> dict[int, tuple[str, 
         return {}
     out: dict[int, tuple[str, frozenset[int]]] = {}
     for name in names:
-        comm = _read_comm(f"{task_dir}/{name}/comm")
+        comm = read_comm(f"{task_dir}/{name}/comm")
         if comm is None:
             continue
         tid = int(name)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..applier.affinity import ROLES, cpus_for_role, role_of
+from ..applier.affinity import ROLES, cpus_for_role, read_comm, role_of
 from ..applier.bind import merge_npu_plans
 from ..model import Plan
 from .held import YOUNG_PASSES, SeenThread
@@ -61,19 +61,6 @@ def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
     """Role -> the CPUs its threads belong on under ``plan`` (every NPU's roles merged)."""
     merged = merge_npu_plans(plan.npus)
     return {role: cpus_for_role(merged, role, plan.mode) for role in ROLES}
-
-
-def read_comm(path: str) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 64).decode("utf-8", "replace").rstrip("\n")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def thread_count(pid: int, proc_root: str = "/proc") -> int | None:
