@@ -332,3 +332,17 @@ def test_compact_json_keeps_short_values_on_one_line_and_packs_long_lists():
     lines = text.splitlines()
     assert '  "irq": [120, 121],' in lines
     assert len(lines) <= 15 and "    0, 1, 2, 3" in text  # 200 numbers on 11 lines, not 200
+
+
+def test_verdicts_survive_the_state_file_and_an_old_unknown_reads_as_external():
+    from ascendbind.daemon.held import Held
+    from tests.test_daemon_irq_ownership import _binding
+
+    b = _binding(4242, 0, 120, 121)
+    h = Held(b, 1.0)
+    h.culprit, h.blame, h.left_alone, h.left_alone_why = "self", "CPU_AFFINITY_CONF=1 ...", True, "moved again ..."
+    h.irq_culprit, h.irqs_left_alone, h.irqs_left_alone_why = "irqbalance", True, "IRQ masks moved again ..."
+    back = Held.from_state(b, json.loads(json.dumps(h.state_json())), 9.0)
+    assert back.state_json() == h.state_json()
+    old = Held.from_state(b, {"culprit": "unknown", "left_alone": True, "blame": ["not", "text"]}, 9.0)
+    assert old.culprit == "external" and old.left_alone and old.blame is None and old.bound_at == 9.0
