@@ -17,8 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -240,10 +242,18 @@ def test_one_uid_past_its_share_is_503_at_once_and_root_still_gets_in(daemon):
 
 
 def _abuser(daemon, idle: int, trickle: int) -> subprocess.Popen:
-    # /usr/bin/python3: stdlib only, reachable by uid 65534
+    # /usr/bin/python3: stdlib only, reachable by uid 65534. The script runs from a
+    # world-readable copy: the checkout may sit in a directory that uid cannot enter.
     py = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-    p = subprocess.Popen([*NOBODY, py, str(ROOT / "tests" / "http_abuse.py"), daemon.sock, "--idle", str(idle),
-                          "--trickle", str(trickle)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    scratch = Path(tempfile.mkdtemp(prefix="ascendbind-abuse-"))
+    scratch.chmod(0o755)
+    script = scratch / "http_abuse.py"
+    shutil.copyfile(ROOT / "tests" / "http_abuse.py", script)
+    script.chmod(0o644)
+    p = subprocess.Popen([*NOBODY, py, str(script), daemon.sock, "--idle", str(idle),
+                          "--trickle", str(trickle)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         cwd=scratch)
+    p.scratch = scratch
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -255,6 +265,7 @@ def _stop_abuser(p: subprocess.Popen) -> dict:
         if p.poll() is None:
             p.kill()
             p.wait()
+        shutil.rmtree(p.scratch, ignore_errors=True)
     return json.loads(out.strip().splitlines()[-1])
 
 
