@@ -22,7 +22,7 @@ pid's (state, start time) and this process's effective capabilities.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ParseError, ProcessGone, UsageError
@@ -35,6 +35,7 @@ __all__ = [
     "TaskView",
     "CpusetView",
     "observe_process",
+    "check_same_process",
     "identity_of",
     "read_identity",
     "stat_of",
@@ -159,13 +160,15 @@ def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> Cpuse
 
 
 def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
-                    environ: bool = True) -> ProcessView:
+                    environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None) -> ProcessView:
     """One observation of ``pid`` (None: ``/proc/self``, the snapshot's recording process).
 
     ProcessGone (``pid_gone``) when there is no such process, ParseError when its
     status is malformed, ProcessGone (``pid_recycled``) when a path-by-path source
     saw the start time change while reading. ``masks`` adds each thread's current
     mask (live host only); ``tasks``/``environ`` False skip what a caller does not need.
+    ``vet`` is called with the identity as soon as stat and status are read, before
+    anything else is: a request refused there reads no environment and no threads.
     """
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
         raise UsageError(f"pid must be a positive integer, got {pid!r}")
@@ -180,16 +183,20 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         if status_text is None:
             raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
         status = parse_status(status_text, f"/proc/{key}/status")
+        real = pid if pid is not None else status.tgid
+        if real is None:
+            raise ParseError(f"/proc/{key}/status", "no Tgid line")
+        identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
+        if vet is not None:
+            if identity is None:
+                raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
+            vet(identity)
         cg_text = d.read("cgroup")
         env_text = d.read("environ", _ENVIRON_LIMIT) if environ else None
         task_views = _tasks(d, masks) if tasks else ()
         last_stat = d.read("stat") if not d.pinned and stat_text is not None else stat_text
     finally:
         d.close()
-    real = pid if pid is not None else status.tgid
-    if real is None:
-        raise ParseError(f"/proc/{key}/status", "no Tgid line")
-    identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
     if identity is not None and last_stat != stat_text:
         again = _identity(real, last_stat, status, f"/proc/{key}/stat")
         if again is None:
@@ -206,6 +213,19 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         environ=frozen_map(parse_environ(env_text)) if env_text is not None else None,
         tasks=task_views,
     )
+
+
+def check_same_process(view: ProcessView, identity: ProcessIdentity) -> None:
+    """ProcessGone unless ``view`` is of the process ``identity`` names (``pid_gone`` when the
+    view has no start time, ``pid_recycled`` when it has another one)."""
+    if view.identity is None:
+        raise ProcessGone(f"process {view.pid} exited while it was being read", code="pid_gone")
+    if identity.pid != view.pid or view.start_time != identity.start_time:
+        raise ProcessGone(
+            f"pid {view.pid} was recycled while it was being read: started at tick {view.start_time}, "
+            f"not {identity.start_time}",
+            code="pid_recycled",
+        )
 
 
 def identity_of(source: HostSource, pid: int) -> ProcessIdentity | None:

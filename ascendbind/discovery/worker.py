@@ -22,12 +22,12 @@ from ..cpulist import format_cpulist
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..model import ProcessIdentity, WorkerFacts, frozen_map
 from .numa_maps import NumaResidency, parse_numa_maps
-from .process import ProcessView, observe_process
+from .process import ProcessView, check_same_process, observe_process
 from .procfs import parse_ps_te, parse_stat_start_time
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "worker_facts", "check_same_process", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+__all__ = ["discover_worker", "worker_facts", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
 
 # characters of numa_maps read at most. A worker with the default vm.max_map_count
 # (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
@@ -136,19 +136,6 @@ def discover_worker(
         online = _online(source)
     return worker_facts(view, env_fallback=getattr(source, "meta", {}).get("env"), online=online,
                         uvb_tids=_uvb_tids(source) if want_uvb else ())
-
-
-def check_same_process(view: ProcessView, identity: ProcessIdentity) -> None:
-    """ProcessGone unless ``view`` is of the process ``identity`` names (``pid_gone`` when the
-    view has no start time, ``pid_recycled`` when it has another one)."""
-    if view.identity is None:
-        raise ProcessGone(f"process {view.pid} exited while it was being read", code="pid_gone")
-    if identity.pid != view.pid or view.start_time != identity.start_time:
-        raise ProcessGone(
-            f"pid {view.pid} was recycled while it was being read: started at tick {view.start_time}, "
-            f"not {identity.start_time}",
-            code="pid_recycled",
-        )
 
 
 def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None = None,
