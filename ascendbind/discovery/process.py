@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import ParseError, ProcessGone, UsageError
 from ..model import ProcessIdentity, ThreadInfo, frozen_map
@@ -54,9 +55,9 @@ _COMM_BYTES = 64
 _ENVIRON_LIMIT = 8 << 20
 
 
-@dataclass(frozen=True)
-class TaskView:
-    """One thread as seen in the observation; ``mask`` only when asked for (live host)."""
+class TaskView(NamedTuple):
+    """One thread as seen in the observation; ``mask`` only when asked for (live host).
+    A tuple, not a dataclass: a bind makes one per thread, on its hot path."""
 
     tid: int
     comm: str
@@ -127,22 +128,28 @@ def _identity(pid: int, stat_text: str | None, status: ProcStatus | None, where:
 
 
 def _tasks(d: ProcDir, masks: bool) -> tuple[TaskView, ...]:
+    fast = getattr(d, "task_comms", None)
+    if fast is not None and not masks:
+        listed = fast()
+        return tuple(sorted(TaskView(tid, comm) for tid, comm in listed)) if listed else ()
     out: list[TaskView] = []
+    read = getattr(d, "read_small", d.read)
+    getaff = os.sched_getaffinity
     for name in d.listdir("task") or ():
         if not name.isdigit():
             continue
-        comm = d.read(f"task/{name}/comm", _COMM_BYTES)
+        comm = read(f"task/{name}/comm", _COMM_BYTES)
         if comm is None:
             continue  # the thread exited while we listed
         tid = int(name)
         mask = None
         if masks:
             try:
-                mask = frozenset(os.sched_getaffinity(tid))
+                mask = frozenset(getaff(tid))
             except OSError:
                 continue
         out.append(TaskView(tid, comm.rstrip("\n"), mask))
-    out.sort(key=lambda t: t.tid)
+    out.sort()
     return tuple(out)
 
 
@@ -313,18 +320,34 @@ def list_tasks(pid: int, proc_root: str = "/proc") -> list[str] | None:
         return None
 
 
-def new_tasks(pid: int, seen: Iterable[str] | set[str], proc_root: str = "/proc") -> list[tuple[str, str]] | None:
-    """(tid, comm) of the threads of ``pid`` not in ``seen`` (one listing, a comm read per new
-    thread; a thread gone before its comm was read is left out); None when the process is gone."""
-    names = list_tasks(pid, proc_root)
-    if names is None:
+def new_tasks(pid: int, seen: Iterable[str] | set[str], proc_root: str = "/proc") -> list[tuple[str, str | None]] | None:
+    """(tid, comm) of the threads of ``pid`` not in ``seen``: one listing, one comm read per
+    new thread (comm None: the thread exited before it was read). None when the process is
+    gone. One plain loop: the applier's first pass without an observation lists them all."""
+    task_dir = f"{proc_root}/{pid}/task"
+    try:
+        names = os.listdir(task_dir)
+    except OSError:
         return None
     seen = seen if isinstance(seen, set) else set(seen)
-    out = []
+    out: list[tuple[str, str | None]] = []
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    open_, read, close = os.open, os.read, os.close
     for name in names:
         if name in seen:
             continue
-        comm = task_comm(pid, name, proc_root)
+        comm = None
+        try:
+            fd = open_(f"{task_dir}/{name}/comm", flags)
+        except OSError:
+            out.append((name, None))
+            continue
+        try:
+            comm = read(fd, _COMM_BYTES).decode("utf-8", "replace").rstrip("\n")
+        except OSError:
+            comm = None
+        finally:
+            close(fd)
         out.append((name, comm))
     return out
 

@@ -96,6 +96,50 @@ class LiveProcDir:
         text = b"".join(chunks).decode("utf-8", "replace")
         return text if limit is None else text[: limit + 1]
 
+    def read_small(self, name: str, size: int) -> str | None:
+        """One read of at most ``size`` bytes (a thread's comm): the per-thread hot path."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, size).decode("utf-8", "replace")
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def task_comms(self) -> list[tuple[int, str]] | None:
+        """(tid, comm) of every thread under ``task/`` (one listing, one read per thread; a
+        thread that exits meanwhile is left out); None when the process is gone. One plain
+        loop, relative to the open task directory: a bind reads hundreds of these, and a
+        call or a full path walk per thread would show in its time."""
+        try:
+            task_fd = os.open("task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        out = []
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        open_, read, close = os.open, os.read, os.close
+        try:
+            for name in os.listdir(task_fd):
+                try:
+                    fd = open_(f"{name}/comm", flags, dir_fd=task_fd)
+                except OSError:
+                    continue
+                try:
+                    raw = read(fd, 64)
+                except OSError:
+                    continue
+                finally:
+                    close(fd)
+                out.append((int(name), raw.decode("utf-8", "replace").rstrip("\n")))
+        except OSError:
+            return None
+        finally:
+            close(task_fd)
+        return out
+
     def listdir(self, name: str) -> list[str] | None:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
