@@ -88,7 +88,7 @@ def _daemon(tmp_path) -> Daemon:
 
 
 def test_a_live_view_is_the_worker_as_the_kernel_describes_it(monkeypatch):
-    monkeypatch.setenv("ASCENDBIND_VIEW_MARK", "seen")
+    monkeypatch.setenv("VIEW_TEST_MARK", "seen")
     with start_worker(plain=2, acl=1, release=1) as w:
         view = observe_process(LiveHost(), w.pid, masks=True)
         threads = w.threads()
@@ -103,7 +103,7 @@ def test_a_live_view_is_the_worker_as_the_kernel_describes_it(monkeypatch):
     assert view.status.tgid == w.pid
     assert view.status.cpus_allowed == frozenset(os.sched_getaffinity(0))
     assert view.status.mems_allowed  # every process may use some node
-    assert view.environ["ASCENDBIND_VIEW_MARK"] == "seen"
+    assert view.environ["VIEW_TEST_MARK"] == "seen"
     assert {t.tid: t.comm for t in view.tasks} == threads
     assert [t.tid for t in view.tasks] == sorted(threads)
     assert {t.tid: t.mask for t in view.tasks} == allowed

@@ -236,12 +236,21 @@ def check_same_process(view: ProcessView, identity: ProcessIdentity) -> None:
 
 
 def identity_of(source: HostSource, pid: int) -> ProcessIdentity | None:
-    """``pid``'s identity (stat and status through one directory), or None when it is absent."""
-    try:
-        view = observe_process(source, pid, tasks=False, environ=False)
-    except (ProcessGone, ParseError):
+    """``pid``'s identity (stat, and status when there is one, through one directory), or
+    None when it is absent or either file is malformed. Without a status the uids are empty."""
+    opener = getattr(source, "open_process", None)
+    d = opener(str(pid)) if opener is not None else path_proc_dir(source, str(pid))
+    if d is None:
         return None
-    return view.identity
+    try:
+        stat_text, status_text = d.read("stat"), d.read("status")
+    finally:
+        d.close()
+    try:
+        status = parse_status(status_text, f"/proc/{pid}/status") if status_text else None
+    except ParseError:
+        return None
+    return _identity(pid, stat_text, status, f"/proc/{pid}/stat")
 
 
 # ------------------------------------------------------------ the small reads, by proc_root
