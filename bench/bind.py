@@ -25,6 +25,9 @@ contenders, alternated within each round so drift hits them all alike:
 * ``daemon-core`` the same bind in-process (``Daemon.bind_request`` with the peer
                   the socket would give): the daemon without socket, HTTP and
                   client, state file included;
+* ``core-no-state`` diagnostic: ``daemon-core`` with the state-file write left out
+                  (a daemon must never answer a bind before it is durable; this
+                  row only shows how much of the bind the state file is);
 * ``round-trip``  GET /v1/health through the same client: what the socket, HTTP
                   and client cost a request that does no work;
 * ``bare``        a loop of the same /proc reads and syscalls as bind_threads
@@ -128,10 +131,12 @@ class CoreContender:
     """``Daemon.bind_request`` in this process: the daemon's work with no socket; the
     release before each bind is not timed."""
 
-    def __init__(self, tmp: str) -> None:
-        cfg = Config(small_pool="share", state_dir=f"{tmp}/core-state",
+    def __init__(self, tmp: str, *, name: str = "core-state", write_state: bool = True) -> None:
+        cfg = Config(small_pool="share", state_dir=f"{tmp}/{name}",
                      npu_smi=os.path.join(FIXTURE_BIN, "npu-smi"))
         self.daemon = Daemon(cfg)
+        if not write_state:
+            self.daemon.save = lambda: None
         self.root = Peer(os.getpid(), 0, 0)
         self.bound = False
 
@@ -210,6 +215,7 @@ def main(argv=None) -> int:
     os.symlink(true_exe, floor_npu_smi)
     daemon = None if args.no_daemon else DaemonContender(floor_dir)
     core = CoreContender(floor_dir)
+    no_state = CoreContender(floor_dir, name="no-state", write_state=False)
     # the structured log of an in-process daemon would flood the terminal
     import logging
 
@@ -244,6 +250,7 @@ def main(argv=None) -> int:
                 "bare": lambda: bare(pid, m, a, r),
             }
             contenders["daemon-core"] = lambda: core(pid)
+            contenders["core-no-state"] = lambda: no_state(pid)
             if daemon is not None:
                 contenders["daemon"] = lambda: daemon(pid)
                 contenders["round-trip"] = lambda: daemon.proc.client.health()
@@ -264,6 +271,7 @@ def main(argv=None) -> int:
                     spent = time.perf_counter() - t0
                     times[name].append(own if isinstance(own, float) else spent)
             core.close(pid)
+            no_state.close(pid)
             server_ms = None
             if daemon is not None:
                 n, total = (b - a for a, b in zip(server0, daemon.server_totals()))
@@ -274,6 +282,7 @@ def main(argv=None) -> int:
         if daemon is not None:
             daemon.proc.stop()
         core.daemon.hosts.close()
+        no_state.daemon.hosts.close()
         shutil.rmtree(floor_dir, ignore_errors=True)
     reconcile = reconcile_per_thread(args.reconcile_workers, args.threads)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -290,6 +299,9 @@ def main(argv=None) -> int:
     print(f"apply_plan / bare            = {r_apply_bare:7.2f}x          (all four steps vs the bare affinity loop)")
     r_core = med["daemon-core"] / med["bare"]
     print(f"daemon-core / bare           = {r_core:7.2f}x          (the daemon's bind in-process, state file included)")
+    print(f"core-no-state / bare         = {med['core-no-state'] / med['bare']:7.2f}x          "
+          f"(diagnostic: the same without the state file; the file costs "
+          f"{(med['daemon-core'] - med['core-no-state']) * 1e3:.3f} ms a bind)")
     if "daemon" in med:
         r_daemon = med["daemon"] / med["bare"]
         r_ref_daemon = med["reference"] / med["daemon"]
