@@ -337,7 +337,7 @@ def main(argv=None) -> int:
               f"{'met' if r_daemon <= 1.5 else 'MISSED'})")
         print(f"reference / daemon           = {r_ref_daemon:7.1f}x faster   "
               f"(goal >= 10x: {'met' if r_ref_daemon >= 10 else 'MISSED'})")
-        print(f"socket + HTTP + client       = {(med['daemon'] - med['daemon-core']) * 1e3:7.3f} ms per bind "
+        print(f"socket + HTTP + client       = {(cpu_med['daemon'] - cpu_med['daemon-core']) * 1e3:7.3f} ms CPU per bind "
               f"(daemon - daemon-core); a no-op request's round trip {med['round-trip'] * 1e3:.3f} ms")
     if server_ms is not None:
         print(f"daemon: {server_ms:.2f} ms mean inside the daemon per bind (ascendbind_bind_duration_seconds: "
