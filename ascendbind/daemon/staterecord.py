@@ -54,7 +54,9 @@ def _plan_record(p: Plan) -> dict[str, Any]:
     if p.uvb_cpus or p.uvb_tids:
         out["uvb"] = {"cpus": _cl(p.uvb_cpus), "tids": list(p.uvb_tids)}
     if p.alignment is not None:
-        out["alignment"] = p.alignment.without_hints().to_json()
+        al = p.alignment.to_json()
+        del al["providers"]  # the hints explain a plan; status, release and reconcile never read them
+        out["alignment"] = al
     if p.warnings:
         out["warnings"] = [w.to_json() for w in p.warnings]
     return out
