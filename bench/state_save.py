@@ -28,11 +28,6 @@ HELD = ("bound_at", "topology_policy", "culprit", "blame", "left_alone", "left_a
         "irqs_left_alone", "irqs_left_alone_why")
 
 
-def _entries(fixture: str, proc_root: str) -> list[dict]:
-    sf = StateFile(os.path.dirname(fixture), proc_root=proc_root)
-    return sf.load().workers
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=16)
