@@ -6,6 +6,10 @@ Invariants:
 * NPU ids in a ``Plan`` are *logical* ids (``Chip Logic ID`` of ``npu-smi info -m``;
   on Ascend 950, the ``NPU ID``). Card and chip ids appear only in ``NpuChip``.
 * Nothing here does I/O. ``Plan.to_json()`` is the plan JSON of docs/plan-json.md.
+
+The step vocabulary (``Step``, ``Outcome``, ``Reason``) lives in reasons.py and
+the planner's and the IRQ step's decisions (alignment, IRQ moves, IRQ writes)
+in decisions.py; both are re-exported here, the one import path for every layer.
 """
 
 from __future__ import annotations
@@ -13,8 +17,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
+
+from .decisions import (ALIGNMENT_PROVIDERS, IrqBinding, NpuAlignmentResult, NpuIrqPlan, NpuIrqs, PlanAlignment,
+                        ProviderHint)
+from .frozen import frozen_map
+from .frozen import plain as _plain
+from .reasons import Outcome, Reason, Step
 
 __all__ = [
     "DeviceType",
@@ -42,12 +51,8 @@ __all__ = [
     "PlanAlignment",
     "Binding",
     "frozen_map",
+    "ALIGNMENT_PROVIDERS",
 ]
-
-
-def frozen_map(d: Mapping | None = None) -> Mapping:
-    """A read-only mapping, so frozen dataclasses stay frozen all the way down."""
-    return MappingProxyType(dict(d or {}))
 
 
 class DeviceType(str, enum.Enum):
@@ -244,166 +249,6 @@ class PlanIssue:
 
 
 @dataclass(frozen=True)
-class ProviderHint:
-    """One topology hint a provider (device, cpu, memory) offered for one NPU."""
-
-    npu: int
-    numa_nodes: tuple[int, ...] | None  # None: the provider has no preference
-    preferred: bool
-    score: int
-
-    def to_json(self) -> dict[str, Any]:
-        nodes = None if self.numa_nodes is None else list(self.numa_nodes)
-        return {"npu": self.npu, "numa_nodes": nodes, "preferred": self.preferred, "score": self.score}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> ProviderHint:
-        nodes = d.get("numa_nodes")
-        return cls(int(d["npu"]), None if nodes is None else tuple(int(n) for n in nodes), bool(d["preferred"]),
-                   int(d.get("score") or 0))
-
-
-@dataclass(frozen=True)
-class NpuAlignmentResult:
-    """The alignment decision for one NPU (docs/plan-json.md, the alignment block)."""
-
-    aligned: bool
-    admitted: bool
-    numa_nodes: tuple[int, ...]  # the merged hint's nodes
-    preferred: bool
-    score: int
-    pool_numa_nodes: tuple[int, ...]
-    rebuilt: bool
-    failure: str | None
-    reason: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"aligned": self.aligned, "admitted": self.admitted, "numa_nodes": list(self.numa_nodes),
-                "preferred": self.preferred, "score": self.score, "pool_numa_nodes": list(self.pool_numa_nodes),
-                "rebuilt": self.rebuilt, "failure": self.failure, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> NpuAlignmentResult:
-        return cls(bool(d["aligned"]), bool(d.get("admitted", d["aligned"])),
-                   tuple(int(n) for n in d.get("numa_nodes") or ()), bool(d.get("preferred")),
-                   int(d.get("score") or 0), tuple(int(n) for n in d.get("pool_numa_nodes") or ()),
-                   bool(d.get("rebuilt")), _text_or_none(d.get("failure")), _text_or_none(d.get("reason")))
-
-
-ALIGNMENT_PROVIDERS = ("device", "cpu", "memory")
-
-
-@dataclass(frozen=True)
-class PlanAlignment:
-    """The planner's NUMA alignment decision for a whole plan.
-
-    ``aligned`` holds when every target NPU is aligned; ``failure`` is the first
-    NPU's failure code (the metric label), ``reason`` the sentence behind it.
-    ``providers`` keeps every hint offered, by provider; a binding read back from
-    the daemon's state file carries none (the hints explain a plan, they do not
-    change what was bound).
-    """
-
-    policy: str
-    aligned: bool
-    numa_nodes: tuple[int, ...] = ()
-    reason: str | None = None
-    failure: str | None = None
-    npus: Mapping[int, NpuAlignmentResult] = field(default_factory=frozen_map)
-    providers: Mapping[str, tuple[ProviderHint, ...]] = field(default_factory=frozen_map)
-
-    def without_hints(self) -> PlanAlignment:
-        return PlanAlignment(self.policy, self.aligned, self.numa_nodes, self.reason, self.failure, self.npus)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "aligned": self.aligned,
-            "numa_nodes": list(self.numa_nodes),
-            "providers": {p: [h.to_json() for h in self.providers.get(p, ())] for p in ALIGNMENT_PROVIDERS},
-            "reason": self.reason,
-            "failure": self.failure,
-            "npus": {str(n): self.npus[n].to_json() for n in sorted(self.npus)},
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> PlanAlignment:
-        """Inverse of to_json; ValueError/TypeError/KeyError when malformed."""
-        if not isinstance(d, Mapping):
-            raise TypeError(f"alignment is not an object: {type(d).__name__}")
-        providers = d.get("providers") or {}
-        return cls(
-            policy=str(d["policy"]),
-            aligned=bool(d["aligned"]),
-            numa_nodes=tuple(int(n) for n in d.get("numa_nodes") or ()),
-            reason=_text_or_none(d.get("reason")),
-            failure=_text_or_none(d.get("failure")),
-            npus=frozen_map({int(k): NpuAlignmentResult.from_json(v) for k, v in (d.get("npus") or {}).items()}),
-            providers=frozen_map({p: tuple(ProviderHint.from_json(h) for h in providers[p])
-                                  for p in ALIGNMENT_PROVIDERS if providers.get(p)}),
-        )
-
-
-def _text_or_none(v: Any) -> str | None:
-    return None if v is None else str(v)
-
-
-@dataclass(frozen=True)
-class NpuIrqs:
-    """One NPU's SQ/CQ interrupts as discovery found them, or why they cannot be found.
-
-    ``sq`` is None exactly when ``reason`` says why (no PCI address, no MSI
-    vectors, no SQ name, ``/proc/interrupts`` unreadable); ``detail`` is the
-    sentence. ``cq_guessed``: the driver printed no CQ name, so the CQ is taken
-    to be the IRQ after the SQ.
-    """
-
-    npu: int
-    pci: str | None
-    sq: int | None = None
-    cq: int | None = None
-    cq_guessed: bool = False
-    reason: Reason | None = None
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class NpuIrqPlan:
-    """What one NPU's IRQ step would do: its SQ to ``sq_cpu`` and its CQ to ``cq_cpu``,
-    or, when ``reason`` is set, nothing (``detail`` says why)."""
-
-    npu: int
-    pci: str | None
-    sq: int | None = None
-    cq: int | None = None
-    sq_cpu: int | None = None
-    cq_cpu: int | None = None
-    cq_guessed: bool = False
-    reason: Reason | None = None
-    detail: str = ""
-
-    @property
-    def moves(self) -> tuple[tuple[int, frozenset[int]], ...]:
-        """(irq, cpus) for each write the step makes, SQ first."""
-        if self.reason is not None or self.sq is None or self.cq is None:
-            return ()
-        return ((self.sq, frozenset({self.sq_cpu})), (self.cq, frozenset({self.cq_cpu})))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pci": self.pci, "sq": self.sq, "cq": self.cq, "cq_guessed": self.cq_guessed,
-                "cpus": {str(irq): sorted(cpus) for irq, cpus in self.moves},
-                "skipped": self.reason.value if self.reason else None, "detail": self.detail}
-
-    @classmethod
-    def from_json(cls, npu: int, d: Mapping[str, Any]) -> NpuIrqPlan:
-        cpus = {int(k): v for k, v in (d.get("cpus") or {}).items()}
-        sq, cq = d.get("sq"), d.get("cq")
-        return cls(npu, d.get("pci"), sq, cq, (cpus.get(sq) or [None])[0], (cpus.get(cq) or [None])[0],
-                   bool(d.get("cq_guessed")), Reason(d["skipped"]) if d.get("skipped") else None,
-                   str(d.get("detail") or ""))
-
-
-@dataclass(frozen=True)
 class Plan:
     mode: Mode
     device_type: DeviceType
@@ -485,65 +330,7 @@ class Plan:
         return out
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, (set, frozenset)):
-        return sorted(v)
-    return v
-
-
 # ---------------------------------------------------------------- applier results
-
-
-class Step(str, enum.Enum):
-    AFFINITY = "affinity"
-    IRQ = "irq"
-    MEMORY = "memory"
-    UVB = "uvb"
-
-
-class Outcome(str, enum.Enum):
-    APPLIED = "applied"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-
-
-class Reason(str, enum.Enum):
-    """Why a step was skipped or failed. The one documented set (docs/reasons.md)."""
-
-    # affinity / uvb
-    PID_GONE = "pid_gone"
-    PID_RECYCLED = "pid_recycled"
-    NOT_PERMITTED = "not_permitted"
-    MASK_NARROWED = "mask_narrowed"
-    MASK_REFUSED = "mask_refused"
-    NO_THREADS = "no_threads"
-    NO_UVB_THREADS = "no_uvb_threads"
-    NOT_APPLICABLE = "not_applicable"  # e.g. uvb on a non-950 host, irq on 950
-    # irq
-    IRQ_NOT_WRITABLE = "irq_not_writable"
-    IRQ_UNCHANGEABLE = "irq_unchangeable"
-    IRQ_BINDING_DISABLED = "irq_binding_disabled"
-    NO_PCI_ADDRESS = "no_pci_address"
-    NO_MSI_IRQS = "no_msi_irqs"
-    NO_SQ_IRQ = "no_sq_irq"
-    NO_IRQ_CPUS = "no_irq_cpus"
-    IRQBALANCE_ACTIVE = "irqbalance_active"
-    IRQBALANCE_UNREACHABLE = "irqbalance_unreachable"  # irqbalance runs; telling it to ban/unban failed
-    IRQ_WRITE_FAILED = "irq_write_failed"  # a write failed (not EPERM/EIO) or read back differently
-    INTERRUPTS_UNREADABLE = "interrupts_unreadable"  # /proc/interrupts missing or malformed
-    # memory
-    MIGRATEPAGES_MISSING = "migratepages_missing"
-    MIGRATEPAGES_FAILED = "migratepages_failed"
-    SINGLE_NUMA_NODE = "single_numa_node"
-    NO_NUMA_INFO = "no_numa_info"
-    # release
-    NOTHING_TO_RESTORE = "nothing_to_restore"
-    # any step
-    OS_ERROR = "os_error"  # an OS error the step did not expect; the detail names it
 
 
 @dataclass(frozen=True)
@@ -605,36 +392,6 @@ class IrqbalanceBans:
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in irqs):
             raise ValueError(f"bad IRQ numbers {sorted(irqs, key=str)!r}")
         return cls(pid, start, irqs) if irqs else None
-
-
-@dataclass(frozen=True)
-class IrqBinding:
-    """One SQ/CQ mask write of the IRQ step: the NPU it serves, the IRQ, the CPUs it
-    was set to, the mask text read before the write and how the write went.
-
-    ``status``: ok | unchangeable (EPERM/EIO: a managed IRQ, never retried) |
-    failed (another error, or the read-back differed). ``now`` is the mask read
-    back after the write.
-    """
-
-    npu: int
-    irq: int
-    cpus: frozenset[int]
-    previous: str | None
-    status: str
-    now: str | None = None
-    error: str | None = None
-
-    @property
-    def pinned(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def changed(self) -> bool:
-        """The mask may differ from ``previous``: release must write it back."""
-        if self.previous is None:
-            return False
-        return self.status == "ok" or (self.status == "failed" and self.now != self.previous)
 
 
 @dataclass(frozen=True)
