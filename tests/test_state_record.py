@@ -8,13 +8,17 @@ import json
 import os
 import shutil
 
+from ascendbind.applier import apply_plan, release_binding
 from ascendbind.config import Config, load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.state import STATE_VERSION, StateFile, binding_from_json, binding_to_json
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
-from ascendbind.model import (Binding, IrqBinding, IrqbalanceBans, Outcome, Reason, Step, StepResult, frozen_map)
+from ascendbind.model import (Binding, IrqBinding, IrqbalanceBans, Mode, NpuPlan, Outcome, Reason, Step, StepResult,
+                              frozen_map)
 from ascendbind.planner import make_plan
 from tests.golden import HOSTS, ROOT
+from tests.test_applier_bind import CONFIG, CPUS, host_facts, plan_for, worker_facts
+from tests.workers import cpus_allowed_of, start_worker
 
 V1_FIXTURE = os.path.join(ROOT, "fixtures", "state", "state-v1.json")
 HELD = {"bound_at": 12.5, "topology_policy": "best-effort", "culprit": "self", "blame": "torch_npu set it",
@@ -138,3 +142,23 @@ def test_a_torn_file_is_moved_aside(tmp_path):
     loaded = sf.load()
     assert loaded.workers == [] and loaded.moved_aside and "corrupt" in loaded.problem
     assert not os.path.exists(sf.path)
+
+
+def test_a_restored_950_binding_still_puts_the_uvb_threads_back(tmp_path):
+    """The UVB threads' masks before binding live in ``Binding.uvb_previous``; a daemon
+    restarted in between restores them from the state file alone."""
+    pool = tuple(CPUS)
+    npu_plan = NpuPlan(0, pool, (), pool, (), (), (0,))
+    with start_worker(plain=0, acl=0, release=0, names=("uvb_poll_window_thread",)) as driver, start_worker() as w:
+        uvb_tid = next(t for t, c in driver.threads().items() if c.startswith("uvb_poll_window"))
+        plan = plan_for(npu_plan, Mode.ASCEND950_CLUSTER, uvb_cpus=(CPUS[-1],), uvb_tids=(uvb_tid,))
+        bound = apply_plan(plan, worker_facts(w.pid, w.start_time), host_facts(), CONFIG)
+        assert dict(bound.uvb_previous) == {uvb_tid: frozenset(CPUS)}
+        assert cpus_allowed_of(driver.pid, uvb_tid) == {CPUS[-1]}
+        sf = StateFile(str(tmp_path / "st"))
+        sf.save([binding_to_json(bound)])
+        restored = binding_from_json(sf.load().workers[0])
+        assert restored.uvb_previous == bound.uvb_previous
+        steps = {s.step: s for s in release_binding(restored, CONFIG, restore_uvb=True)}
+        assert steps[Step.UVB].outcome is Outcome.APPLIED, steps[Step.UVB].detail
+        assert cpus_allowed_of(driver.pid, uvb_tid) == frozenset(CPUS)
