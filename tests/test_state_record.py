@@ -162,3 +162,26 @@ def test_a_restored_950_binding_still_puts_the_uvb_threads_back(tmp_path):
         steps = {s.step: s for s in release_binding(restored, CONFIG, restore_uvb=True)}
         assert steps[Step.UVB].outcome is Outcome.APPLIED, steps[Step.UVB].detail
         assert cpus_allowed_of(driver.pid, uvb_tid) == frozenset(CPUS)
+
+
+def test_a_record_with_a_bad_irq_write_is_skipped_as_malformed_not_acted_on(tmp_path):
+    rec = binding_to_json(_a2_binding(), **HELD)
+    for bad in ({"irq": -1}, {"irq": True}, {"status": "maybe"}, {"previous": 7}, {"cpus": [120]}):
+        broken = {**rec, "irqs": [{**rec["irqs"][0], **bad}]}
+        try:
+            binding_from_json(json.loads(json.dumps(broken)))
+        except (KeyError, ValueError, TypeError):
+            continue
+        raise AssertionError(f"accepted an IRQ write with {bad}")
+    # in the daemon: the entry is counted malformed and nothing of it is restored
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel/random").mkdir(parents=True)
+    (proc / "sys/kernel/random/boot_id").write_text("b\n")
+    (proc / "irq" / "211").mkdir(parents=True)
+    (proc / "irq" / "211" / "smp_affinity").write_text("00000001\n")
+    config = load_config(None, env={}).replace(proc_root=str(proc), state_dir=str(tmp_path / "state"))
+    d = Daemon(config)
+    d.state.prepare()
+    d.state.save([{**rec, "irqs": [{**rec["irqs"][0], "status": "maybe"}]}])
+    assert d.restore()["malformed"] == 1 and not d.held
+    assert (proc / "irq" / "211" / "smp_affinity").read_text() == "00000001\n"
