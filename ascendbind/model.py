@@ -405,6 +405,11 @@ class Binding:
     ``irqs`` are the IRQ step's writes (which NPU owns which IRQ, and where the
     reconcile loop holds it); ``uvb_previous`` maps each Ascend 950 UVB poll
     thread bound to its mask before binding (restored when the last 950 worker goes).
+
+    ``saved_irq_masks`` starts as the ``previous`` of the writes that changed a
+    mask, but a worker that takes over an NPU inherits the older holder's saved
+    masks (the host's, not an earlier bind's), so it is kept beside ``irqs``
+    rather than derived from them.
     """
 
     pid: int
