@@ -90,7 +90,9 @@ def _plan_for(source, config: Config, pid: int | None, npus: Sequence[int] | Non
     worker = discover_worker(source, pid, config, want_uvb=host.device_type is DeviceType.A950)
     targets = select_targets(host, worker, npus)
     plan = make_plan(host, worker, targets, config)
-    return host, worker, plan
+    from .applier.irq import with_planned_irqs
+
+    return host, worker, with_planned_irqs(plan, host, config, source)
 
 
 def _print_plan(plan: Plan, fmt: str) -> None:

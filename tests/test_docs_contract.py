@@ -399,3 +399,10 @@ def test_api_md_lists_every_named_code_the_daemon_can_answer():
     missing = sorted(codes - documented - set(ERROR_CODES) - set(_NOT_ANSWERED))
     assert not missing, f"api.md does not list: {missing}"
     assert "<plan error code>" in documented  # the plan codes come with 422
+
+
+def test_plan_json_md_irqs_entries_are_a_real_plans():
+    entries = [e for p in PLANS for e in p["irqs"].values()]
+    assert any(e["cpus"] for e in entries) and any(e["skipped"] for e in entries)
+    for entry in entries:
+        assert keys_of("plan-json.md", "## `irqs` entries") == set(entry)

@@ -188,7 +188,8 @@ def test_a_restarted_daemon_lifts_a_gone_workers_bans_once_no_live_worker_pins_t
     both = dataclasses.replace(_binding(100, 0, 120, 121), irqbalance_bans=bans)
     npu1 = _binding(100, 1, 130, 131)
     both = dataclasses.replace(both, npus=(0, 1), steps=(dataclasses.replace(
-        both.steps[0], data={"npus": [*both.steps[0].data["npus"], *npu1.steps[0].data["npus"]]}),))
+        both.steps[0], data={"npus": [*both.steps[0].data["npus"], *npu1.steps[0].data["npus"]]}),),
+        irqs=(*both.irqs, *npu1.irqs))
     first.held = {100: Held(both, 0.0), 200: Held(_binding(200, 1, 130, 131, cpus=(4, 5)), 0.0)}
     first.save()
 

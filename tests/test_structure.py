@@ -34,12 +34,9 @@ HOST_MODULES = {"os", "subprocess", "psutil", "tomllib", "shutil", "socket", "ct
 SHELL_EXCEPTIONS: dict[str, str] = {
     "applier/affinity.py": "lists tasks and reads comm itself",
     "applier/identity.py": "reads stat/status itself",
-    "applier/irq.py": "reads /proc/interrupts, msi_irqs and smp_affinity itself",
-    "applier/irqbalance.py": "scans /proc for irqbalance itself",
     "daemon/auth.py": "reads status itself",
     "daemon/evidence.py": "reads environ itself",
     "daemon/observe.py": "reads stat and lists tasks itself",
-    "daemon/state.py": "reads the boot id itself",
 }
 PURE_EXCEPTIONS: dict[str, str] = {}
 

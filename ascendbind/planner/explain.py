@@ -52,8 +52,7 @@ def _npu_block(a: NpuAlignment, policy: TopologyPolicy) -> list[str]:
 
 
 def explain_plan(host: HostFacts, worker: WorkerFacts, plan: Plan, config: Config) -> str:
-    alignment_json = plan.extra.get("alignment") or {}
-    policy = alignment_json.get("policy", config.topology_policy)
+    policy = plan.alignment.policy if plan.alignment is not None else config.topology_policy
     targets = sorted({p.npu for p in plan.npus} | {e.npu for e in plan.errors if e.npu is not None})
     # the plan's policy is already resolved (request or config): plan with it, no second precedence check
     cfg = config.replace(topology_policy=policy, explicit=config.explicit - {"topology_policy"})

@@ -9,7 +9,7 @@ Order of work, each step in its own module:
 3. NUMA alignment under ``topology_policy`` (alignment.py: hints from
    providers.py merged as in hints.py), which may rebuild a pool inside the
    merged NUMA mask or refuse the NPU; the decision lands in
-   ``plan.extra["alignment"]``;
+   ``plan.alignment``;
 4. the role split (roles.py).
 
 Per-NPU problems never raise: they become ``plan.errors`` and the NPU is left
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..config import Config
-from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts, frozen_map
+from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanAlignment, PlanIssue, WorkerFacts
 from .alignment import Alignment, align, resolve_policy
 from .cluster950 import cluster_pools
 from .codes import issue
@@ -177,5 +177,5 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
         uvb_tids=tuple(worker.uvb_tids) if ascend950 else (),
         errors=tuple(sorted(errors, key=lambda e: (e.npu if e.npu is not None else -1, e.code))),
         warnings=tuple(warnings),
-        extra=frozen_map({"alignment": alignment.to_json()}),
+        alignment=PlanAlignment.from_json(alignment.to_json()),
     ), alignment
