@@ -9,7 +9,8 @@ import os
 import shutil
 
 from ascendbind.applier import apply_plan, release_binding
-from ascendbind.config import Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.state import STATE_VERSION, StateFile, binding_from_json, binding_to_json
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
