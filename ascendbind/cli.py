@@ -12,9 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .config import Config, add_config_flags, config_from_args
+from .config import Config
 from .errors import AscendbindError, PlanImpossible, StepFailed, UsageError
 from .model import DeviceType, Plan
+from .settings import add_config_flags, config_from_args
 
 __all__ = ["main", "build_parser"]
 
@@ -68,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p)
     p.set_defaults(func=cmd_apply)
 
-    from .daemon import cli_verbs
+    from . import verbs
 
-    cli_verbs.register(sub)
+    verbs.register(sub)
     from .completion import register as register_completion
 
     register_completion(sub)
@@ -89,7 +90,9 @@ def _plan_for(source, config: Config, pid: int | None, npus: Sequence[int] | Non
     worker = discover_worker(source, pid, config, want_uvb=host.device_type is DeviceType.A950)
     targets = select_targets(host, worker, npus)
     plan = make_plan(host, worker, targets, config)
-    return host, worker, plan
+    from .applier.irq import with_planned_irqs
+
+    return host, worker, with_planned_irqs(plan, host, config, source)
 
 
 def _print_plan(plan: Plan, fmt: str) -> None:

@@ -6,6 +6,10 @@ Invariants:
 * NPU ids in a ``Plan`` are *logical* ids (``Chip Logic ID`` of ``npu-smi info -m``;
   on Ascend 950, the ``NPU ID``). Card and chip ids appear only in ``NpuChip``.
 * Nothing here does I/O. ``Plan.to_json()`` is the plan JSON of docs/plan-json.md.
+
+The step vocabulary (``Step``, ``Outcome``, ``Reason``) lives in reasons.py and
+the planner's and the IRQ step's decisions (alignment, IRQ moves, IRQ writes)
+in decisions.py; both are re-exported here, the one import path for every layer.
 """
 
 from __future__ import annotations
@@ -13,8 +17,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
+
+from .decisions import (ALIGNMENT_PROVIDERS, IrqBinding, NpuAlignmentResult, NpuIrqPlan, NpuIrqs, PlanAlignment,
+                        ProviderHint)
+from .frozen import frozen_map
+from .frozen import plain as _plain
+from .reasons import Outcome, Reason, Step
 
 __all__ = [
     "DeviceType",
@@ -34,14 +43,16 @@ __all__ = [
     "Reason",
     "StepResult",
     "IrqbalanceBans",
+    "NpuIrqs",
+    "NpuIrqPlan",
+    "IrqBinding",
+    "ProviderHint",
+    "NpuAlignmentResult",
+    "PlanAlignment",
     "Binding",
     "frozen_map",
+    "ALIGNMENT_PROVIDERS",
 ]
-
-
-def frozen_map(d: Mapping | None = None) -> Mapping:
-    """A read-only mapping, so frozen dataclasses stay frozen all the way down."""
-    return MappingProxyType(dict(d or {}))
 
 
 class DeviceType(str, enum.Enum):
@@ -248,8 +259,13 @@ class Plan:
     uvb_tids: tuple[int, ...] = ()
     errors: tuple[PlanIssue, ...] = ()
     warnings: tuple[PlanIssue, ...] = ()
-    # extra keys that add to the plan without changing the meaning of the others, e.g. "alignment"
+    # keys a newer planner added that this one does not know: kept, passed through to_json
     extra: Mapping[str, Any] = field(default_factory=frozen_map)
+    # the NUMA alignment decision (None: never evaluated, e.g. a plan made before it existed)
+    alignment: PlanAlignment | None = None
+    # NPU -> what its IRQ step would move; None when the IRQs were not looked up (the
+    # daemon's bind looks them up in the IRQ step itself, at write time)
+    irqs: Mapping[int, NpuIrqPlan] | None = None
 
     def npu(self, logic_id: int) -> NpuPlan | None:
         for p in self.npus:
@@ -264,7 +280,8 @@ class Plan:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Plan:
         """Inverse of to_json (used by the daemon's state file)."""
-        known = {"mode", "device_type", "fallback", "allowed_cpus", "npus", "uvb", "errors", "warnings"}
+        known = {"mode", "device_type", "fallback", "allowed_cpus", "npus", "uvb", "errors", "warnings", "alignment",
+                 "irqs"}
         npus = tuple(
             NpuPlan(
                 npu=int(k),
@@ -288,6 +305,9 @@ class Plan:
             errors=tuple(PlanIssue(e["npu"], e["code"], e["reason"]) for e in d.get("errors", ())),
             warnings=tuple(PlanIssue(w["npu"], w["code"], w["reason"]) for w in d.get("warnings", ())),
             extra=frozen_map({k: v for k, v in d.items() if k not in known}),
+            alignment=PlanAlignment.from_json(d["alignment"]) if d.get("alignment") else None,
+            irqs=None if d.get("irqs") is None else frozen_map(
+                {int(k): NpuIrqPlan.from_json(int(k), v) for k, v in d["irqs"].items()}),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -301,70 +321,16 @@ class Plan:
             "errors": [e.to_json() for e in self.errors],
             "warnings": [w.to_json() for w in self.warnings],
         }
+        if self.alignment is not None:
+            out["alignment"] = self.alignment.to_json()
         for k, v in self.extra.items():
             out[k] = _plain(v)
+        if self.irqs is not None:
+            out["irqs"] = {str(n): self.irqs[n].to_json() for n in sorted(self.irqs)}
         return out
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, (set, frozenset)):
-        return sorted(v)
-    return v
-
-
 # ---------------------------------------------------------------- applier results
-
-
-class Step(str, enum.Enum):
-    AFFINITY = "affinity"
-    IRQ = "irq"
-    MEMORY = "memory"
-    UVB = "uvb"
-
-
-class Outcome(str, enum.Enum):
-    APPLIED = "applied"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-
-
-class Reason(str, enum.Enum):
-    """Why a step was skipped or failed. The one documented set (docs/reasons.md)."""
-
-    # affinity / uvb
-    PID_GONE = "pid_gone"
-    PID_RECYCLED = "pid_recycled"
-    NOT_PERMITTED = "not_permitted"
-    MASK_NARROWED = "mask_narrowed"
-    MASK_REFUSED = "mask_refused"
-    NO_THREADS = "no_threads"
-    NO_UVB_THREADS = "no_uvb_threads"
-    NOT_APPLICABLE = "not_applicable"  # e.g. uvb on a non-950 host, irq on 950
-    # irq
-    IRQ_NOT_WRITABLE = "irq_not_writable"
-    IRQ_UNCHANGEABLE = "irq_unchangeable"
-    IRQ_BINDING_DISABLED = "irq_binding_disabled"
-    NO_PCI_ADDRESS = "no_pci_address"
-    NO_MSI_IRQS = "no_msi_irqs"
-    NO_SQ_IRQ = "no_sq_irq"
-    NO_IRQ_CPUS = "no_irq_cpus"
-    IRQBALANCE_ACTIVE = "irqbalance_active"
-    IRQBALANCE_UNREACHABLE = "irqbalance_unreachable"  # irqbalance runs; telling it to ban/unban failed
-    IRQ_WRITE_FAILED = "irq_write_failed"  # a write failed (not EPERM/EIO) or read back differently
-    INTERRUPTS_UNREADABLE = "interrupts_unreadable"  # /proc/interrupts missing or malformed
-    # memory
-    MIGRATEPAGES_MISSING = "migratepages_missing"
-    MIGRATEPAGES_FAILED = "migratepages_failed"
-    SINGLE_NUMA_NODE = "single_numa_node"
-    NO_NUMA_INFO = "no_numa_info"
-    # release
-    NOTHING_TO_RESTORE = "nothing_to_restore"
-    # any step
-    OS_ERROR = "os_error"  # an OS error the step did not expect; the detail names it
 
 
 @dataclass(frozen=True)
@@ -436,6 +402,14 @@ class Binding:
     restores); ``saved_irq_masks`` maps IRQ number -> the mask text read before
     the first write (what release writes back); ``irqbalance_bans`` the IRQs it
     added to a running irqbalance's ban list (what release takes off again).
+    ``irqs`` are the IRQ step's writes (which NPU owns which IRQ, and where the
+    reconcile loop holds it); ``uvb_previous`` maps each Ascend 950 UVB poll
+    thread bound to its mask before binding (restored when the last 950 worker goes).
+
+    ``saved_irq_masks`` starts as the ``previous`` of the writes that changed a
+    mask, but a worker that takes over an NPU inherits the older holder's saved
+    masks (the host's, not an earlier bind's), so it is kept beside ``irqs``
+    rather than derived from them.
     """
 
     pid: int
@@ -446,6 +420,8 @@ class Binding:
     saved_irq_masks: Mapping[int, str]
     steps: tuple[StepResult, ...]
     irqbalance_bans: IrqbalanceBans | None = None
+    irqs: tuple[IrqBinding, ...] = ()
+    uvb_previous: Mapping[int, frozenset[int]] = field(default_factory=frozen_map)
 
     @property
     def failed(self) -> bool:

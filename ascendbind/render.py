@@ -40,21 +40,21 @@ def plan_table(plan: Plan) -> str:
             for p in plan.npus
         ]
         out.append(table(["NPU", "POOL", "IRQ", "MAIN", "ACL", "RELEASE", "NUMA"], rows))
-    alignment = plan.extra.get("alignment")
-    if isinstance(alignment, dict) or hasattr(alignment, "get"):
-        try:
-            aligned = alignment.get("aligned")
-            policy = alignment.get("policy")
-            nodes = alignment.get("numa_nodes")
-            line = f"alignment: policy={policy} aligned={'yes' if aligned else 'no'}"
-            if nodes:
-                line += f" numa={','.join(map(str, nodes))}"
-            reason = alignment.get("reason")
-            if reason:
-                line += f" — {reason}"
-            out.append(line)
-        except AttributeError:
-            pass
+    al = plan.alignment
+    if al is not None:
+        line = f"alignment: policy={al.policy} aligned={'yes' if al.aligned else 'no'}"
+        if al.numa_nodes:
+            line += f" numa={','.join(map(str, al.numa_nodes))}"
+        if al.reason:
+            line += f" — {al.reason}"
+        out.append(line)
+    for n in sorted(plan.irqs or {}):
+        p = plan.irqs[n]
+        if p.moves:
+            moves = ", ".join(f"IRQ {irq} -> CPU {_cl(sorted(cpus))}" for irq, cpus in p.moves)
+            out.append(f"irq: NPU{n} ({p.pci}): {moves}" + (" (CQ = SQ+1)" if p.cq_guessed else ""))
+        else:
+            out.append(f"irq: NPU{n}: nothing to move [{p.reason.value if p.reason else '-'}] {p.detail}")
     if plan.uvb_cpus or plan.uvb_tids:
         out.append(f"uvb: cpus {_cl(plan.uvb_cpus)}, threads {len(plan.uvb_tids)}")
     for w in plan.warnings:

@@ -12,15 +12,18 @@ import textwrap
 
 import pytest
 
-from ascendbind.applier.irq import bind_irqs, irqbalance_pids, read_irq_mask, restore_irq_masks, set_irq_affinity
+from ascendbind.applier.irq import (bind_irqs, bind_npu_irqs, irqbalance_pids, read_irq_mask, restore_irq_masks,
+                                   set_irq_affinity, with_planned_irqs)
 from ascendbind.config import Config
 from ascendbind.cpulist import parse_mask
 from ascendbind.discovery.irqs import parse_interrupts
+from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError
 from tests.planner_hosts import one_npu_host
 from ascendbind.model import (
     DeviceType,
     HostFacts,
+    IrqBinding,
     Mode,
     NpuPlan,
     Outcome,
@@ -137,6 +140,17 @@ def test_first_sq_of_the_npu_in_interrupts_order_and_first_cq(tree):
     assert res.data["irqbalance"] == "not running"
 
 
+def test_the_writes_come_back_as_typed_values_beside_the_report(tree):
+    step = bind_npu_irqs(plan(), host(), cfg(tree))
+    assert step.bindings == (IrqBinding(0, 423, frozenset({2}), "f", "ok", "00000004"),
+                             IrqBinding(0, 421, frozenset({3}), "f", "ok", "00000008"))
+    assert dict(step.saved) == {423: "f", 421: "f"} == dict(step.result.data["previous"])
+    assert step.bans is None and step.result.outcome is Outcome.APPLIED
+    # the same IRQs `plan` shows for this NPU, read through the same discovery
+    shown = with_planned_irqs(plan(), host(), cfg(tree), LiveHost.from_config(cfg(tree))).irqs[0]
+    assert [(irq, cpus) for irq, cpus in shown.moves] == [(b.irq, b.cpus) for b in step.bindings]
+
+
 def test_release_writes_the_saved_masks_back(tree):
     res = bind_irqs(plan(), host(), cfg(tree))
     back = restore_irq_masks(res.data["previous"], proc_root=str(tree[0]))
@@ -219,6 +233,9 @@ def test_eperm_is_unchangeable_skipped_not_retried(tree):
     writes = {w["irq"]: w["status"] for w in res.data["npus"][0]["writes"]}
     assert writes == {423: "unchangeable", 421: "ok"}
     assert dict(res.data["previous"]) == {421: "f"}  # only what we changed is restored
+    with immutable(tree[0] / "irq" / "423" / "smp_affinity"):
+        step = bind_npu_irqs(plan(), host(), cfg(tree))
+    assert [(b.irq, b.status, b.changed) for b in step.bindings] == [(423, "unchangeable", False), (421, "ok", True)]
     with immutable(tree[0] / "irq" / "423" / "smp_affinity"), immutable(tree[0] / "irq" / "421" / "smp_affinity"):
         res = bind_irqs(plan(), host(), cfg(tree))
     assert res.outcome is Outcome.SKIPPED and res.reason is Reason.IRQ_UNCHANGEABLE

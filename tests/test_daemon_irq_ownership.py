@@ -6,10 +6,11 @@ code reads and writes them exactly as it does /proc."""
 
 from __future__ import annotations
 
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.daemon.reconcile import Reconciler
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Step, StepResult, frozen_map
+from ascendbind.model import (Binding, DeviceType, IrqBinding, Mode, NpuPlan, Outcome, Plan, Step, StepResult,
+                              frozen_map)
 
 START = 5000
 
@@ -34,8 +35,10 @@ def _binding(pid: int, npu: int, sq: int, cq: int, cpus=(2, 3), saved=("0000ffff
     writes = [{"irq": sq, "cpus": [cpus[0]], "status": "ok"}, {"irq": cq, "cpus": [cpus[1]], "status": "ok"}]
     irq_step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound",
                           frozen_map({"npus": [{"npu": npu, "writes": writes}], "previous": {}}))
+    irqs = (IrqBinding(npu, sq, frozenset({cpus[0]}), saved[0], "ok"),
+            IrqBinding(npu, cq, frozenset({cpus[1]}), saved[1], "ok"))
     return Binding(pid, START, (npu,), plan, frozenset(range(16)),
-                   frozen_map({sq: saved[0], cq: saved[1]}), (irq_step,))
+                   frozen_map({sq: saved[0], cq: saved[1]}), (irq_step,), irqs=irqs)
 
 
 def _daemon(tmp_path, proc) -> Daemon:
@@ -84,7 +87,8 @@ def test_dropping_a_gone_worker_restores_irqs_only_of_npus_nobody_live_owns(tmp_
         {"npu": 1, "writes": [{"irq": 130, "cpus": [4], "status": "ok"}, {"irq": 131, "cpus": [5], "status": "ok"}]},
     ]}))
     gone = Binding(100, START, (0, 1), gone.plan, gone.original_cpus,
-                   frozen_map({120: "000000ff", 121: "000000ff", 130: "000000ff", 131: "000000ff"}), (irq_step,))
+                   frozen_map({120: "000000ff", 121: "000000ff", 130: "000000ff", 131: "000000ff"}), (irq_step,),
+                   irqs=(*gone.irqs, *_binding(100, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff")).irqs))
     live = _binding(200, 1, 130, 131, cpus=(4, 5))
     d.held = {100: Held(gone, 0.0), 200: Held(live, 0.0)}
 

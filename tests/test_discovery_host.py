@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ascendbind.applier.irq import bind_irqs
+from ascendbind.applier.irq import bind_irqs, with_planned_irqs
 from ascendbind.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_processes, discover_worker
 from ascendbind.discovery.host import board_argv, detect_device_type
@@ -335,7 +335,11 @@ def test_failed_board_query_costs_only_the_irq_step(tmp_path, how, why):
     worker = discover_worker(src, None, CFG)
     plan = make_plan(h, worker, select_targets(h, worker, [3]), CFG)
     with open(os.path.join(HOSTS, "a2-8x910b3", "expected", "npu3.json")) as fh:
-        assert plan.to_json() == json.load(fh)["plan"]  # the plan does not need the address
+        golden = json.load(fh)["plan"]
+    golden.pop("irqs")  # the IRQ lookup `plan` adds after planning: the placement does not need the address
+    assert plan.to_json() == golden
+    shown = with_planned_irqs(plan, h, CFG, src).irqs[3]
+    assert (shown.reason, shown.sq) == (Reason.NO_PCI_ADDRESS, None) and shown.detail.startswith(f"NPU 3: {why}")
     proc, sys_ = tmp_path / "proc", tmp_path / "sys"
     (proc / "irq").mkdir(parents=True)
     sys_.mkdir()
@@ -449,7 +453,7 @@ def test_live_self_and_uvb_threads():
 
 def test_pci_numa_node_from_sysfs_is_the_device_hint_without_affinity(tmp_path):
     """A3 prints no CPU Affinity; sysfs <addr>/numa_node is then the NPU's node (-1 = unknown)."""
-    from ascendbind.config import load_config
+    from ascendbind.settings import load_config
     from ascendbind.discovery import SnapshotHost, discover_host
 
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts", "a3-16die")

@@ -25,7 +25,8 @@ import pytest
 
 from ascendbind import errors
 from ascendbind.cli import build_parser
-from ascendbind.config import CHOICES, OTHER_VARIABLES, PLAN_KEYS, Config
+from ascendbind.config import CHOICES, PLAN_KEYS, Config
+from ascendbind.settings import OTHER_VARIABLES
 from ascendbind.daemon.serve import RESTART_KEYS
 from ascendbind.daemon.server import ROUTES, http_status_of
 from ascendbind.discovery.snapshot import record_snapshot
@@ -398,3 +399,10 @@ def test_api_md_lists_every_named_code_the_daemon_can_answer():
     missing = sorted(codes - documented - set(ERROR_CODES) - set(_NOT_ANSWERED))
     assert not missing, f"api.md does not list: {missing}"
     assert "<plan error code>" in documented  # the plan codes come with 422
+
+
+def test_plan_json_md_irqs_entries_are_a_real_plans():
+    entries = [e for p in PLANS for e in p["irqs"].values()]
+    assert any(e["cpus"] for e in entries) and any(e["skipped"] for e in entries)
+    for entry in entries:
+        assert keys_of("plan-json.md", "## `irqs` entries") == set(entry)

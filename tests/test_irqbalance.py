@@ -18,7 +18,8 @@ from ascendbind.applier import apply_plan, release_binding
 from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
 from ascendbind.applier.identity import read_identity
-from ascendbind.config import Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.model import Binding, IrqbalanceBans, Outcome, Reason, Step
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names
@@ -187,7 +188,8 @@ def test_a_restarted_daemon_lifts_a_gone_workers_bans_once_no_live_worker_pins_t
     both = dataclasses.replace(_binding(100, 0, 120, 121), irqbalance_bans=bans)
     npu1 = _binding(100, 1, 130, 131)
     both = dataclasses.replace(both, npus=(0, 1), steps=(dataclasses.replace(
-        both.steps[0], data={"npus": [*both.steps[0].data["npus"], *npu1.steps[0].data["npus"]]}),))
+        both.steps[0], data={"npus": [*both.steps[0].data["npus"], *npu1.steps[0].data["npus"]]}),),
+        irqs=(*both.irqs, *npu1.irqs))
     first.held = {100: Held(both, 0.0), 200: Held(_binding(200, 1, 130, 131, cpus=(4, 5)), 0.0)}
     first.save()
 

@@ -6,7 +6,9 @@ yields a StepResult (applied | skipped | failed, a reason code from
 ``model.Reason``, a sentence). The steps are independent: a failed one never
 stops the next, and whatever a step did change is in its ``data`` (IRQ masks
 saved before writing, counts of threads bound) so nothing is half-applied
-without being reported.
+without being reported. The binding keeps what release and the reconcile loop
+need as typed values: the IRQ writes (``Binding.irqs``), the masks to write
+back, the irqbalance bans and the UVB threads' previous masks.
 
 Identity: the worker's pid and start time are verified before anything is
 touched (ProcessGone: ``pid_gone`` / ``pid_recycled``) and again after the
@@ -30,7 +32,6 @@ from ..errors import PlanImpossible, ProcessGone
 from ..model import (
     Binding,
     HostFacts,
-    IrqbalanceBans,
     NpuPlan,
     Outcome,
     Plan,
@@ -42,9 +43,9 @@ from ..model import (
 )
 from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
 from .identity import check_may_bind, recycled, refuse_non_worker, require_live, require_worker, verify_identity
-from .irq import bind_irqs, hand_back_bans, restore_irq_masks
+from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks
 from .memory import migrate_memory
-from .uvb import bind_uvb_threads, restore_uvb_threads
+from .uvb import UvbStep, bind_uvb, restore_uvb_threads
 
 __all__ = ["apply_plan", "apply_observed", "Applied", "release_binding", "merge_npu_plans"]
 
@@ -75,6 +76,24 @@ def _guard(step: Step, run: Callable[[], StepResult]) -> StepResult:
         return run()
     except OSError as exc:
         return StepResult(step, Outcome.FAILED, Reason.OS_ERROR, f"{step.value}: unexpected error: {exc}")
+
+
+def _guard_irq(run: Callable[[], IrqStep]) -> IrqStep:
+    try:
+        return run()
+    except OSError as exc:
+        return IrqStep(_guard(Step.IRQ, lambda: _raise(exc)))
+
+
+def _guard_uvb(run: Callable[[], UvbStep]) -> UvbStep:
+    try:
+        return run()
+    except OSError as exc:
+        return UvbStep(_guard(Step.UVB, lambda: _raise(exc)))
+
+
+def _raise(exc: BaseException) -> StepResult:
+    raise exc
 
 
 @dataclass(frozen=True)
@@ -142,25 +161,26 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
                 Step.AFFINITY, Outcome.FAILED, Reason.PID_RECYCLED, f"{exc} while binding", affinity.data
             )
     steps.append(affinity)
-    irq = _guard(Step.IRQ, lambda: bind_irqs(plan, host, config))
-    steps.append(irq)
+    irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config))
+    steps.append(irq.result)
     if alive:
         steps.append(_guard(Step.MEMORY, lambda: migrate_memory(plan, pid, host, config)))
     else:
         steps.append(StepResult(Step.MEMORY, Outcome.SKIPPED, Reason.PID_GONE, f"process {pid} exited while binding"))
-    steps.append(_guard(Step.UVB, lambda: bind_uvb_threads(plan)))
+    uvb = _guard_uvb(lambda: bind_uvb(plan))
+    steps.append(uvb.result)
 
-    saved = {int(k): v for k, v in irq.data.get("previous", {}).items()}
-    bans = irq.data.get("irqbalance_bans")
     binding = Binding(
         pid=pid,
         start_time=worker.start_time if worker.start_time is not None else start,
         npus=tuple(p.npu for p in plan.npus),
         plan=plan,
         original_cpus=frozenset(worker.allowed_cpus),
-        saved_irq_masks=frozen_map(saved),
+        saved_irq_masks=irq.saved,
         steps=tuple(steps),
-        irqbalance_bans=IrqbalanceBans.from_json(bans) if bans else None,
+        irqbalance_bans=irq.bans,
+        irqs=irq.bindings,
+        uvb_previous=uvb.previous,
     )
     return Applied(binding, bound.threads)
 
@@ -200,7 +220,5 @@ def release_binding(
         )
 
     if restore_uvb:
-        uvb = next((s for s in binding.steps if s.step is Step.UVB), None)
-        previous = dict(uvb.data.get("previous", {})) if uvb else {}
-        steps.append(_guard(Step.UVB, lambda: restore_uvb_threads(previous)))
+        steps.append(_guard(Step.UVB, lambda: restore_uvb_threads(binding.uvb_previous)))
     return tuple(steps)

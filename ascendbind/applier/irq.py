@@ -1,11 +1,11 @@
 """The IRQ step: put each target NPU's SQ/CQ interrupts on the CPUs its plan reserved.
 
-The NPU's PCI address comes from ``npu-smi info -t board``
-(discovery put it in ``HostFacts.pci_addresses``), its MSI vectors from
-``<sys>/bus/pci/devices/<addr>/msi_irqs/``; among those, the first
-``sq_send_trigger_irq`` in ``/proc/interrupts`` order goes to ``irq[0]`` and the
-first ``cq_update_irq`` to ``irq[1]`` (the IRQ after the SQ only when the driver
-prints no CQ name). With ``small_pool = "share"`` a 1-CPU ``irq`` role takes both.
+Discovery finds each NPU's SQ/CQ interrupts (discovery/irqhost.py: its PCI
+address from ``npu-smi info -t board``, its MSI vectors, ``/proc/interrupts``)
+and the planner's rule says where they go (planner/irqs.py: the SQ to
+``irq[0]``, the CQ to ``irq[1]``, both to a 1-CPU ``irq`` role), exactly as
+``plan`` shows them. This module only writes the masks and reads back the ones
+it wrote, through discovery's reader.
 
 Kernel behaviour this code respects:
 
@@ -24,39 +24,44 @@ Kernel behaviour this code respects:
   told the masks are still written (``irqbalance_unreachable``). ``warn`` only
   reports it (``irqbalance_active``); ``stop`` stops it (applier/irqbalance.py).
 
-Every mask is read before the first write (kept in ``data["previous"]`` and
-``Binding.saved_irq_masks`` so release can restore it) and read back after.
+Every mask is read before the first write (kept in ``data["previous"]``,
+``IrqBinding.previous`` and ``Binding.saved_irq_masks`` so release can restore
+it) and read back after. ``bind_npu_irqs`` returns the writes as typed values
+(``IrqBinding``) beside the step's report; ``data`` is the report's JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import Config
 from ..cpulist import format_cpulist, format_mask, parse_mask
-from ..discovery.irqs import parse_interrupts
-from ..errors import ParseError
-from ..model import HostFacts, IrqbalanceBans, Mode, Outcome, Plan, Reason, Step, StepResult, frozen_map
-from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, irqbalance_pids, stop_irqbalance, unban_irqs
+from ..discovery.irqhost import discover_npu_irqs, irq_mask_path, irq_masks_writable, irqbalance_pids, read_irq_mask
+from ..discovery.sources import HostSource, LiveHost
+from ..model import (HostFacts, IrqBinding, IrqbalanceBans, NpuIrqPlan, Outcome, Plan, Reason, Step, StepResult,
+                     frozen_map)
+from ..planner.irqs import plan_irqs, step_off
+from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, stop_irqbalance, unban_irqs
 
 __all__ = [
     "IrqWrite",
-    "NpuIrqs",
+    "IrqStep",
     "read_irq_mask",
     "set_irq_affinity",
-    "find_npu_irqs",
     "irqbalance_pids",
     "stop_irqbalance",
     "bind_irqs",
+    "bind_npu_irqs",
+    "planned_irqs",
+    "with_planned_irqs",
     "restore_irq_masks",
     "hand_back_bans",
 ]
 
-SQ_NAME = "sq_send_trigger_irq"
-CQ_NAME = "cq_update_irq"
 _UNCHANGEABLE = (errno.EPERM, errno.EIO)
 
 
@@ -72,40 +77,19 @@ class IrqWrite:
 
 
 @dataclass(frozen=True)
-class NpuIrqs:
-    sq: int
-    cq: int
-    cq_guessed: bool  # no cq_update_irq printed: the CQ is taken to be the IRQ after the SQ
+class IrqStep:
+    """The IRQ step's outcome: the report, the writes as typed values, the masks
+    release must write back, and the IRQs added to irqbalance's ban list."""
 
-
-class _Skip(Exception):
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-def _mask_path(irq: int, proc_root: str) -> str:
-    return f"{proc_root}/irq/{irq}/smp_affinity"
-
-
-def read_irq_mask(irq: int, *, proc_root: str = "/proc") -> str | None:
-    """The mask text of ``/proc/irq/<irq>/smp_affinity`` (stripped), or None when unreadable."""
-    try:
-        fd = os.open(_mask_path(irq, proc_root), os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    result: StepResult
+    bindings: tuple[IrqBinding, ...] = ()
+    saved: Mapping[int, str] = field(default_factory=frozen_map)
+    bans: IrqbalanceBans | None = None
 
 
 def _write_mask(irq: int, text: str, proc_root: str) -> None:
     # O_TRUNC is what a shell's `>` does (procfs ignores it); it keeps fixture files exact
-    fd = os.open(_mask_path(irq, proc_root), os.O_WRONLY | os.O_TRUNC)
+    fd = os.open(irq_mask_path(irq, proc_root), os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode("ascii"))
     finally:
@@ -136,83 +120,48 @@ def _write_checked(irq: int, text: str, cpus: frozenset[int], previous: str | No
     return IrqWrite(irq, "ok", previous, now)
 
 
-def _msi_irqs(npu: int, host: HostFacts, sys_root: str) -> set[int]:
-    pci = host.pci_addresses.get(npu)
-    if not pci:
-        return set()
-    try:
-        return {int(n) for n in os.listdir(f"{sys_root}/bus/pci/devices/{pci.lower()}/msi_irqs") if n.isdigit()}
-    except OSError:
-        return set()
+def planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource) -> dict[int, NpuIrqPlan]:
+    """NPU -> what its IRQ step would move: discovery's IRQs (through ``source``, only
+    for NPUs with IRQ CPUs and only when the step is on) under the planner's rule.
+    ``plan`` shows this; the step writes exactly this."""
+    wanted = [p.npu for p in plan.npus if p.irq] if step_off(plan, config.irq_binding) is None else []
+    found = discover_npu_irqs(source, host, wanted) if wanted else {}
+    return plan_irqs(plan, found, config.irq_binding)
 
 
-def _read_interrupts(proc_root: str) -> tuple[tuple[int, str], ...]:
-    try:
-        with open(f"{proc_root}/interrupts", encoding="utf-8", errors="replace") as fh:
-            return parse_interrupts(fh.read())
-    except OSError as exc:
-        raise _Skip(Reason.INTERRUPTS_UNREADABLE, f"{proc_root}/interrupts: {exc.strerror}") from None
-    except ParseError as exc:
-        raise _Skip(Reason.INTERRUPTS_UNREADABLE, str(exc)) from None
+def with_planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource) -> Plan:
+    """``plan`` carrying ``planned_irqs`` (its ``irqs`` field, the plan JSON's ``irqs``)."""
+    return dataclasses.replace(plan, irqs=frozen_map(planned_irqs(plan, host, config, source)))
 
 
-def find_npu_irqs(npu: int, host: HostFacts, rows: tuple[tuple[int, str], ...], *, sys_root: str) -> NpuIrqs:
-    """SQ/CQ IRQs of one NPU, or _Skip with the reason the IRQ step cannot run for it."""
-    pci = host.pci_addresses.get(npu)
-    if not pci:
-        why = host.pci_unknown.get(npu) or "npu-smi info -t board gave no PCIe Bus Info"
-        raise _Skip(Reason.NO_PCI_ADDRESS, f"NPU {npu}: {why}")
-    msi_dir = f"{sys_root}/bus/pci/devices/{pci.lower()}/msi_irqs"
-    msi = _msi_irqs(npu, host, sys_root)
-    if not msi:
-        raise _Skip(Reason.NO_MSI_IRQS, f"NPU {npu}: no MSI IRQs under {msi_dir}")
-    sq = cq = None
-    for irq, name in rows:
-        if irq not in msi:
-            continue
-        if sq is None and name == SQ_NAME:
-            sq = irq
-        elif cq is None and name == CQ_NAME:
-            cq = irq
-    if sq is None:
-        raise _Skip(Reason.NO_SQ_IRQ, f"NPU {npu} ({pci}): none of its {len(msi)} MSI IRQs is named {SQ_NAME}")
-    if cq is None:
-        return NpuIrqs(sq, sq + 1, True)
-    return NpuIrqs(sq, cq, False)
+def bind_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None) -> StepResult:
+    """The IRQ step for every NPU of ``plan``, as a report; see ``bind_npu_irqs``."""
+    return bind_npu_irqs(plan, host, config, source).result
 
 
-def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
-    """The IRQ step for every NPU of ``plan``; see the module docstring."""
-    proc_root, sys_root = config.proc_root, config.sys_root
-    if plan.mode == Mode.ASCEND950_CLUSTER:
-        return _result(Outcome.SKIPPED, Reason.NOT_APPLICABLE, "Ascend 950 does not bind NPU IRQs")
-    if not config.irq_binding:
-        return _result(Outcome.SKIPPED, Reason.IRQ_BINDING_DISABLED, "irq_binding = false in config")
-    if not os.access(f"{proc_root}/irq", os.W_OK):
-        return _result(Outcome.SKIPPED, Reason.IRQ_NOT_WRITABLE, f"{proc_root}/irq is not writable (read-only mount?)")
-    rows: tuple[tuple[int, str], ...] | None = None  # /proc/interrupts, read once and only if needed
+def bind_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None) -> IrqStep:
+    """The IRQ step for every NPU of ``plan``; see the module docstring. ``source``
+    answers the discovery reads (default: this host under ``config``'s roots)."""
+    proc_root = config.proc_root
+    off = step_off(plan, config.irq_binding)
+    if off is not None:
+        return IrqStep(_result(Outcome.SKIPPED, off[0], off[1]))
+    writable, where = irq_masks_writable(proc_root)
+    if not writable:
+        return IrqStep(_result(Outcome.SKIPPED, Reason.IRQ_NOT_WRITABLE, f"{where} is not writable (read-only mount?)"))
+    planned = planned_irqs(plan, host, config, source or LiveHost.from_config(config))
 
     per_npu: list[dict] = []
     targets: list[tuple[int, int, frozenset[int], dict]] = []  # (npu, irq, cpus, entry)
     for npu_plan in plan.npus:
-        entry: dict = {"npu": npu_plan.npu, "pci": host.pci_addresses.get(npu_plan.npu)}
+        p = planned[npu_plan.npu]
+        entry: dict = {"npu": p.npu, "pci": host.pci_addresses.get(p.npu)}
         per_npu.append(entry)
-        if not npu_plan.irq:
-            entry.update(outcome="skipped", reason=Reason.NO_IRQ_CPUS.value)
-            entry["detail"] = f"NPU {npu_plan.npu}: the plan reserves no IRQ CPUs"
+        if p.reason is not None:
+            entry.update(outcome="skipped", reason=p.reason.value, detail=p.detail)
             continue
-        try:
-            if rows is None and _msi_irqs(npu_plan.npu, host, sys_root):
-                rows = _read_interrupts(proc_root)
-            found = find_npu_irqs(npu_plan.npu, host, rows or (), sys_root=sys_root)
-        except _Skip as skip:
-            entry.update(outcome="skipped", reason=skip.reason.value, detail=skip.detail)
-            continue
-        sq_cpu = npu_plan.irq[0]
-        cq_cpu = npu_plan.irq[1] if len(npu_plan.irq) > 1 else npu_plan.irq[0]
-        entry.update(sq=found.sq, cq=found.cq, cq_guessed=found.cq_guessed, sq_cpu=sq_cpu, cq_cpu=cq_cpu)
-        targets.append((npu_plan.npu, found.sq, frozenset({sq_cpu}), entry))
-        targets.append((npu_plan.npu, found.cq, frozenset({cq_cpu}), entry))
+        entry.update(sq=p.sq, cq=p.cq, cq_guessed=p.cq_guessed, sq_cpu=p.sq_cpu, cq_cpu=p.cq_cpu)
+        targets.extend((p.npu, irq, cpus, entry) for irq, cpus in p.moves)
 
     data: dict = {"npus": per_npu}
     irqbalance_reason, irqbalance_note, ban = None, None, None
@@ -221,19 +170,18 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
             {irq for _npu, irq, _cpus, _entry in targets}, config, data)
 
     writes: list[IrqWrite] = []
-    previous: dict[int, str] = {}
+    bindings: list[IrqBinding] = []
     for npu, irq, cpus, entry in targets:
         w = set_irq_affinity(irq, cpus, proc_root=proc_root)
         writes.append(w)
+        bindings.append(IrqBinding(npu, irq, cpus, w.previous, w.status, w.now, w.error))
         entry.setdefault("writes", []).append(
             {"irq": irq, "cpus": sorted(cpus), "status": w.status, "previous": w.previous, "now": w.now, "error": w.error}
         )
-        if w.status == "ok" and w.previous is not None:
-            previous[irq] = w.previous
-        elif w.status == "failed" and w.now != w.previous and w.previous is not None:
-            # partly effective: keep the old text so release still restores it
-            previous[irq] = w.previous
+    # a failed write that still changed the mask keeps its old text too, so release restores it
+    previous = {b.irq: b.previous for b in bindings if b.changed}
     data["previous"] = previous
+    bans = None
     if ban is not None and ban.bans is not None:
         bans = ban.bans
         not_pinned = {w.irq for w in writes if w.status != "ok"}
@@ -246,7 +194,8 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config) -> StepResult:
                 irqbalance_note += f"; IRQs not pinned stay banned until release: {exc}"
         if bans is not None:
             data["irqbalance_bans"] = bans.to_json()
-    return _summarise(writes, per_npu, data, irqbalance_reason, irqbalance_note)
+    result = _summarise(writes, per_npu, data, irqbalance_reason, irqbalance_note)
+    return IrqStep(result, tuple(bindings), frozen_map(previous), bans)
 
 
 def _tell_irqbalance(irqs: set[int], config: Config, data: dict) -> tuple[Reason | None, str | None, BanResult | None]:

@@ -6,7 +6,8 @@ IRQ pinned by the IRQ step would be moved again. With ``irqbalance = "ban"``
 control socket, and come off again on release; ``stop`` stops the service
 (``systemctl``); ``warn`` only reports it.
 
-Talking to it (discovery/irqbalance.py has the words):
+Finding it is discovery's (``irqhost.irqbalance_pids``, a scan of
+``<proc>/*/comm``). Talking to it (discovery/irqbalance.py has the words):
 
 * Where: ``/run/irqbalance/irqbalance<pid>.sock`` as irqbalance sees it, that
   is through ``<proc>/<pid>/root``: systemd runs it in a mount namespace of its
@@ -54,6 +55,7 @@ from ..discovery.irqbalance import (
     parse_setup,
     socket_path,
 )
+from ..discovery.irqhost import irqbalance_pids, irqbalance_socket_dir, socket_in_dir_fd
 from ..errors import ParseError
 from ..model import IrqbalanceBans
 from .identity import read_identity
@@ -76,30 +78,6 @@ _UCRED = struct.Struct("3i")  # pid_t, uid_t, gid_t
 
 class Unreachable(Exception):
     """irqbalance runs but could not be told; the message says why."""
-
-
-def irqbalance_pids(proc_root: str = "/proc") -> list[int]:
-    """Pids whose comm is ``irqbalance`` (a scan of <proc>/*/comm)."""
-    found = []
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"{proc_root}/{name}/comm", os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            if os.read(fd, 64).strip() == b"irqbalance":
-                found.append(int(name))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return sorted(found)
 
 
 def stop_irqbalance(timeout: float = 10.0) -> tuple[bool, str]:
@@ -139,13 +117,13 @@ class IrqbalanceLink:
         (the order irqbalance's own UI tries them)."""
         path = socket_path(self.pid)
         try:
-            dir_fd = os.open(f"{self.proc_root}/{self.pid}/root{os.path.dirname(path)}",
+            dir_fd = os.open(irqbalance_socket_dir(self.pid, os.path.dirname(path), self.proc_root),
                              os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             dir_fd = None
         if dir_fd is not None:
             try:
-                return self._connect_to(f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}", path)
+                return self._connect_to(socket_in_dir_fd(dir_fd, os.path.basename(path)), path)
             except (FileNotFoundError, ConnectionRefusedError):
                 pass
             finally:

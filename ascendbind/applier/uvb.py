@@ -4,48 +4,63 @@ These threads belong to the driver, not to the worker: they are found host-wide
 (``ps -Te`` / ``/proc/*/task/*/comm``; a container needs ``--pid=host`` to see
 them) and the plan lists their tids. Every 950 worker plans the same UVB pool,
 so binding them again is harmless. Their masks before the first write are kept
-in ``data["previous"]``; release puts them back only when asked (the daemon
-does so when the last 950 worker goes), since other workers still rely on them.
+(``UvbStep.previous``, ``Binding.uvb_previous``; ``data["previous"]`` in the
+report); release puts them back only when asked (the daemon does so when the
+last 950 worker goes), since other workers still rely on them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..cpulist import format_cpulist
 from ..model import Mode, Outcome, Plan, Reason, Step, StepResult, frozen_map
 from .affinity import set_tid_affinity
 
-__all__ = ["bind_uvb_threads", "restore_uvb_threads"]
+__all__ = ["bind_uvb_threads", "bind_uvb", "restore_uvb_threads", "UvbStep"]
+
+
+@dataclass(frozen=True)
+class UvbStep:
+    """The UVB step's report and, per thread bound, its mask before binding."""
+
+    result: StepResult
+    previous: Mapping[int, frozenset[int]] = field(default_factory=frozen_map)
 
 
 def bind_uvb_threads(plan: Plan) -> StepResult:
+    return bind_uvb(plan).result
+
+
+def bind_uvb(plan: Plan) -> UvbStep:
     if plan.mode != Mode.ASCEND950_CLUSTER:
-        return _result(Outcome.SKIPPED, Reason.NOT_APPLICABLE, "UVB poll threads exist on Ascend 950 only")
+        return UvbStep(_result(Outcome.SKIPPED, Reason.NOT_APPLICABLE, "UVB poll threads exist on Ascend 950 only"))
     if not plan.uvb_tids:
-        return _result(
+        return UvbStep(_result(
             Outcome.SKIPPED, Reason.NO_UVB_THREADS,
             "no uvb_poll_window_thread visible (a container needs --pid=host)",
-        )
+        ))
     if not plan.uvb_cpus:
-        return _result(Outcome.SKIPPED, Reason.NO_UVB_THREADS, "the plan has no UVB CPUs")
-    return _set(plan.uvb_tids, frozenset(plan.uvb_cpus), save=True)
+        return UvbStep(_result(Outcome.SKIPPED, Reason.NO_UVB_THREADS, "the plan has no UVB CPUs"))
+    result, previous = _set(plan.uvb_tids, frozenset(plan.uvb_cpus), save=True)
+    return UvbStep(result, frozen_map({t: frozenset(c) for t, c in previous.items()}))
 
 
-def restore_uvb_threads(previous: Mapping[int, list[int]]) -> StepResult:
+def restore_uvb_threads(previous: Mapping[int, frozenset[int] | list[int]]) -> StepResult:
     """Put each UVB thread back on the mask it had before ``bind_uvb_threads``."""
     if not previous:
         return _result(Outcome.SKIPPED, Reason.NOTHING_TO_RESTORE, "no UVB thread was bound")
     groups: dict[frozenset[int], list[int]] = {}
     for tid, cpus in previous.items():
         groups.setdefault(frozenset(cpus), []).append(int(tid))
-    results = [_set(tids, cpus, save=False) for cpus, tids in groups.items()]
+    results = [_set(tids, cpus, save=False)[0] for cpus, tids in groups.items()]
     bad = [r for r in results if r.outcome is not Outcome.APPLIED]
     return bad[0] if bad else results[0]
 
 
-def _set(tids, cpus: frozenset[int], *, save: bool) -> StepResult:
+def _set(tids, cpus: frozenset[int], *, save: bool) -> tuple[StepResult, dict[int, list[int]]]:
     bound, gone = [], []
     problems: list[dict] = []
     previous: dict[int, list[int]] = {}
@@ -77,10 +92,10 @@ def _set(tids, cpus: frozenset[int], *, save: bool) -> StepResult:
         return _result(
             Outcome.FAILED, reason,
             f"tid {p['tid']}: {p['status']}, kernel kept {format_cpulist(p['kept']) or 'none'}; {detail}", data,
-        )
+        ), previous
     if not bound:
-        return _result(Outcome.SKIPPED, Reason.NO_UVB_THREADS, f"all {len(gone)} UVB threads exited", data)
-    return _result(Outcome.APPLIED, None, detail, data)
+        return _result(Outcome.SKIPPED, Reason.NO_UVB_THREADS, f"all {len(gone)} UVB threads exited", data), previous
+    return _result(Outcome.APPLIED, None, detail, data), previous
 
 
 def _result(outcome: Outcome, reason: Reason | None, detail: str, data: dict | None = None) -> StepResult:

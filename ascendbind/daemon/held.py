@@ -99,7 +99,7 @@ class Held:
     def to_json(self) -> dict[str, Any]:
         b = self.binding
         aligned, failure = alignment_of(b.plan)
-        al = b.plan.extra.get("alignment") or {}
+        al = b.plan.alignment
         return {
             "pid": b.pid,
             "start_time": b.start_time,
@@ -107,8 +107,8 @@ class Held:
             "bound_at": self.bound_at,
             "topology_policy": self.policy,
             "outcome": "aligned" if aligned else "unaligned",
-            "alignment": {"aligned": aligned, "policy": al.get("policy"), "failure": failure,
-                          "reason": al.get("reason") if not aligned else None},
+            "alignment": {"aligned": aligned, "policy": al.policy if al else None, "failure": failure,
+                          "reason": al.reason if al and not aligned else None},
             "cpulists": cpulists(b),
             "plan": b.plan.to_json(),
             "original_cpus": sorted(b.original_cpus),

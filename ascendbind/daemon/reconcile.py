@@ -40,7 +40,6 @@ from ..applier.identity import verify_identity
 from ..applier.irq import irqbalance_pids, read_irq_mask, set_irq_affinity
 from ..cpulist import parse_mask
 from ..errors import ProcessGone
-from ..model import Step
 from .blame import Blame, blame_irqs, blame_threads, left_alone_sentence
 from .evidence import read_evidence
 from .held import SeenThread, accepted
@@ -56,14 +55,7 @@ REASSERT_LIMIT = 3
 
 def _irq_targets(binding) -> dict[int, frozenset[int]]:
     """IRQ -> the CPUs the irq step set it to (only writes that succeeded)."""
-    out: dict[int, frozenset[int]] = {}
-    for s in binding.steps:
-        if s.step is Step.IRQ:
-            for entry in s.data.get("npus", ()) or ():
-                for w in entry.get("writes", ()) or ():
-                    if w.get("status") == "ok":
-                        out[int(w["irq"])] = frozenset(w["cpus"])
-    return out
+    return {w.irq: w.cpus for w in binding.irqs if w.pinned}
 
 
 class Reconciler:

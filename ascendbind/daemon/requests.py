@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import CHOICES, Config
 from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
-from ..model import Binding, Plan, Step
+from ..model import Binding, Plan
 from ..planner.alignment import resolve_policy as planner_resolve_policy
 
 __all__ = ["parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
@@ -114,27 +114,20 @@ def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, s
 
 
 def alignment_of(plan: Plan) -> tuple[bool, str | None]:
-    """(aligned, failure reason code) from the planner's ``alignment`` block.
+    """(aligned, failure reason code) from the planner's alignment decision.
 
-    The planner puts that block on every plan; a plan without one (a state file
+    The planner decides it for every plan; a plan without one (a state file
     written before it existed) was never evaluated, so it does not count as aligned.
     """
-    al = plan.extra.get("alignment") if plan.extra else None
-    if al is None or not hasattr(al, "get"):
+    al = plan.alignment
+    if al is None:
         return False, None
-    code = al.get("failure")
-    return bool(al.get("aligned")), (str(code) if code else None)
+    return al.aligned, al.failure or None
 
 
 def irq_owners(b: Binding) -> dict[int, int]:
-    """IRQ number -> the NPU it was bound for, from the irq step's report."""
-    out: dict[int, int] = {}
-    for s in b.steps:
-        if s.step is Step.IRQ:
-            for entry in s.data.get("npus", ()) or ():
-                for w in entry.get("writes", ()) or ():
-                    out[int(w["irq"])] = int(entry["npu"])
-    return out
+    """IRQ number -> the NPU it was bound for, from the irq step's writes."""
+    return {w.irq: w.npu for w in b.irqs}
 
 
 def evictable(newcomer: int, holder: int, shared: Iterable[int], listed: Collection[tuple[int, int]]) -> bool:

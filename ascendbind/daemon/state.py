@@ -1,10 +1,14 @@
 """The daemon's checkpoint: ``state_dir/state.json``.
 
-What it holds: one entry per bound worker (pid, start time, NPUs, plan, the
-affinity before binding, the IRQ masks saved before the first write, the IRQs
-it added to irqbalance's ban list, the step results), so that a restarted
-daemon keeps reconciling its workers and ``release`` can still undo what an
-earlier daemon did.
+What it holds: one small record per bound worker, what reconcile, release and
+status need and nothing more: pid and start time, NPUs, the plan's mode and
+role CPUs, its alignment decision (without the hints), the affinity before
+binding, the IRQ writes (NPU, IRQ, CPUs, previous mask, status), the masks
+release writes back, the IRQs added to irqbalance's ban list, the UVB threads'
+previous masks, and the step results without their data. CPU sets are kernel
+cpu lists ("0-23,48"): a 192-CPU set is a few bytes instead of 192 numbers. A
+restarted daemon keeps reconciling its workers and ``release`` can still undo
+what an earlier daemon did.
 
 Invariants:
 * Written only in a directory no other user can change (daemon/statedir.py): the
@@ -12,24 +16,35 @@ Invariants:
   there (a symlink where root's temp file goes) would make root overwrite any
   file on the host.
 * Written atomically: a temp file in the same directory, created exclusively
-  (``O_EXCL|O_NOFOLLOW``, mode 0600, an unpredictable name), fsync, rename,
-  fsync of the directory. A reader sees the old file or the new one, never half
-  of one. Every operation goes through one descriptor of the directory opened
-  without following links, so no path is looked up twice.
+  (``O_EXCL|O_NOFOLLOW``, mode 0600, an unpredictable name), then renamed over
+  ``state.json``. A reader sees the old file or the new one, never half of one.
+  Every operation goes through one descriptor of the directory opened without
+  following links, so no path is looked up twice.
+* Written once per change, before the change is answered, and not fsynced. The
+  file has to outlive the daemon process, not the machine: its entries name
+  pids and IRQ masks of this boot, and after a reboot they are dropped unread
+  (the boot id). A crashed or killed daemon loses nothing: write(2) and
+  rename(2) are in the page cache, which the next daemon reads. Only a kernel
+  crash or a power loss can lose or tear the file, and both start a new boot,
+  whose daemon drops the old entries anyway; a torn file fails its checksum
+  and is moved aside like any corrupt one. An fsync of the file and of the
+  directory would buy nothing the boot id does not already throw away, and
+  cost a disk flush on every bind.
 * At start, stale temp files (``state.json.tmp-*``, left by a crash) are
   removed, and a ``state.json`` that is not a regular file (a directory, a
   fifo, a symlink) is moved aside like a corrupt one.
-* Versioned (``version``) and checksummed (sha256 over the canonical JSON of
-  ``version``, ``boot_id`` and ``workers``). A file that fails to parse, has an
-  unknown version or a bad checksum is *corrupt*: it is moved aside
+* Versioned and checksummed (sha256 over the version, the boot id and the
+  canonical JSON of ``workers``). A file that fails to parse, has an unknown
+  version or a bad checksum is *corrupt*: it is moved aside
   (``state.json.corrupt-<unix time>``) with a log line, and the daemon starts
-  empty. Never a crash loop.
+  empty. Never a crash loop. A file of the previous version (whole plans, IRQ
+  writes inside the step reports) is read and its entries converted.
 * Permission-checked: the daemon acts as root on the pids and IRQ masks in this
   file, so a file that another user owns or can write is not trusted: moved
   aside like a corrupt one.
-* Stamped with the boot id (``/proc/sys/kernel/random/boot_id``): entries of
-  another boot name pids and IRQ masks of a machine that no longer exists; they
-  are dropped without restoring anything.
+* Stamped with the boot id (``/proc/sys/kernel/random/boot_id``, read through
+  discovery): entries of another boot name pids and IRQ masks of a machine
+  that no longer exists; they are dropped without restoring anything.
 """
 
 from __future__ import annotations
@@ -47,72 +62,50 @@ from typing import Any
 
 import structlog
 
+from ..discovery.host import read_boot_id as _boot_id_of
+from ..discovery.sources import LiveHost
 from ..errors import ConfigError
-from ..model import Binding, IrqbalanceBans, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from .staterecord import binding_from_json, binding_from_v1, binding_to_json
 from .statedir import trusted_state_dir, untrusted_reason
 
 __all__ = ["StateFile", "LoadResult", "binding_to_json", "binding_from_json", "read_boot_id", "STATE_VERSION"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 log = structlog.get_logger("ascendbind.state")
 
 
 def read_boot_id(proc_root: str = "/proc") -> str:
+    return _boot_id_of(LiveHost(proc_root=proc_root))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(version: int, boot_id: str, workers_text: str) -> str:
+    """sha256 over the version, the boot id and the canonical JSON of the workers."""
+    return hashlib.sha256(f"{version}\n{boot_id}\n{workers_text}".encode()).hexdigest()
+
+
+def _checksum_v1(boot_id: str, workers: list) -> str:
+    return hashlib.sha256(_canonical({"version": 1, "boot_id": boot_id, "workers": workers}).encode()).hexdigest()
+
+
+def _upgrade_v1(entry: Any) -> Any:
+    """A version-1 entry (whole plan, IRQ writes in the step report) as a current record;
+    the entry unchanged when it does not parse, so the loader reports it as malformed."""
+    if not isinstance(entry, dict):
+        return entry
     try:
-        with open(os.path.join(proc_root, "sys/kernel/random/boot_id"), encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return "unknown"
+        binding = binding_from_v1(entry)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return entry
+    held = {k: v for k, v in entry.items() if k not in _V1_BINDING_KEYS}
+    return binding_to_json(binding, **held)
 
 
-def binding_to_json(b: Binding, **extra: Any) -> dict[str, Any]:
-    out = {
-        "pid": b.pid,
-        "start_time": b.start_time,
-        "npus": list(b.npus),
-        "plan": b.plan.to_json(),
-        "original_cpus": sorted(b.original_cpus),
-        "saved_irq_masks": {str(k): v for k, v in sorted(b.saved_irq_masks.items())},
-        "steps": [s.to_json() for s in b.steps],
-    }
-    if b.irqbalance_bans is not None:
-        out["irqbalance_bans"] = b.irqbalance_bans.to_json()
-    out.update(extra)
-    return out
-
-
-def _step_from_json(d: dict[str, Any]) -> StepResult:
-    return StepResult(
-        step=Step(d["step"]),
-        outcome=Outcome(d["outcome"]),
-        reason=Reason(d["reason"]) if d.get("reason") else None,
-        detail=str(d.get("detail", "")),
-        data=frozen_map(d.get("data") or {}),
-    )
-
-
-def binding_from_json(d: dict[str, Any]) -> Binding:
-    """Inverse of binding_to_json; raises KeyError/ValueError/TypeError on a malformed entry."""
-    pid = d["pid"]
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        raise ValueError(f"bad pid {pid!r}")
-    return Binding(
-        pid=pid,
-        start_time=d.get("start_time"),
-        npus=tuple(int(n) for n in d["npus"]),
-        plan=Plan.from_json(d["plan"]),
-        original_cpus=frozenset(int(c) for c in d["original_cpus"]),
-        saved_irq_masks=frozen_map({int(k): str(v) for k, v in d.get("saved_irq_masks", {}).items()}),
-        steps=tuple(_step_from_json(s) for s in d.get("steps", ())),
-        # absent in files written before irqbalance bans were kept
-        irqbalance_bans=IrqbalanceBans.from_json(d["irqbalance_bans"]) if d.get("irqbalance_bans") else None,
-    )
-
-
-def _checksum(version: int, boot_id: str, workers: list) -> str:
-    canon = json.dumps({"version": version, "boot_id": boot_id, "workers": workers}, sort_keys=True,
-                       separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()
+_V1_BINDING_KEYS = {"pid", "start_time", "npus", "plan", "original_cpus", "saved_irq_masks", "steps",
+                    "irqbalance_bans"}
 
 
 @dataclass
@@ -183,14 +176,13 @@ class StateFile:
         return {"removed": removed, "moved_aside": moved}
 
     def save(self, workers: list[dict[str, Any]]) -> None:
-        doc = {
-            "version": STATE_VERSION,
-            "boot_id": self.boot_id,
-            "written_at": time.time(),
-            "checksum": _checksum(STATE_VERSION, self.boot_id, workers),
-            "workers": workers,
-        }
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        """Replace the file with ``workers`` (records of ``binding_to_json``): write, rename."""
+        workers_text = _canonical(workers)
+        # the workers are encoded once: the checksum is over the very text the file holds
+        data = (f'{{"boot_id":{json.dumps(self.boot_id)},'
+                f'"checksum":"{_checksum(STATE_VERSION, self.boot_id, workers_text)}",'
+                f'"version":{STATE_VERSION},"written_at":{time.time()!r},'
+                f'"workers":{workers_text}}}\n').encode()
         dfd = self._open_dir()
         try:
             tmp, fd = _create_exclusive(dfd)
@@ -199,7 +191,6 @@ class StateFile:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view):]
-                    os.fsync(fd)
                 finally:
                     os.close(fd)
                 os.replace(tmp, STATE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -207,7 +198,6 @@ class StateFile:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
                 raise
-            os.fsync(dfd)
         finally:
             os.close(dfd)
 
@@ -267,11 +257,13 @@ class StateFile:
             if not isinstance(doc, dict):
                 raise ValueError("top level is not an object")
             version, boot_id, workers = doc["version"], doc["boot_id"], doc["workers"]
-            if version != STATE_VERSION:
-                raise ValueError(f"unknown version {version!r} (this daemon writes {STATE_VERSION})")
+            if version not in (1, STATE_VERSION) or isinstance(version, bool):
+                raise ValueError(f"unknown version {version!r} (this daemon writes {STATE_VERSION}, reads 1 too)")
             if not isinstance(workers, list) or not isinstance(boot_id, str):
                 raise ValueError("workers is not a list or boot_id is not a string")
-            if doc.get("checksum") != _checksum(version, boot_id, workers):
+            expected = (_checksum_v1(boot_id, workers) if version == 1
+                        else _checksum(version, boot_id, _canonical(workers)))
+            if doc.get("checksum") != expected:
                 raise ValueError("checksum mismatch")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             return self._move_aside_at(dfd, f"corrupt: {exc}")
@@ -279,6 +271,9 @@ class StateFile:
             log.info("state file is from another boot; dropping its workers without touching IRQs",
                      workers=len(workers), file_boot_id=boot_id)
             return LoadResult(other_boot=len(workers))
+        if version == 1:
+            log.info("state file of version 1 read; its entries are converted", workers=len(workers))
+            workers = [_upgrade_v1(w) for w in workers]
         return LoadResult(workers=[w for w in workers if isinstance(w, dict)])
 
 

@@ -1,6 +1,7 @@
 """Discovery: host text -> frozen facts. Pure parsers plus the HostSource edge."""
 
 from .host import discover_cpu_topology, discover_host, discover_processes, discover_worker, pci_address_of
+from .irqhost import discover_npu_irqs
 from .sources import HostSource, LiveHost, SnapshotHost
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "discover_processes",
     "discover_cpu_topology",
     "pci_address_of",
+    "discover_npu_irqs",
     "HostSource",
     "LiveHost",
     "SnapshotHost",

@@ -38,6 +38,7 @@ __all__ = [
     "detect_device_type",
     "board_argv",
     "pci_address_of",
+    "read_boot_id",
     "CpuTopology",
     "NPU_SMI_MISSING",
     "UVB_COMM_PREFIX",
@@ -50,6 +51,13 @@ NPU_SMI_MISSING = (
     "or point config key npu_smi at the binary"
 )
 NODE_ROOT = "/sys/devices/system/node"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id(source: HostSource) -> str:
+    """This boot's id (a random UUID the kernel draws at boot), or "unknown" when unreadable."""
+    text = source.read(BOOT_ID, limit=64)
+    return text.strip()[:64] if text and text.strip() else "unknown"
 
 
 # ---------------------------------------------------------------- CPUs and NUMA

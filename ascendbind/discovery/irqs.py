@@ -11,14 +11,15 @@ Numeric rows carry one count per CPU column, then the chip, hwirq and trigger
 columns, then the action name(s); shared IRQs list several actions joined by
 ", ". Rows keyed by a name (NMI, LOC, ERR, …) are architecture counters, not
 device IRQs, and are ignored. The order matters: the IRQ step takes the *first*
-``sq_send_trigger_irq`` of an NPU's MSI set in this order.
+``sq_send_trigger_irq`` of an NPU's MSI set in this order (``npu_irqs_from``).
 """
 
 from __future__ import annotations
 
 from ..errors import ParseError
+from ..model import NpuIrqs, Reason
 
-__all__ = ["parse_interrupts", "SOURCE"]
+__all__ = ["parse_interrupts", "npu_irqs_from", "SOURCE", "SQ_NAME", "CQ_NAME"]
 
 SOURCE = "/proc/interrupts"
 
@@ -66,3 +67,39 @@ def parse_interrupts(text: str) -> tuple[tuple[int, str], ...]:
             raise ParseError(SOURCE, f"IRQ {key} has no name", line=lineno, text=line)
         rows.append((int(key), _action_name(desc)))
     return tuple(rows)
+
+
+SQ_NAME = "sq_send_trigger_irq"
+CQ_NAME = "cq_update_irq"
+
+
+def npu_irqs_from(npu: int, pci: str | None, msi: frozenset[int] | None, rows: tuple[tuple[int, str], ...] | None,
+                  *, msi_dir: str, why_no_pci: str | None = None, rows_problem: str | None = None) -> NpuIrqs:
+    """One NPU's SQ/CQ IRQs from its MSI vectors and the ``/proc/interrupts`` rows.
+
+    The first ``sq_send_trigger_irq`` of the NPU's MSI set in printed order is
+    its SQ, the first ``cq_update_irq`` its CQ; a driver that prints no CQ name
+    gets the IRQ after the SQ (``cq_guessed``). Without an address, MSI vectors,
+    readable rows or an SQ name, the value says why (``reason``, ``detail``).
+    """
+    if not pci:
+        why = why_no_pci or "npu-smi info -t board gave no PCIe Bus Info"
+        return NpuIrqs(npu, None, reason=Reason.NO_PCI_ADDRESS, detail=f"NPU {npu}: {why}")
+    if not msi:
+        return NpuIrqs(npu, pci, reason=Reason.NO_MSI_IRQS, detail=f"NPU {npu}: no MSI IRQs under {msi_dir}")
+    if rows is None:
+        return NpuIrqs(npu, pci, reason=Reason.INTERRUPTS_UNREADABLE, detail=rows_problem or f"{SOURCE} is unreadable")
+    sq = cq = None
+    for irq, name in rows:
+        if irq not in msi:
+            continue
+        if sq is None and name == SQ_NAME:
+            sq = irq
+        elif cq is None and name == CQ_NAME:
+            cq = irq
+    if sq is None:
+        return NpuIrqs(npu, pci, reason=Reason.NO_SQ_IRQ,
+                       detail=f"NPU {npu} ({pci}): none of its {len(msi)} MSI IRQs is named {SQ_NAME}")
+    if cq is None:
+        return NpuIrqs(npu, pci, sq, sq + 1, True)
+    return NpuIrqs(npu, pci, sq, cq, False)

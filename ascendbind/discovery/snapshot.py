@@ -3,9 +3,9 @@
 The recorder does not keep its own list of files to copy: it wraps the live
 host in a RecordingHost and runs the real discovery through it, so the
 snapshot holds exactly what discovery read (command output under ``cmd/``,
-/proc and /sys files under the same relative paths). On top of that it records
-what the applier reads later: ``/proc/interrupts``, each NPU's
-``msi_irqs`` directory, the NUMA node lists, and ``meta.json``; with a pid,
+/proc and /sys files under the same relative paths), the IRQ step's discovery
+included (each NPU's ``msi_irqs`` directory and ``/proc/interrupts``). On top
+of that it records the NUMA node lists and ``meta.json``; with a pid,
 also the worker's ``numa_maps``, which the daemon's memory-locality check reads
 (it names the files the worker maps, never their contents).
 
@@ -27,7 +27,9 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..errors import DiscoveryError, UsageError
+from ..model import Reason
 from .host import NODE_ROOT, discover_cpu_topology, discover_host, discover_worker
+from .irqhost import INTERRUPTS, discover_npu_irqs, msi_dir
 from .sources import HostSource, LiveHost, OneTimeoutPerTool, command_file_name
 
 __all__ = ["RecordingHost", "SnapshotFiles", "record_snapshot", "check_snapshot_target", "RECORDED_ENV"]
@@ -168,11 +170,14 @@ def _record(out_dir: str, pid: int | None, config: Config) -> SnapshotFiles:
         except DiscoveryError as exc2:
             warnings.append(str(exc2))
 
-    # what the applier reads later, and what helps whoever reads the report
-    rec.read("/proc/interrupts")
-    for addr in sorted(set(facts.pci_addresses.values()) if facts else ()):
-        if rec.listdir(f"/sys/bus/pci/devices/{addr}/msi_irqs") is None:
-            warnings.append(f"no /sys/bus/pci/devices/{addr}/msi_irqs on this host")
+    # the IRQ step's discovery, run through the recorder for every NPU, so that
+    # `plan --snapshot` shows the IRQs a bind would move; the interrupt table is
+    # kept even when no NPU has MSI vectors (it is what a report about that needs)
+    if facts is not None:
+        found = discover_npu_irqs(rec, facts, facts.logic_ids)
+        warnings.extend(f"no {msi_dir(i.pci)} on this host" for i in found.values()
+                        if i.reason is Reason.NO_MSI_IRQS and i.pci)
+    rec.read(INTERRUPTS)
     if worker is not None and pid is not None:
         # the locality check's input; without --pid the "worker" is this process,
         # whose memory map would tell a bug report nothing

@@ -9,7 +9,7 @@ Order of work, each step in its own module:
 3. NUMA alignment under ``topology_policy`` (alignment.py: hints from
    providers.py merged as in hints.py), which may rebuild a pool inside the
    merged NUMA mask or refuse the NPU; the decision lands in
-   ``plan.extra["alignment"]``;
+   ``plan.alignment``;
 4. the role split (roles.py).
 
 Per-NPU problems never raise: they become ``plan.errors`` and the NPU is left
@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..config import Config
-from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts, frozen_map
+from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanAlignment, PlanIssue, WorkerFacts
 from .alignment import Alignment, align, resolve_policy
 from .cluster950 import cluster_pools
 from .codes import issue
 from .global_slice import slice_pools, total_npus
 from .layout import Layout, cl
+from .policy import cpu_bind_policy, topology_policy
 from .providers import HintContext
 from .roles import RoleSplitError, role_minimum, split_roles
 from .topo_affinity import affinity_pools
@@ -113,7 +114,7 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     """make_plan with an already resolved policy, also returning the alignment decisions
     (hints with their notes) that explain.py renders."""
     device_type = effective_device_type(host, config)
-    layout = Layout.build(host, worker.allowed_cpus, full_pcpus=config.cpu_bind_policy == "full-pcpus")
+    layout = Layout.build(host, worker.allowed_cpus, full_pcpus=cpu_bind_policy(config.cpu_bind_policy).whole_cores)
     mode, fallback = choose_mode(device_type, host)
     errors: list[PlanIssue] = []
     known = set(host.logic_ids)
@@ -141,7 +142,7 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     planned = [npu for npu in wanted if npu not in failed and npu in seed.pools]
     ctx = HintContext(host=host, worker=worker, layout=layout, config=config, mode=mode, device_type=device_type,
                       pools=seed.pools, candidates=tuple(seed.extended))
-    alignment = align(ctx, planned, policy)
+    alignment = align(ctx, planned, topology_policy(policy))
     rebuilt = set()
     for a in alignment.npus:
         if a.rebuilt:
@@ -176,5 +177,5 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
         uvb_tids=tuple(worker.uvb_tids) if ascend950 else (),
         errors=tuple(sorted(errors, key=lambda e: (e.npu if e.npu is not None else -1, e.code))),
         warnings=tuple(warnings),
-        extra=frozen_map({"alignment": alignment.to_json()}),
+        alignment=PlanAlignment.from_json(alignment.to_json()),
     ), alignment

@@ -1,0 +1,132 @@
+"""The IRQ step's host facts: which interrupts each NPU owns, their masks, a running irqbalance.
+
+Discovery reads; the applier only writes. Everything the IRQ step needs to
+know goes through here:
+
+* ``discover_npu_irqs(source, host, npus)``: each NPU's MSI vectors
+  (``/sys/bus/pci/devices/<addr>/msi_irqs/``, listed through ``source``) and
+  ``/proc/interrupts`` (read through ``source``, once, and only when some NPU
+  has MSI vectors), matched by the pure rule of ``irqs.npu_irqs_from``. It runs
+  on the live host, on a snapshot directory and under the snapshot recorder
+  alike, so ``plan --snapshot`` shows the IRQs a bind would move.
+* ``irq_mask_path`` names ``<proc>/irq/<n>/smp_affinity`` for the applier's
+  write; ``read_irq_mask`` reads a mask (before a write, to read it back, and
+  in the reconcile loop). ``os.open``/``os.read``: one syscall each, and a
+  procfs error surfaces at the read, not at a later close.
+* ``irq_masks_writable``: ``/proc/irq`` is read-only under systemd's
+  ``ProtectKernelTunables=yes``, which ``access(W_OK)`` reports.
+* ``irqbalance_pids`` scans ``<proc>/*/comm``; ``irqbalance_socket_dir`` names
+  the directory of irqbalance's socket as that process sees it
+  (``<proc>/<pid>/root/...``: systemd runs it in a mount namespace of its own).
+
+IRQ numbers are assigned when the driver probes the device, so they change
+only with a hot-plug or a driver reload; the daemon's bind still looks them up
+at bind time, which costs one listing per NPU and one read of /proc/interrupts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from ..errors import ParseError
+from ..model import HostFacts, NpuIrqs
+from .irqs import npu_irqs_from, parse_interrupts
+from .sources import HostSource
+
+__all__ = ["discover_npu_irqs", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
+           "irqbalance_pids", "irqbalance_socket_dir", "socket_in_dir_fd", "INTERRUPTS"]
+
+INTERRUPTS = "/proc/interrupts"
+
+
+def msi_dir(pci: str) -> str:
+    return f"/sys/bus/pci/devices/{pci.lower()}/msi_irqs"
+
+
+def _msi_irqs(source: HostSource, pci: str | None) -> frozenset[int]:
+    if not pci:
+        return frozenset()
+    names = source.listdir(msi_dir(pci)) or ()
+    return frozenset(int(n) for n in names if n.isdigit())
+
+
+def discover_npu_irqs(source: HostSource, host: HostFacts, npus: Iterable[int]) -> dict[int, NpuIrqs]:
+    """NPU -> its SQ/CQ IRQs (or why they cannot be found), for each of ``npus``."""
+    msi = {n: _msi_irqs(source, host.pci_addresses.get(n)) for n in npus}
+    rows: tuple[tuple[int, str], ...] | None = None
+    problem = None
+    if any(msi.values()):
+        text = source.read(INTERRUPTS)
+        if text is None:
+            problem = f"{INTERRUPTS} is unreadable"
+        else:
+            try:
+                rows = parse_interrupts(text)
+            except ParseError as exc:
+                problem = str(exc)
+    out: dict[int, NpuIrqs] = {}
+    for n, vectors in msi.items():
+        pci = host.pci_addresses.get(n)
+        out[n] = npu_irqs_from(n, pci, vectors, rows, msi_dir=msi_dir(pci) if pci else "",
+                               why_no_pci=host.pci_unknown.get(n), rows_problem=problem)
+    return out
+
+
+def irq_mask_path(irq: int, proc_root: str = "/proc") -> str:
+    return f"{proc_root}/irq/{int(irq)}/smp_affinity"
+
+
+def read_irq_mask(irq: int, *, proc_root: str = "/proc") -> str | None:
+    """The mask text of ``<proc>/irq/<irq>/smp_affinity`` (stripped), or None when unreadable."""
+    try:
+        fd = os.open(irq_mask_path(irq, proc_root), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def irq_masks_writable(proc_root: str = "/proc") -> tuple[bool, str]:
+    """(whether ``<proc>/irq`` may be written, the directory as named)."""
+    path = f"{proc_root}/irq"
+    return os.access(path, os.W_OK), path
+
+
+def irqbalance_pids(proc_root: str = "/proc") -> list[int]:
+    """Pids whose comm is ``irqbalance`` (a scan of <proc>/*/comm)."""
+    found = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"{proc_root}/{name}/comm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if os.read(fd, 64).strip() == b"irqbalance":
+                found.append(int(name))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return sorted(found)
+
+
+def irqbalance_socket_dir(pid: int, directory: str, proc_root: str = "/proc") -> str:
+    """``directory`` (an absolute path) as irqbalance ``pid`` sees it, through its root."""
+    return f"{proc_root}/{int(pid)}/root{directory}"
+
+
+def socket_in_dir_fd(dir_fd: int, name: str) -> str:
+    """An address for the socket ``name`` in the directory open as ``dir_fd``: through
+    ``/proc/self/fd``, which stays short of sun_path's 108 bytes whatever the directory."""
+    return f"/proc/self/fd/{int(dir_fd)}/{name}"

@@ -1,0 +1,56 @@
+"""The applier's vocabulary: the steps, their outcomes and the one documented set of
+reasons a step was skipped or failed (docs/reasons.md). Pure."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Step", "Outcome", "Reason"]
+
+
+class Step(str, enum.Enum):
+    AFFINITY = "affinity"
+    IRQ = "irq"
+    MEMORY = "memory"
+    UVB = "uvb"
+
+
+class Outcome(str, enum.Enum):
+    APPLIED = "applied"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class Reason(str, enum.Enum):
+    """Why a step was skipped or failed. The one documented set (docs/reasons.md)."""
+
+    # affinity / uvb
+    PID_GONE = "pid_gone"
+    PID_RECYCLED = "pid_recycled"
+    NOT_PERMITTED = "not_permitted"
+    MASK_NARROWED = "mask_narrowed"
+    MASK_REFUSED = "mask_refused"
+    NO_THREADS = "no_threads"
+    NO_UVB_THREADS = "no_uvb_threads"
+    NOT_APPLICABLE = "not_applicable"  # e.g. uvb on a non-950 host, irq on 950
+    # irq
+    IRQ_NOT_WRITABLE = "irq_not_writable"
+    IRQ_UNCHANGEABLE = "irq_unchangeable"
+    IRQ_BINDING_DISABLED = "irq_binding_disabled"
+    NO_PCI_ADDRESS = "no_pci_address"
+    NO_MSI_IRQS = "no_msi_irqs"
+    NO_SQ_IRQ = "no_sq_irq"
+    NO_IRQ_CPUS = "no_irq_cpus"
+    IRQBALANCE_ACTIVE = "irqbalance_active"
+    IRQBALANCE_UNREACHABLE = "irqbalance_unreachable"  # irqbalance runs; telling it to ban/unban failed
+    IRQ_WRITE_FAILED = "irq_write_failed"  # a write failed (not EPERM/EIO) or read back differently
+    INTERRUPTS_UNREADABLE = "interrupts_unreadable"  # /proc/interrupts missing or malformed
+    # memory
+    MIGRATEPAGES_MISSING = "migratepages_missing"
+    MIGRATEPAGES_FAILED = "migratepages_failed"
+    SINGLE_NUMA_NODE = "single_numa_node"
+    NO_NUMA_INFO = "no_numa_info"
+    # release
+    NOTHING_TO_RESTORE = "nothing_to_restore"
+    # any step
+    OS_ERROR = "os_error"  # an OS error the step did not expect; the detail names it
