@@ -19,15 +19,28 @@ contenders, alternated within each round so drift hits them all alike:
 * ``bind_threads`` the applier's affinity step alone;
 * ``daemon``      POST /v1/bind to a real ``ascendbind serve`` (fixture one-NPU
                   host, ``small_pool = share``) through ascendbind.client: the
-                  socket round trip, the worker's discovery, the plan and all four
-                  steps; the worker is released, untimed, before each bind;
+                  socket round trip, the worker's observation, the plan, all four
+                  steps and the state file; the worker is released, untimed,
+                  before each bind;
+* ``daemon-core`` the same bind in-process (``Daemon.bind_request`` with the peer
+                  the socket would give): the daemon without socket, HTTP and
+                  client, state file included;
+* ``core-no-state`` diagnostic: ``daemon-core`` with the state-file write left out
+                  (a daemon must never answer a bind before it is durable; this
+                  row only shows how much of the bind the state file is);
+* ``round-trip``  GET /v1/health through the same client: what the socket, HTTP
+                  and client cost a request that does no work;
 * ``bare``        a loop of the same /proc reads and syscalls as bind_threads
                   (list tasks, read comm, sched_setaffinity, sched_getaffinity,
                   re-list until stable) with no ascendbind code.
 
-Prints the median of each and the ratios. Goals: reference / apply_plan >= 10
-(also against the floor), bind_threads / bare <= 1.5. ``bare`` is the in-process
-floor: no binder, in or out of process, can set the masks faster.
+Prints the median of each and the ratios. Goals: daemon / bare <= 1.5,
+reference / daemon and reference / apply_plan >= 10 (also against the floor),
+bind_threads / bare <= 1.5. ``bare`` is the in-process floor: no binder, in or
+out of process, can set the masks faster. Then the reconcile pass's cost per
+thread (bench/reconcile_pass.py's cached look, ``--reconcile-workers`` workers
+of the same size, back to back), so the bind and the upkeep of a binding are
+read side by side.
 """
 
 from __future__ import annotations
@@ -49,6 +62,8 @@ from ascendbind.applier.affinity import bind_threads  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
+from ascendbind.daemon.auth import Peer  # noqa: E402
+from ascendbind.daemon.core import Daemon  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
@@ -112,6 +127,43 @@ def bare(pid: int, main: frozenset, acl: frozenset, rel: frozenset) -> int:
     return bad
 
 
+class CoreContender:
+    """``Daemon.bind_request`` in this process: the daemon's work with no socket; the
+    release before each bind is not timed."""
+
+    def __init__(self, tmp: str, *, name: str = "core-state", write_state: bool = True) -> None:
+        cfg = Config(small_pool="share", state_dir=f"{tmp}/{name}",
+                     npu_smi=os.path.join(FIXTURE_BIN, "npu-smi"))
+        self.daemon = Daemon(cfg)
+        if not write_state:
+            self.daemon.save = lambda: None
+        self.root = Peer(os.getpid(), 0, 0)
+        self.bound = False
+
+    def __call__(self, pid: int) -> float:
+        if self.bound:
+            self.daemon.release_pid(pid)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self.daemon.bind_request(self.root, {"pid": pid, "npu": 0})
+        elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        self.bound = True
+        return elapsed, cpu
+
+    def close(self, pid: int) -> None:
+        if self.bound:
+            self.daemon.release_pid(pid)
+            self.bound = False
+
+
+def reconcile_per_thread(workers: int, threads: int) -> dict | None:
+    """bench/reconcile_pass.py's cached look over ``workers`` x ``threads``, back to back."""
+    from bench.reconcile_pass import measure
+
+    if workers < 1:
+        return None
+    return measure(workers, threads, 6, 0.0)
+
+
 class DaemonContender:
     """Bind through a real daemon; the release before each bind is not timed."""
 
@@ -124,11 +176,25 @@ class DaemonContender:
     def __call__(self, pid: int) -> float:
         if self.bound:
             self.proc.client.release(pid=pid)
-        t0 = time.perf_counter()
+        s0 = self.server_cpu()
+        t0, c0 = time.perf_counter(), time.thread_time()
         self.proc.client.bind(pid=pid, npu=0)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
         self.bound = True
-        return elapsed
+        # the client's CPU and the daemon's (every thread of it: the HTTP loop, the worker)
+        return elapsed, cpu + self.server_cpu() - s0
+
+    def server_cpu(self) -> float:
+        """Seconds of CPU the daemon's threads have run (schedstat, nanoseconds)."""
+        total = 0
+        base = f"/proc/{self.proc.proc.pid}/task"
+        for tid in os.listdir(base):
+            try:
+                with open(f"{base}/{tid}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+        return total / 1e9
 
     def server_totals(self) -> tuple[float, float]:
         """(count, sum) of the daemon's own ascendbind_bind_duration_seconds."""
@@ -147,6 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=25, help="rounds (each contender once per round); >= 20")
     ap.add_argument("--threads", type=int, default=200)
     ap.add_argument("--no-daemon", action="store_true", help="leave out the daemon contender")
+    ap.add_argument("--reconcile-workers", type=int, default=2,
+                    help="workers for the reconcile-pass figure (0: leave it out)")
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.threads < 10:
@@ -160,6 +228,14 @@ def main(argv=None) -> int:
     floor_npu_smi = os.path.join(floor_dir, "npu-smi")
     os.symlink(true_exe, floor_npu_smi)
     daemon = None if args.no_daemon else DaemonContender(floor_dir)
+    core = CoreContender(floor_dir)
+    no_state = CoreContender(floor_dir, name="no-state", write_state=False)
+    # the structured log of an in-process daemon would flood the terminal
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     # the main thread and the helper's idle "churner" count too; 4 acl + 4 release, the rest plain
     try:
@@ -178,7 +254,7 @@ def main(argv=None) -> int:
             n_threads = len(os.listdir(f"/proc/{pid}/task"))
             fake = os.path.join(FIXTURE_BIN, "npu-smi")
 
-            # a contender returns None (timed from outside) or its own elapsed seconds
+            # a contender returns None (timed from outside), its own elapsed seconds, or (elapsed, CPU)
             contenders = {
                 "reference": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release), fake),
                 "reference-floor": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release),
@@ -187,8 +263,11 @@ def main(argv=None) -> int:
                 "bind_threads": lambda: bind_threads(pid, npu, plan.mode),
                 "bare": lambda: bare(pid, m, a, r),
             }
+            contenders["daemon-core"] = lambda: core(pid)
+            contenders["core-no-state"] = lambda: no_state(pid)
             if daemon is not None:
                 contenders["daemon"] = lambda: daemon(pid)
+                contenders["round-trip"] = lambda: daemon.proc.client.health()
             # warm-up: imports, page cache, first-touch of /proc entries
             for fn in contenders.values():
                 fn()
@@ -196,15 +275,26 @@ def main(argv=None) -> int:
             assert res.outcome.value == "applied" and res.data["bound"] == n_threads, res.detail
 
             times: dict[str, list[float]] = {k: [] for k in contenders}
+            # CPU per call: this thread's, plus the daemon's own for the socket bind; unlike the
+            # wall clock it does not count the time a loaded box keeps the binder waiting to run
+            cpus: dict[str, list[float]] = {k: [] for k in contenders}
             names = list(contenders)
             server0 = daemon.server_totals() if daemon is not None else (0.0, 0.0)
             for i in range(args.runs):
                 order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
                 for name in order:
                     t0 = time.perf_counter()
+                    c0 = time.thread_time()
                     own = contenders[name]()
-                    spent = time.perf_counter() - t0
-                    times[name].append(own if isinstance(own, float) else spent)
+                    spent, cpu = time.perf_counter() - t0, time.thread_time() - c0
+                    if isinstance(own, tuple):
+                        spent, cpu = own
+                    elif isinstance(own, float):
+                        spent = own
+                    times[name].append(spent)
+                    cpus[name].append(cpu)
+            core.close(pid)
+            no_state.close(pid)
             server_ms = None
             if daemon is not None:
                 n, total = (b - a for a, b in zip(server0, daemon.server_totals()))
@@ -214,11 +304,18 @@ def main(argv=None) -> int:
     finally:
         if daemon is not None:
             daemon.proc.stop()
+        core.daemon.hosts.close()
+        no_state.daemon.hosts.close()
         shutil.rmtree(floor_dir, ignore_errors=True)
+    reconcile = reconcile_per_thread(args.reconcile_workers, args.threads)
     med = {k: statistics.median(v) for k, v in times.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpus.items()}
     print(f"worker: {n_threads} threads (4 acl, 4 release); {args.runs} alternated runs each; CPUs {os.cpu_count()}")
+    in_cpu = ("bare", "bind_threads", "apply_plan", "daemon-core", "core-no-state", "daemon")
     for k, v in med.items():
-        print(f"  {k:<16} median {v * 1e3:9.3f} ms   (min {min(times[k]) * 1e3:.3f}, max {max(times[k]) * 1e3:.3f})")
+        cpu = f"   CPU {cpu_med[k] * 1e3:7.3f} ms" if k in in_cpu else ""
+        print(f"  {k:<16} median {v * 1e3:9.3f} ms   (min {min(times[k]) * 1e3:.3f}, max {max(times[k]) * 1e3:.3f})"
+              f"{cpu}")
     r_ref = med["reference"] / med["apply_plan"]
     r_floor = med["reference-floor"] / med["apply_plan"]
     r_bare = med["bind_threads"] / med["bare"]
@@ -227,18 +324,42 @@ def main(argv=None) -> int:
     print(f"reference-floor / apply_plan = {r_floor:7.1f}x faster   (goal >= 10x: {'met' if r_floor >= 10 else 'MISSED'})")
     print(f"bind_threads / bare          = {r_bare:7.2f}x          (goal <= 1.5x: {'met' if r_bare <= 1.5 else 'MISSED'})")
     print(f"apply_plan / bare            = {r_apply_bare:7.2f}x          (all four steps vs the bare affinity loop)")
+    r_core = med["daemon-core"] / med["bare"]
+    print(f"daemon-core / bare           = {r_core:7.2f}x          (the daemon's bind in-process, state file included)")
+    print(f"core-no-state / bare         = {med['core-no-state'] / med['bare']:7.2f}x          "
+          f"(diagnostic: the same without the state file; the file costs "
+          f"{(med['daemon-core'] - med['core-no-state']) * 1e3:.3f} ms a bind)")
     if "daemon" in med:
-        print(f"daemon / bare                = {med['daemon'] / med['bare']:7.2f}x          "
-              f"(POST /v1/bind end to end vs the in-process floor)")
+        r_daemon = med["daemon"] / med["bare"]
+        r_ref_daemon = med["reference"] / med["daemon"]
+        print(f"daemon / bare                = {r_daemon:7.2f}x          "
+              f"(POST /v1/bind end to end vs the in-process floor; goal <= 1.5x: "
+              f"{'met' if r_daemon <= 1.5 else 'MISSED'})")
+        print(f"reference / daemon           = {r_ref_daemon:7.1f}x faster   "
+              f"(goal >= 10x: {'met' if r_ref_daemon >= 10 else 'MISSED'})")
+        print(f"socket + HTTP + client       = {(cpu_med['daemon'] - cpu_med['daemon-core']) * 1e3:7.3f} ms CPU per bind "
+              f"(daemon - daemon-core); a no-op request's round trip {med['round-trip'] * 1e3:.3f} ms")
     if server_ms is not None:
         print(f"daemon: {server_ms:.2f} ms mean inside the daemon per bind (ascendbind_bind_duration_seconds: "
-              f"facts, plan, the four steps, the state file); the rest is socket, HTTP and client")
+              f"observation, plan, the four steps, the state file); the rest is socket, HTTP and client")
+    if "daemon" in cpu_med:
+        r_cpu = cpu_med["daemon"] / cpu_med["bare"]
+        print(f"daemon CPU / bare CPU        = {r_cpu:7.2f}x          (client and daemon CPU per bind, "
+              f"which a loaded box does not inflate; goal <= 1.5x: {'met' if r_cpu <= 1.5 else 'MISSED'})")
+        print(f"daemon-core CPU / bare CPU   = {cpu_med['daemon-core'] / cpu_med['bare']:7.2f}x          "
+              f"core-no-state CPU / bare CPU = {cpu_med['core-no-state'] / cpu_med['bare']:.2f}x")
+    if reconcile is not None:
+        print(f"reconcile pass: {reconcile['cached_us_per_thread']:.2f} us CPU per thread "
+              f"({reconcile['workers']} x {reconcile['threads_per_worker']} threads, back to back; "
+              f"a bind costs {med.get('daemon', med['daemon-core']) * 1e6 / n_threads:.2f} us per thread)")
     write_json(args.json, {
         "bench": "bind",
         "params": {"runs": args.runs, "threads": n_threads},
         "median_ms": {k: v * 1e3 for k, v in med.items()},
+        "median_cpu_ms": {k: v * 1e3 for k, v in cpu_med.items()},
         "times_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
         "daemon_server_mean_ms": server_ms,
+        "reconcile": reconcile,
     })
     return 0
 

@@ -77,7 +77,8 @@ def plot_effect_threads(effect: dict, path: str) -> str:
 
 def plot_bind(bind: dict, path: str) -> str:
     """Median bind time per contender (log scale), each run as a dot."""
-    order = ["bare", "bind_threads", "apply_plan", "daemon", "reference-floor", "reference"]
+    order = ["bare", "bind_threads", "apply_plan", "core-no-state", "daemon-core", "daemon", "reference-floor",
+             "reference"]
     names = [n for n in order if n in bind["median_ms"]]
     fig, ax = plt.subplots(figsize=(8, 3.0))
     for i, n in enumerate(names):

@@ -176,27 +176,48 @@ def _effect_section(eff: dict) -> list[str]:
 
 def _bind_section(bind: dict) -> list[str]:
     med = bind["median_ms"]
+    cpu = bind.get("median_cpu_ms") or {}
     lines = [
         "## Bind latency: the daemon against the in-process floor",
         "",
         f"`bench/bind.py`: one worker of {bind['params']['threads']} named threads bound again and again, "
         f"contenders alternated, {bind['params']['runs']} runs each. `bare` is the floor: the same /proc reads "
         "and sched_setaffinity calls with no ascendbind code. `daemon` is POST /v1/bind end to end (socket, "
-        "worker discovery, plan, the four steps, state file). `reference` is a script-based binder's "
-        "per-worker subprocess path with the fixture npu-smi; `reference-floor` the same with `npu-smi` replaced by `true`.",
+        "the worker's one observation, plan, the four steps, state file); `daemon-core` the same bind "
+        "in-process; `core-no-state` a diagnostic row, `daemon-core` without the state-file write (it only "
+        "shows the file's share); `round-trip` a GET /v1/health, what the socket, HTTP and client cost a "
+        "request doing no work. `reference` is a script-based binder's per-worker subprocess path with the "
+        "fixture npu-smi; `reference-floor` the same with `npu-smi` replaced by `true`. CPU is the binder's "
+        "CPU per bind (for `daemon`, the client's plus every daemon thread's): on a loaded box the wall clock "
+        "of a multi-millisecond bind is mostly time spent waiting to run.",
         "",
-        "| contender | median (ms) | min | max | / bare |",
-        "|---|---:|---:|---:|---:|",
+        "| contender | median (ms) | min | CPU (ms) | wall / bare | CPU / bare |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for name in ("bare", "bind_threads", "apply_plan", "daemon", "reference-floor", "reference"):
+    for name in ("bare", "bind_threads", "apply_plan", "core-no-state", "daemon-core", "daemon", "round-trip",
+                 "reference-floor", "reference"):
         if name in med:
             runs = bind["times_ms"][name]
-            lines.append(f"| {name} | {med[name]:.2f} | {min(runs):.2f} | {max(runs):.2f} | "
-                         f"{med[name] / med['bare']:.1f}x |")
+            has_cpu = name in cpu and name not in ("round-trip", "reference-floor", "reference")
+            c = f"{cpu[name]:.2f}" if has_cpu else "—"
+            c_ratio = f"{cpu[name] / cpu['bare']:.1f}x" if has_cpu and cpu.get("bare") else "—"
+            ratio = f"{med[name] / med['bare']:.1f}x" if name != "round-trip" else "—"
+            lines.append(f"| {name} | {med[name]:.2f} | {min(runs):.2f} | {c} | {ratio} | {c_ratio} |")
+    if "daemon" in med:
+        lines += ["", f"daemon / bare {med['daemon'] / med['bare']:.1f}x (goal 1.5x), reference / daemon "
+                      f"{med['reference'] / med['daemon']:.1f}x (goal 10x)."]
+        if "daemon-core" in med and "core-no-state" in med:
+            lines[-1] += (f" The state file costs {med['daemon-core'] - med['core-no-state']:.2f} ms a bind; "
+                          f"socket, HTTP and client {(cpu.get('daemon', 0) - cpu.get('daemon-core', 0)):.2f} ms "
+                          "of CPU.")
     if bind.get("daemon_server_mean_ms") is not None:
         lines += ["", f"Of the daemon's time, {bind['daemon_server_mean_ms']:.2f} ms (mean) is spent inside it per "
                       "bind, by its own `ascendbind_bind_duration_seconds`; the rest is the socket, HTTP and the "
                       "client."]
+    rec = bind.get("reconcile")
+    if rec:
+        lines += ["", f"The reconcile pass costs {rec['cached_us_per_thread']:.2f} µs of CPU per bound thread "
+                      f"({rec['workers']} workers of {rec['threads_per_worker']} threads, back to back)."]
     lines += ["", "![bind latency](bench/bind.png)", ""]
     return lines
 

@@ -18,17 +18,25 @@ Roles: every thread -> ``main``; comm ``acl_thread*`` -> ``acl``;
 ``release_thread*`` -> ``release``. On Ascend 950 (``ascend950_cluster``) every
 thread goes to the whole cluster (``pool``).
 
-The hot loop is deliberately plain (os.open/os.read, no helpers per thread): the
-bind benchmark holds it to 1.5x of a bare loop doing the same syscalls.
+The first pass binds the threads of the request's observation of the process
+(discovery's ``ProcessView``: listed and named once); later passes list the task
+directory again, through discovery, and bind only threads it did not hold. Every
+write is read back, and those read-back masks are the step's second result
+(``AffinityResult.threads``), so nobody lists the threads again to learn them.
+The hot loop is deliberately plain (no helpers per thread): the bind benchmark
+holds it to 1.5x of a bare loop doing the same syscalls.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..cpulist import format_cpulist
+from ..discovery.process import new_tasks, read_comm, task_comm, thread_masks
 from ..model import Mode, NpuPlan, Outcome, Reason, Step, StepResult, frozen_map
 
 __all__ = [
@@ -37,7 +45,10 @@ __all__ = [
     "role_of",
     "cpus_for_role",
     "bind_threads",
+    "bind_tasks",
     "set_all_threads",
+    "ThreadMask",
+    "AffinityResult",
     "set_tid_affinity",
     "thread_masks",
     "read_comm",
@@ -81,38 +92,20 @@ def cpus_for_role(npu_plan: NpuPlan, role: str, mode: Mode | str) -> frozenset[i
     return frozenset()
 
 
-def read_comm(path: str) -> str | None:
-    """A thread's ``comm`` (one read, at most 64 bytes); None once the thread is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 64).decode("utf-8", "replace").rstrip("\n")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+class ThreadMask(NamedTuple):
+    """One thread as the affinity step left it: its name and the mask the kernel holds."""
+
+    comm: str
+    mask: frozenset[int]
 
 
-def thread_masks(pid: int, *, proc_root: str = "/proc") -> dict[int, tuple[str, frozenset[int]]]:
-    """tid -> (comm, current CPU mask) for every live thread of ``pid`` ({} when gone)."""
-    task_dir = f"{proc_root}/{pid}/task"
-    try:
-        names = os.listdir(task_dir)
-    except OSError:
-        return {}
-    out: dict[int, tuple[str, frozenset[int]]] = {}
-    for name in names:
-        comm = read_comm(f"{task_dir}/{name}/comm")
-        if comm is None:
-            continue
-        tid = int(name)
-        try:
-            out[tid] = (comm, frozenset(os.sched_getaffinity(tid)))
-        except OSError:
-            continue
-    return out
+@dataclass(frozen=True)
+class AffinityResult:
+    """The affinity step's outcome and, per thread it reached, the mask it read back
+    right after writing (tid -> ThreadMask): the held record starts from these."""
+
+    result: StepResult
+    threads: Mapping[int, ThreadMask]
 
 
 def set_tid_affinity(tid: int, cpus: frozenset[int]) -> tuple[str, frozenset[int]]:
@@ -154,10 +147,26 @@ def bind_threads(
     *,
     proc_root: str = "/proc",
     only_tids: Collection[int] | None = None,
+    tasks: Iterable[tuple[int, str]] | None = None,
 ) -> StepResult:
     """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop)."""
+    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks).result
+
+
+def bind_tasks(
+    pid: int,
+    npu_plan: NpuPlan,
+    mode: Mode | str,
+    *,
+    proc_root: str = "/proc",
+    only_tids: Collection[int] | None = None,
+    tasks: Iterable[tuple[int, str]] | None = None,
+) -> AffinityResult:
+    """``bind_threads``, with the masks read back. ``tasks``: (tid, comm) of the threads as
+    already observed; the first pass binds those without listing or reading a name, later
+    passes list the task directory for threads born meanwhile."""
     role_cpus = {role: cpus_for_role(npu_plan, role, mode) for role in ROLES}
-    return _bind(pid, role_cpus, proc_root=proc_root, only_tids=only_tids, by_role=not _is_950(mode))
+    return _bind(pid, role_cpus, proc_root=proc_root, only_tids=only_tids, by_role=not _is_950(mode), tasks=tasks)
 
 
 def set_all_threads(
@@ -165,7 +174,8 @@ def set_all_threads(
 ) -> StepResult:
     """Give every thread of ``pid`` the same mask (release: back to the allowed CPUs)."""
     cpus = frozenset(cpus)
-    return _bind(pid, {r: cpus for r in ROLES}, proc_root=proc_root, only_tids=None, by_role=False, step=step)
+    return _bind(pid, {r: cpus for r in ROLES}, proc_root=proc_root, only_tids=None, by_role=False,
+                 step=step).result
 
 
 def _bind(
@@ -176,8 +186,8 @@ def _bind(
     only_tids: Collection[int] | None,
     by_role: bool,
     step: Step = Step.AFFINITY,
-) -> StepResult:
-    task_dir = f"{proc_root}/{pid}/task"
+    tasks: Iterable[tuple[int, str]] | None = None,
+) -> AffinityResult:
     main_cpus = role_cpus["main"]
     acl_cpus = role_cpus["acl"]
     rel_cpus = role_cpus["release"]
@@ -185,41 +195,32 @@ def _bind(
     seen: set[str] = set()
     vanished = 0
     problems: dict[str, list[dict]] = {"denied": [], "refused": [], "narrowed": []}
+    readback: dict[int, ThreadMask] = {}
     listed_any = False
     stable = only_tids is not None
     passes = 0
     setaff = os.sched_setaffinity
     getaff = os.sched_getaffinity
-    wanted = {str(t) for t in only_tids} if only_tids is not None else None
 
-    while passes < (1 if wanted is not None else MAX_PASSES):
+    while passes < (1 if only_tids is not None else MAX_PASSES):
         passes += 1
-        if wanted is not None:
-            names = sorted(wanted, key=int)
+        if only_tids is not None:
+            batch = [(str(t), task_comm(pid, t, proc_root)) for t in sorted(only_tids)]
+        elif passes == 1 and tasks is not None:
+            batch = [(str(tid), comm) for tid, comm in tasks]
         else:
-            try:
-                names = os.listdir(task_dir)
-            except OSError:
+            batch = new_tasks(pid, seen, proc_root)
+            if batch is None:
                 break
-        listed_any = listed_any or bool(names)
-        new = [n for n in names if n not in seen]
-        if not new:
+        listed_any = listed_any or bool(batch) or bool(seen)
+        if not batch:
             stable = True
             break
-        for name in new:
+        for name, comm in batch:
             seen.add(name)
-            try:
-                fd = os.open(f"{task_dir}/{name}/comm", os.O_RDONLY)
-            except OSError:
+            if comm is None:
                 vanished += 1
                 continue
-            try:
-                comm = os.read(fd, 64).decode("utf-8", "replace").rstrip("\n")
-            except OSError:
-                vanished += 1
-                continue
-            finally:
-                os.close(fd)
             if by_role and comm.startswith("acl_thread"):
                 role, cpus = "acl", acl_cpus
             elif by_role and comm.startswith("release_thread"):
@@ -239,16 +240,21 @@ def _bind(
                     vanished += 1
                 else:
                     _note(problems[status], tid, comm, role, cpus, kept)
+                    readback[tid] = ThreadMask(comm, kept)
                 continue
             if got != cpus:
-                _note(problems["narrowed"], tid, comm, role, cpus, frozenset(got))
+                kept = frozenset(got)
+                _note(problems["narrowed"], tid, comm, role, cpus, kept)
+                readback[tid] = ThreadMask(comm, kept)
                 continue
+            readback[tid] = ThreadMask(comm, cpus)
             counts[role] += 1
 
-    return _result(
-        step, pid, role_cpus, by_role, counts, vanished, problems, listed_any or wanted is not None,
-        stable, passes, len(seen), whole=wanted is None,
+    result = _result(
+        step, pid, role_cpus, by_role, counts, vanished, problems, listed_any or only_tids is not None,
+        stable, passes, len(seen), whole=only_tids is None,
     )
+    return AffinityResult(result, frozen_map(readback))
 
 
 def _note(bucket: list[dict], tid: int, comm: str, role: str, wanted: frozenset[int], kept: frozenset[int]) -> None:

@@ -23,9 +23,11 @@ NPUs' pools instead of picking one).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from ..config import Config
+from ..discovery.process import ProcessView
 from ..errors import PlanImpossible, ProcessGone
 from ..model import (
     Binding,
@@ -37,14 +39,15 @@ from ..model import (
     Step,
     StepResult,
     WorkerFacts,
+    frozen_map,
 )
-from .affinity import bind_threads, set_all_threads
-from .identity import check_may_bind, recycled, require_worker, verify_identity
+from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
+from .identity import check_may_bind, recycled, refuse_non_worker, require_live, require_worker, verify_identity
 from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks
 from .memory import migrate_memory
 from .uvb import UvbStep, bind_uvb, restore_uvb_threads
 
-__all__ = ["apply_plan", "release_binding", "merge_npu_plans"]
+__all__ = ["apply_plan", "apply_observed", "Applied", "release_binding", "merge_npu_plans"]
 
 
 def merge_npu_plans(npus: tuple[NpuPlan, ...]) -> NpuPlan:
@@ -93,23 +96,61 @@ def _raise(exc: BaseException) -> StepResult:
     raise exc
 
 
-def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config) -> Binding:
+@dataclass(frozen=True)
+class Applied:
+    """A binding and the per-thread masks its affinity step read back (tid -> ThreadMask)."""
+
+    binding: Binding
+    threads: Mapping[int, ThreadMask]
+
+
+def _guard_affinity(run: Callable[[], AffinityResult]) -> AffinityResult:
+    try:
+        return run()
+    except OSError as exc:
+        failed = StepResult(Step.AFFINITY, Outcome.FAILED, Reason.OS_ERROR, f"affinity: unexpected error: {exc}")
+        return AffinityResult(failed, frozen_map({}))
+
+
+def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
+               view: ProcessView | None = None) -> Binding:
     """Steps affinity, irq, memory, uvb; each yields a StepResult; a failed step never stops
     the independent ones. Verifies pid + start time first (ProcessGone if gone/recycled)
     and refuses what is never a worker (NotPermitted ``not_a_worker``).
     """
+    return apply_observed(plan, worker, host, config, view=view).binding
+
+
+def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
+                   view: ProcessView | None = None) -> Applied:
+    """``apply_plan``, also returning the masks the affinity step read back.
+
+    With ``view`` (the request's one observation of the worker), the identity checks
+    are decided on it and the affinity step's first pass binds its threads as listed
+    and named there; only threads born since are listed and named again. Without
+    one, the identity is read here and the affinity step lists the threads itself.
+    """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
     pid, proc_root = worker.pid, config.proc_root
-    identity = require_worker(pid, proc_root)
+    if view is not None:
+        identity = require_live(view.identity, pid)
+        refuse_non_worker(identity)
+        tasks = tuple((t.tid, t.comm) for t in view.tasks)
+    else:
+        identity = require_worker(pid, proc_root)
+        tasks = None
+    if identity.pid != pid:
+        raise ProcessGone(f"the observation is of process {identity.pid}, not {pid}", code="pid_recycled")
     if worker.start_time is not None and identity.start_time != worker.start_time:
         raise recycled(pid, identity.start_time, worker.start_time)
     start = identity.start_time
-    check_may_bind(pid, proc_root)
+    check_may_bind(identity if view is not None else pid, proc_root)
     merged = merge_npu_plans(plan.npus)
 
     steps: list[StepResult] = []
-    affinity = _guard(Step.AFFINITY, lambda: bind_threads(pid, merged, plan.mode, proc_root=proc_root))
+    bound = _guard_affinity(lambda: bind_tasks(pid, merged, plan.mode, proc_root=proc_root, tasks=tasks))
+    affinity = bound.result
     alive = True
     try:
         verify_identity(pid, start, proc_root)
@@ -129,7 +170,7 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config)
     uvb = _guard_uvb(lambda: bind_uvb(plan))
     steps.append(uvb.result)
 
-    return Binding(
+    binding = Binding(
         pid=pid,
         start_time=worker.start_time if worker.start_time is not None else start,
         npus=tuple(p.npu for p in plan.npus),
@@ -141,6 +182,7 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config)
         irqs=irq.bindings,
         uvb_previous=uvb.previous,
     )
+    return Applied(binding, bound.threads)
 
 
 def release_binding(

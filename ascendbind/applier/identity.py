@@ -6,10 +6,9 @@ the next fork once the pid space wraps. The start time (field 22 of
 within a boot, so (pid, start time) is an identity. A zombie has no threads left
 to bind and no memory to migrate: it counts as gone.
 
-``read_identity`` reads ``stat`` and ``status`` through one open
-``/proc/<pid>`` directory: that directory stands for the task it was opened on,
-so once that task is reaped, reads through it fail instead of describing a
-process that reused the number. The two files therefore describe one process.
+The reads are discovery's (``discovery/process.py``: one observation of a
+process through one open ``/proc/<pid>`` directory, so its files describe one
+process); this module holds the decisions taken on what was read.
 
 Never a worker (``ProcessIdentity.not_a_worker``): pid 1 of our pid namespace,
 kernel threads (``PF_KTHREAD``) and the binding process itself. Pinning init or
@@ -21,70 +20,15 @@ from __future__ import annotations
 
 import os
 
-from ..discovery.procfs import parse_stat, parse_status
-from ..errors import NotPermitted, ParseError, ProcessGone
+from ..discovery.process import read_identity, stat_of, status_field
+from ..errors import NotPermitted, ProcessGone
 from ..model import ProcessIdentity
 
-__all__ = ["start_time", "proc_state", "verify_identity", "check_may_bind", "read_identity", "require_identity", "require_worker",
-           "refuse_non_worker", "recycled"]
+__all__ = ["start_time", "proc_state", "verify_identity", "check_may_bind", "may_bind", "read_identity",
+           "require_identity", "require_live", "require_worker", "refuse_non_worker", "recycled", "GONE_STATES"]
 
 CAP_SYS_NICE = 23
-_GONE_STATES = ("Z", "X", "x")
-
-
-def _read_at(dir_fd: int | None, path: str) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 16384).decode("utf-8", "replace")
-    except OSError:
-        # ESRCH: the task exited between open and read
-        return None
-    finally:
-        os.close(fd)
-
-
-def _read_stat(pid: int, proc_root: str) -> tuple[str, int] | None:
-    """(state letter, start time) from /proc/<pid>/stat, or None when the pid is absent."""
-    text = _read_at(None, f"{proc_root}/{pid}/stat")
-    if text is None:
-        return None
-    try:
-        st = parse_stat(text, f"{proc_root}/{pid}/stat")
-    except ParseError:
-        return None
-    return st.state, st.start_time
-
-
-def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
-    """``pid``'s identity from one read of its stat and status, or None when it is absent."""
-    try:
-        dir_fd = os.open(f"{proc_root}/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        stat_text, status_text = _read_at(dir_fd, "stat"), _read_at(dir_fd, "status")
-    finally:
-        os.close(dir_fd)
-    if stat_text is None:
-        return None
-    try:
-        st = parse_stat(stat_text, f"{proc_root}/{pid}/stat")
-        status = parse_status(status_text, f"{proc_root}/{pid}/status") if status_text else None
-    except ParseError:
-        return None
-    return ProcessIdentity(
-        pid=pid,
-        start_time=st.start_time,
-        tgid=status.tgid if status is not None and status.tgid is not None else pid,
-        ppid=st.ppid,
-        state=st.state,
-        is_kthread=st.is_kthread,
-        uids=status.uids if status is not None else (),
-        comm=st.comm,
-    )
+GONE_STATES = ("Z", "X", "x")
 
 
 def refuse_non_worker(identity: ProcessIdentity, binder_pid: int | None = None) -> None:
@@ -94,13 +38,18 @@ def refuse_non_worker(identity: ProcessIdentity, binder_pid: int | None = None) 
         raise NotPermitted(f"{why}: ascendbind never binds it", code="not_a_worker")
 
 
-def require_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity:
-    """The identity of live process ``pid``; ProcessGone when it is absent or a zombie."""
-    identity = read_identity(pid, proc_root)
-    if identity is None or identity.state in _GONE_STATES:
+def require_live(identity: ProcessIdentity | None, pid: int) -> ProcessIdentity:
+    """``identity`` when it names a live process; ProcessGone (``pid_gone``) when it is None
+    (no such process) or a zombie (no threads left to bind, no memory to migrate)."""
+    if identity is None or identity.state in GONE_STATES:
         what = "is a zombie" if identity is not None else "does not exist"
         raise ProcessGone(f"process {pid} {what}", code="pid_gone")
     return identity
+
+
+def require_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity:
+    """The identity of live process ``pid``; ProcessGone when it is absent or a zombie."""
+    return require_live(read_identity(pid, proc_root), pid)
 
 
 def require_worker(pid: int, proc_root: str = "/proc", *, binder_pid: int | None = None) -> ProcessIdentity:
@@ -112,13 +61,13 @@ def require_worker(pid: int, proc_root: str = "/proc", *, binder_pid: int | None
 
 def start_time(pid: int, proc_root: str = "/proc") -> int | None:
     """Start time of ``pid`` in clock ticks since boot, or None when there is no such pid."""
-    st = _read_stat(pid, proc_root)
+    st = stat_of(pid, proc_root)
     return None if st is None else st[1]
 
 
 def proc_state(pid: int, proc_root: str = "/proc") -> str | None:
     """The one-letter state of ``pid`` (R, S, D, Z, …), or None when absent."""
-    st = _read_stat(pid, proc_root)
+    st = stat_of(pid, proc_root)
     return None if st is None else st[0]
 
 
@@ -129,8 +78,8 @@ def verify_identity(pid: int, expected_start: int | None, proc_root: str = "/pro
     ``pid_recycled`` (alive, but started at another time than ``expected_start``).
     ``expected_start`` None checks only that the pid is alive.
     """
-    st = _read_stat(pid, proc_root)
-    if st is None or st[0] in _GONE_STATES:
+    st = stat_of(pid, proc_root)
+    if st is None or st[0] in GONE_STATES:
         what = "is a zombie" if st is not None else "does not exist"
         raise ProcessGone(f"process {pid} {what}", code="pid_gone")
     if expected_start is not None and st[1] != expected_start:
@@ -146,35 +95,38 @@ def recycled(pid: int, now: int, expected: int) -> ProcessGone:
     )
 
 
-def _status_field(pid: int | str, name: str, proc_root: str) -> str | None:
-    try:
-        with open(f"{proc_root}/{pid}/status", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key == name:
-                    return value.strip()
-    except OSError:
-        return None
-    return None
-
-
-def check_may_bind(pid: int, proc_root: str = "/proc") -> None:
-    """Raise NotPermitted unless this process may set ``pid``'s affinity.
+def may_bind(target_uids: tuple[int, ...], cap_eff: str | None, euid: int) -> bool:
+    """Whether a caller with effective capabilities ``cap_eff`` (hex, as /proc prints
+    them) and effective uid ``euid`` may set the affinity of a task with ``target_uids``.
 
     The kernel allows sched_setaffinity on another task when the caller's
     effective uid is the target's real or effective uid, or with CAP_SYS_NICE.
+    """
+    try:
+        if cap_eff is not None and int(cap_eff, 16) >> CAP_SYS_NICE & 1:
+            return True
+    except ValueError:
+        pass
+    return len(target_uids) >= 2 and euid in (target_uids[0], target_uids[1])
+
+
+def check_may_bind(pid: int | ProcessIdentity, proc_root: str = "/proc") -> None:
+    """Raise NotPermitted unless this process may set the affinity of ``pid`` (a pid, or
+    the identity already read for it, whose uids are then used as they were read).
+
     Checking first means a refused caller changes nothing, instead of failing
     thread by thread half-way through.
     """
-    cap_eff = _status_field("self", "CapEff", proc_root)
-    try:
-        if cap_eff is not None and int(cap_eff, 16) >> CAP_SYS_NICE & 1:
-            return
-    except ValueError:
-        pass
-    uids = (_status_field(pid, "Uid", proc_root) or "").split()
+    if isinstance(pid, ProcessIdentity):
+        uids, pid = pid.uids, pid.pid
+    else:
+        text = status_field(pid, "Uid", proc_root) or ""
+        try:
+            uids = tuple(int(u) for u in text.split())
+        except ValueError:
+            uids = ()
     euid = os.geteuid()
-    if len(uids) >= 2 and euid in (int(uids[0]), int(uids[1])):
+    if may_bind(uids, status_field("self", "CapEff", proc_root), euid):
         return
     owner = uids[0] if uids else "unknown"
     raise NotPermitted(

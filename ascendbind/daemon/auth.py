@@ -22,16 +22,17 @@ Anything else is NotPermitted, checked before any change is made.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..applier.identity import refuse_non_worker
+from ..discovery.process import parent_of
 from ..errors import NotPermitted
 from ..model import ProcessIdentity
 
-__all__ = ["Peer", "peer_of", "authorize", "proc_status"]
+__all__ = ["Peer", "peer_of", "authorize"]
 
 _UCRED = struct.Struct("3i")
 
@@ -53,28 +54,20 @@ def peer_of(sock: socket.socket) -> Peer:
     return Peer(pid, uid, gid)
 
 
-def proc_status(pid: int, proc_root: str = "/proc") -> dict[str, str] | None:
-    """``/proc/<pid>/status`` as key -> value text, or None when the process is gone."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "status"), encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
-
-
 def authorize(peer: Peer, target: ProcessIdentity, *, daemon_pid: int, proc_root: str = "/proc",
-              max_depth: int = 4096, binding: bool = True) -> None:
+              max_depth: int = 4096, binding: bool = True,
+              parent: Callable[[int], int | None] | None = None) -> None:
     """Raise NotPermitted unless ``peer`` may bind (``binding``) or release ``target``.
 
     ``daemon_pid`` is the daemon's own pid. Releasing skips the ``not_a_worker``
     rule: undoing what an older daemon did to such a process only restores it.
+    ``parent`` gives an ancestor's parent pid (None: gone); by default discovery
+    reads it under ``proc_root``. The target's own parent is the one in ``target``.
     """
+    if parent is None:
+        def parent(pid: int) -> int | None:
+            return parent_of(pid, proc_root)
+
     if binding:
         refuse_non_worker(target, daemon_pid)
     if peer.is_root:
@@ -87,12 +80,9 @@ def authorize(peer: Peer, target: ProcessIdentity, *, daemon_pid: int, proc_root
         if cur == peer.pid:
             return
         if cur != target.pid:
-            st = proc_status(cur, proc_root)
-            if st is None:
+            up = parent(cur)
+            if up is None:
                 break
-            try:
-                ppid = int(st.get("PPid", "0"))
-            except ValueError:
-                break
+            ppid = up
         cur, depth = ppid, depth + 1
     raise NotPermitted(f"process {target.pid} is neither the caller ({peer.pid}) nor one of its descendants")

@@ -6,9 +6,10 @@ a state-file write, so what is on disk is what the daemon holds. The HTTP
 server, the reconcile loop, hot-plug and auto-bind all call in here; none of
 them touches ``held`` on its own.
 
-Identity: a request reads the target's identity once (pid, start time, kernel
-thread flag, uids) and carries it through authorization, discovery and binding;
-a start time that changes on the way is a 409 ``pid_recycled``.
+Identity: a request observes its target once (discovery's ``ProcessView``: pid,
+start time, kernel thread flag, uids, status, cpuset, environ, threads) and
+carries that one value through authorization, the worker's facts, binding and
+the held record; a start time that changes on the way is a 409 ``pid_recycled``.
 
 Ownership rules:
 * one live worker per NPU unless ``allow_shared_npu``; a bind for an NPU whose
@@ -37,11 +38,12 @@ from typing import Any
 
 import structlog
 
-from ..applier import apply_plan, release_binding
-from ..applier.affinity import thread_masks
-from ..applier.identity import read_identity, refuse_non_worker, require_identity, verify_identity
+from ..applier import release_binding
+from ..applier.bind import apply_observed
+from ..applier.identity import read_identity, refuse_non_worker, require_live, verify_identity
 from ..config import Config
-from ..discovery import discover_worker
+from ..discovery.process import ProcessView, check_same_process, observe_process
+from ..discovery.worker import discover_worker
 from ..errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
 from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
@@ -201,14 +203,23 @@ class Daemon:
 
     # ---------------------------------------------------------- bind
 
+    def observe(self, peer: Peer, pid: int) -> ProcessView:
+        """The request's one observation of ``pid``, authorized for ``peer`` as soon as its
+        identity is read (a refused caller has the daemon read nothing more of it).
+        ProcessGone ``pid_gone`` when it is absent, a zombie, or has no readable stat."""
+        def vet(identity: ProcessIdentity) -> None:
+            require_live(identity, pid)
+            authorize(peer, identity, daemon_pid=self.pid, proc_root=self.config.proc_root)
+
+        return observe_process(self.hosts.source, pid, vet=vet)
+
     def bind_request(self, peer: Peer, body: Any) -> dict[str, Any]:
         """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total."""
         t0 = time.monotonic()
         try:
             pid, npus, policy = parse_bind_request(body)
-            target = require_identity(pid or peer.pid, self.config.proc_root)
-            authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root)
-            result = self.bind_process(target, npus, policy)
+            view = self.observe(peer, pid or peer.pid)
+            result = self.bind_process(view, npus, policy)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -217,17 +228,30 @@ class Daemon:
         self.metrics.bind_outcome(result["outcome"])
         return result
 
-    def _request_facts(self, target: ProcessIdentity, npus: tuple[int, ...] | None, policy: str | None):
+    def _request_facts(self, target: ProcessIdentity | ProcessView, npus: tuple[int, ...] | None,
+                       policy: str | None):
         """(config, host, worker) for one bind or plan request: the policy resolved, the
         cached static facts (plus a fresh process table when the request names no NPU),
-        and the worker's facts, checked to come from the process ``target`` names."""
+        and the worker's facts, built from the request's observation of it (``target``;
+        an identity alone is observed now, and must name the process observed)."""
+        return self._facts_of(self._view_of(target), npus, policy)
+
+    def _view_of(self, target: ProcessIdentity | ProcessView) -> ProcessView:
+        if isinstance(target, ProcessView):
+            return target
+        with recycled_is_a_conflict():
+            view = observe_process(self.hosts.source, target.pid)
+            check_same_process(view, target)
+        return view
+
+    def _facts_of(self, view: ProcessView, npus: tuple[int, ...] | None, policy: str | None):
         config = resolve_policy(policy, self.config)
         host = self.hosts.get()
         if npus is None:
             host = dataclasses.replace(host, processes=self.hosts.processes())
         with recycled_is_a_conflict():
-            worker = discover_worker(self.hosts.source, target.pid, config,
-                                     want_uvb=host.device_type is DeviceType.A950, identity=target)
+            worker = discover_worker(self.hosts.source, view.pid, config,
+                                     want_uvb=host.device_type is DeviceType.A950, view=view)
         return config, host, worker
 
     @staticmethod
@@ -238,13 +262,18 @@ class Daemon:
             return dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
         return worker
 
-    def bind_process(self, target: ProcessIdentity, npus: tuple[int, ...] | None,
+    def bind_process(self, target: ProcessIdentity | ProcessView, npus: tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:
         """Bind the process ``target`` names (authorized by the caller) to ``npus``
-        (None: what npu-smi lists for it). Auto-bind enters here too."""
-        pid = target.pid
-        refuse_non_worker(target, self.pid)
-        config, host, worker = self._request_facts(target, npus, policy)
+        (None: what npu-smi lists for it). Auto-bind enters here too. ``target`` is the
+        request's observation of the process, or an identity to observe it by."""
+        identity = target.identity if isinstance(target, ProcessView) else target
+        if identity is None:
+            raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
+        pid = identity.pid
+        refuse_non_worker(identity, self.pid)
+        view = self._view_of(target)
+        config, host, worker = self._facts_of(view, npus, policy)
         targets = tuple(select_targets(host, worker, npus))
         listed = self._listed_if_contested(pid, targets, host.processes if npus is None else None)
         with self.lock:
@@ -263,8 +292,8 @@ class Daemon:
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             with recycled_is_a_conflict():
-                binding = apply_plan(plan, worker, host, config)
-            binding = self._inherit(binding, [h for h in (prev, *replaced, *evicted) if h is not None])
+                applied = apply_observed(plan, worker, host, config, view=view)
+            binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None])
             for h in replaced:
                 self.held.pop(h.binding.pid, None)
                 self.metrics.dropped_worker("replaced")
@@ -272,7 +301,7 @@ class Daemon:
             for h in evicted:
                 self._evict(h, by=pid)
             held = Held(binding, time.time(), policy, facts=(host, worker, config))
-            held.remember_threads(thread_masks(pid, proc_root=config.proc_root), role_cpus(plan))
+            held.remember_threads(applied.threads, role_cpus(plan))
             self.held[pid] = held
             self.save()
         self.metrics.step_results(binding.steps)
@@ -361,7 +390,7 @@ class Daemon:
         with self.lock:
             held = self.held.get(pid)
         try:
-            target = require_identity(pid, self.config.proc_root)
+            target = require_live(read_identity(pid, self.config.proc_root), pid)
             authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root, binding=False)
         except ProcessGone:
             if held is None or not peer.is_root:
@@ -398,10 +427,9 @@ class Daemon:
 
     def plan_request(self, peer: Peer, pid: int | None, npus: tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:
-        target = require_identity(pid or peer.pid, self.config.proc_root)
-        authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root)
-        pid = target.pid
-        config, host, worker = self._request_facts(target, npus, policy)
+        view = self.observe(peer, pid or peer.pid)
+        pid = view.pid
+        config, host, worker = self._facts_of(view, npus, policy)
         with self.lock:
             worker = self._first_allowance(worker, self.held.get(pid))
         plan = make_plan(host, worker, tuple(select_targets(host, worker, npus)), config)

@@ -63,10 +63,15 @@ class Held:
 
     def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]],
                          role_cpus: Mapping[str, frozenset[int]]) -> None:
-        """Start the thread cache from a full read (tid -> (comm, mask)) right after binding.
-        One more look at each name: a thread created just before the read may not be named yet."""
-        self.threads = {tid: SeenThread(accepted(mask, role_cpus[role_of(comm)]), role_of(comm), young=1)
-                        for tid, (comm, mask) in masks.items()}
+        """Start the thread cache from the masks the affinity step read back right after
+        writing them (tid -> (comm, mask)); nothing is read here. One more look at each
+        name: a thread created just before the bind may not be named yet."""
+        threads: dict[int, SeenThread] = {}
+        for tid, (comm, mask) in masks.items():
+            role = role_of(comm)
+            wanted = role_cpus[role]
+            threads[tid] = SeenThread(wanted if mask == wanted else accepted(mask, wanted), role, young=1)
+        self.threads = threads
 
     def state_json(self) -> dict[str, Any]:
         """What the state file keeps beside the binding, so a restart remembers the verdicts."""

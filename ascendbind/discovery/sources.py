@@ -21,6 +21,10 @@ timeout, and the daemon's host cache decides when to ask again. A non-zero exit
 or a timeout is a CommandFailed naming the command (code ``command_timeout``
 for the latter).
 
+``open_process(key)`` (optional) opens one process's ``/proc/<key>`` as a
+``ProcDir`` whose reads all describe that one process (LiveHost holds the
+directory open; ``path_proc_dir`` adapts any other source path by path).
+
 ``OneTimeoutPerTool`` wraps a source for one discovery pass: after a tool
 timed out, the pass's later runs of that tool (one board query per NPU die)
 fail at once instead of each waiting out the timeout again.
@@ -38,7 +42,8 @@ from typing import Protocol
 from ..command import run_command, tool_env
 from ..errors import CommandFailed
 
-__all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir"]
+__all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir",
+           "ProcDir", "LiveProcDir", "path_proc_dir"]
 
 
 class HostSource(Protocol):
@@ -47,6 +52,135 @@ class HostSource(Protocol):
     def read(self, path: str, limit: int | None = None) -> str | None: ...
 
     def listdir(self, path: str) -> list[str] | None: ...
+
+
+class ProcDir(Protocol):
+    """One process's ``/proc/<key>``: names are relative to it (``stat``, ``task/12/comm``).
+    ``pinned``: every read is of the process the directory was opened on."""
+
+    pinned: bool
+
+    def read(self, name: str, limit: int | None = None) -> str | None: ...
+
+    def listdir(self, name: str) -> list[str] | None: ...
+
+    def close(self) -> None: ...
+
+
+class LiveProcDir:
+    """``/proc/<pid>`` held open: the kernel ties the directory to the task it was opened
+    on, so after that task is reaped reads fail (ESRCH) rather than reach a newcomer."""
+
+    pinned = True
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read(self, name: str, limit: int | None = None) -> str | None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            # one read returns a small /proc file whole; loop for the long ones (environ)
+            chunks = [os.read(fd, 65536)]
+            total = len(chunks[0])
+            while chunks[-1] and (limit is None or total <= limit):
+                chunks.append(os.read(fd, 65536))
+                total += len(chunks[-1])
+        except OSError:
+            # ESRCH: the task exited between open and read
+            return None
+        finally:
+            os.close(fd)
+        text = b"".join(chunks).decode("utf-8", "replace")
+        return text if limit is None else text[: limit + 1]
+
+    def read_small(self, name: str, size: int) -> str | None:
+        """One read of at most ``size`` bytes (a thread's comm): the per-thread hot path."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, size).decode("utf-8", "replace")
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def task_comms(self) -> list[tuple[int, str]] | None:
+        """(tid, comm) of every thread under ``task/`` (one listing, one read per thread; a
+        thread that exits meanwhile is left out); None when the process is gone. One plain
+        loop, relative to the open task directory: a bind reads hundreds of these, and a
+        call or a full path walk per thread would show in its time."""
+        try:
+            task_fd = os.open("task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        out = []
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        open_, read, close = os.open, os.read, os.close
+        try:
+            for name in os.listdir(task_fd):
+                try:
+                    fd = open_(f"{name}/comm", flags, dir_fd=task_fd)
+                except OSError:
+                    continue
+                try:
+                    raw = read(fd, 64)
+                except OSError:
+                    continue
+                finally:
+                    close(fd)
+                out.append((int(name), raw.decode("utf-8", "replace").rstrip("\n")))
+        except OSError:
+            return None
+        finally:
+            close(task_fd)
+        return out
+
+    def listdir(self, name: str) -> list[str] | None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            return os.listdir(fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _PathProcDir:
+    """``/proc/<key>`` of any HostSource, read path by path (a snapshot is one moment anyway)."""
+
+    pinned = False
+
+    def __init__(self, source: HostSource, key: str) -> None:
+        self.source, self.base = source, f"/proc/{key}"
+
+    def read(self, name: str, limit: int | None = None) -> str | None:
+        # the limit guards a live process's long files; a recorded one is what it is
+        return self.source.read(f"{self.base}/{name}")
+
+    def listdir(self, name: str) -> list[str] | None:
+        return self.source.listdir(f"{self.base}/{name}")
+
+    def close(self) -> None:
+        pass
+
+
+def path_proc_dir(source: HostSource, key: str) -> ProcDir:
+    """``/proc/<key>`` of ``source`` read path by path (an absent process reads as no files).
+    Never listed whole: a recording source would record every name in it."""
+    return _PathProcDir(source, key)
 
 
 def command_file_name(argv: Sequence[str]) -> str:
@@ -122,6 +256,13 @@ class LiveHost:
     def listdir(self, path: str) -> list[str] | None:
         try:
             return sorted(os.listdir(self.host_path(path)))
+        except OSError:
+            return None
+
+    def open_process(self, key: str) -> LiveProcDir | None:
+        """``/proc/<key>`` held open (None when there is no such process)."""
+        try:
+            return LiveProcDir(os.open(self.host_path(f"/proc/{key}"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError:
             return None
 

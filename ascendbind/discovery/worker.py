@@ -1,8 +1,11 @@
 """Per-request facts of one worker process, through a HostSource.
 
-``discover_worker`` is cheap by design (a daemon calls it for every bind): a
-few small /proc files, one ``comm`` per thread, the cgroup cpuset file;
-``ps -Te`` only with ``want_uvb`` (Ascend 950).
+``worker_facts`` builds them from one observation of the process
+(discovery/process.py's ``ProcessView``) and reads nothing; ``discover_worker``
+observes and builds, for callers that have no view yet. The observation is
+cheap by design (a daemon makes one per bind): a few small /proc files, one
+``comm`` per thread, the cgroup cpuset file; ``ps -Te`` only with ``want_uvb``
+(Ascend 950).
 
 ``read_numa_residency`` is not: the kernel walks every page table of the
 process to print ``numa_maps`` (about a second for a 100 GiB heap of 4 KiB
@@ -12,16 +15,19 @@ locality check and in ``status --memory``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..config import Config
 from ..cpulist import format_cpulist
-from ..errors import DiscoveryError, ParseError, ProcessGone, UsageError
-from ..model import ProcessIdentity, ThreadInfo, WorkerFacts, frozen_map
+from ..errors import DiscoveryError, ParseError, ProcessGone
+from ..model import ProcessIdentity, WorkerFacts, frozen_map
 from .numa_maps import NumaResidency, parse_numa_maps
-from .procfs import cpuset_cgroup, parse_cgroup, parse_environ, parse_ps_te, parse_stat_start_time, parse_status
+from .process import ProcessView, check_same_process, observe_process
+from .procfs import parse_ps_te, parse_stat_start_time
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+__all__ = ["discover_worker", "worker_facts", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
 
 # characters of numa_maps read at most. A worker with the default vm.max_map_count
 # (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
@@ -32,51 +38,31 @@ NUMA_MAPS_LIMIT = 32 << 20
 UVB_COMM_PREFIX = "uvb_poll_window"
 
 
-def _allowed_cpus(source: HostSource, key: str, status_cpus, warnings: list[str]):
+def _allowed_cpus(view: ProcessView, warnings: list[str]):
     """(cpus, "cgroup"|"status", cpuset path): the cgroup cpuset when
     readable, else Cpus_allowed_list: never a mask ascendbind itself set."""
-    cg_text = source.read(f"/proc/{key}/cgroup")
-    where = cpuset_cgroup(parse_cgroup(cg_text, f"/proc/{key}/cgroup")) if cg_text is not None else None
-    if where is not None:
-        version, path = where
-        rel = path.rstrip("/")
-        if ".." not in rel.split("/"):
-            file = (
-                f"/sys/fs/cgroup/cpuset{rel}/cpuset.effective_cpus"
-                if version == "v1"
-                else f"/sys/fs/cgroup{rel}/cpuset.cpus.effective"
-            )
-            text = source.read(file)
-            if text is not None:
-                try:
-                    cpus = parse_cpulist_file(text, file)
-                except ParseError as exc:
-                    warnings.append(f"{exc}; using Cpus_allowed_list")
-                    cpus = frozenset()
-                if cpus:
-                    return cpus, "cgroup", path
-    if status_cpus is None:
-        raise ParseError(f"/proc/{key}/status", "no Cpus_allowed_list line")
-    return status_cpus, "status", where[1] if where else None
+    cs = view.cpuset
+    if cs is not None and cs.file is not None and cs.text is not None:
+        try:
+            cpus = parse_cpulist_file(cs.text, cs.file)
+        except ParseError as exc:
+            warnings.append(f"{exc}; using Cpus_allowed_list")
+            cpus = frozenset()
+        if cpus:
+            return cpus, "cgroup", cs.path
+    if view.status.cpus_allowed is None:
+        raise ParseError(f"/proc/{view.key}/status", "no Cpus_allowed_list line")
+    return view.status.cpus_allowed, "status", cs.path if cs else None
 
 
-def _warn_if_earlier_binding(source: HostSource, allowed: frozenset[int], warnings: list[str]) -> None:
-    """Without a readable cpuset, Cpus_allowed_list may be a mask somebody (maybe
-    ascendbind, maybe the worker itself) already set: say so, since planning from it
-    would shrink the pool again."""
+def _online(source: HostSource) -> frozenset[int] | None:
     text = source.read("/sys/devices/system/cpu/online")
     if text is None:
-        return
+        return None
     try:
-        online = parse_cpulist_file(text, "/sys/devices/system/cpu/online")
+        return parse_cpulist_file(text, "/sys/devices/system/cpu/online")
     except ParseError:
-        return
-    if allowed < online:
-        warnings.append(
-            f"cgroup cpuset unreadable: planning from Cpus_allowed_list {format_cpulist(allowed)}, "
-            f"narrower than the online CPUs {format_cpulist(online)}; it may be an earlier binding "
-            "(release it first, or make the cpuset readable)"
-        )
+        return None
 
 
 def _uvb_tids(source: HostSource) -> tuple[int, ...]:
@@ -95,77 +81,61 @@ def _uvb_tids(source: HostSource) -> tuple[int, ...]:
     return tuple(sorted(set(tids)))
 
 
+def worker_facts(view: ProcessView, *, env_fallback: Mapping[str, str] | None = None,
+                 online: frozenset[int] | None = None, uvb_tids: tuple[int, ...] = ()) -> WorkerFacts:
+    """The worker's facts from one observation of it (pure): allowed CPUs (cgroup cpuset
+    when readable, else Cpus_allowed_list), Mems_allowed, start time, environ, threads.
+
+    ``env_fallback``: the environment to use when the view has none (a snapshot
+    records only a few variables, in meta.json). ``online``: the online CPUs, to warn
+    when Cpus_allowed_list is narrower (it may be an earlier binding).
+    """
+    warnings: list[str] = list(view.warnings)
+    allowed, allowed_source, cpuset_path = _allowed_cpus(view, warnings)
+    if allowed_source == "status" and online is not None and allowed < online:
+        warnings.append(
+            f"cgroup cpuset unreadable: planning from Cpus_allowed_list {format_cpulist(allowed)}, "
+            f"narrower than the online CPUs {format_cpulist(online)}; it may be an earlier binding "
+            "(release it first, or make the cpuset readable)"
+        )
+    env = view.environ if view.environ is not None else frozen_map(env_fallback or {})
+    mems = view.status.mems_allowed
+    return WorkerFacts(
+        pid=view.pid,
+        start_time=view.start_time,
+        allowed_cpus=allowed,
+        allowed_source=allowed_source,
+        mems_allowed=mems if mems is not None else frozenset(),
+        env=env,
+        threads=view.threads,
+        cpuset_path=cpuset_path,
+        uvb_tids=uvb_tids,
+        warnings=tuple(warnings),
+    )
+
+
 def discover_worker(
     source: HostSource, pid: int | None, config: Config, *, want_uvb: bool = False,
-    identity: ProcessIdentity | None = None,
+    identity: ProcessIdentity | None = None, view: ProcessView | None = None,
 ) -> WorkerFacts:
-    """Per-request facts of one worker: allowed CPUs (cgroup cpuset when readable,
-    else Cpus_allowed_list), Mems_allowed, start time, environ, threads (tid, comm),
+    """Per-request facts of one worker (``worker_facts`` of one observation of it),
     and with ``want_uvb`` the host's uvb_poll_window threads.
 
     ``pid`` None means ``/proc/self`` (the snapshot's proc/self/status).
     Raises ProcessGone when /proc/<pid>/status is absent. With ``identity`` (the
     process as read when the request was authorized), ProcessGone ``pid_recycled``
-    when the facts were read from another process than that one.
+    when the facts were read from another process than that one. ``view``: an
+    observation this request already made (nothing of the process is read again).
     """
-    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
-        raise UsageError(f"pid must be a positive integer, got {pid!r}")
-    key = "self" if pid is None else str(pid)
-    status_path = f"/proc/{key}/status"
-    status_text = source.read(status_path)
-    if status_text is None:
-        raise ProcessGone(f"no process {key}: {status_path} is absent")
-    status = parse_status(status_text, status_path)
-    real_pid = pid if pid is not None else status.tgid
-    if real_pid is None:
-        raise ParseError(status_path, "no Tgid line")
-    warnings: list[str] = []
-
-    allowed, allowed_source, cpuset_path = _allowed_cpus(source, key, status.cpus_allowed, warnings)
-    if allowed_source == "status":
-        _warn_if_earlier_binding(source, allowed, warnings)
-
-    env_text = source.read(f"/proc/{key}/environ")
-    if env_text is not None:
-        env = parse_environ(env_text)
-    else:
-        env = dict(getattr(source, "meta", {}).get("env") or {})
-
-    threads: list[ThreadInfo] = []
-    for tid in source.listdir(f"/proc/{key}/task") or ():
-        if not tid.isdigit():
-            continue
-        comm = source.read(f"/proc/{key}/task/{tid}/comm")
-        if comm is None:
-            continue  # the thread exited while we listed
-        threads.append(ThreadInfo(int(tid), comm.rstrip("\n")))
-    threads.sort(key=lambda t: t.tid)
-
-    # read last: a start time equal to the identity's proves every file above came
-    # from that same process (a pid number never comes back with an old start time)
-    stat_text = source.read(f"/proc/{key}/stat")
-    start = parse_stat_start_time(stat_text, f"/proc/{key}/stat") if stat_text is not None else None
-    if identity is not None and start is None:
-        raise ProcessGone(f"process {real_pid} exited while it was being read", code="pid_gone")
-    if identity is not None and (identity.pid != real_pid or start != identity.start_time):
-        raise ProcessGone(
-            f"pid {real_pid} was recycled while it was being read: started at tick {start}, "
-            f"not {identity.start_time}",
-            code="pid_recycled",
-        )
-
-    return WorkerFacts(
-        pid=real_pid,
-        start_time=start,
-        allowed_cpus=allowed,
-        allowed_source=allowed_source,
-        mems_allowed=status.mems_allowed if status.mems_allowed is not None else frozenset(),
-        env=frozen_map(env),
-        threads=tuple(threads),
-        cpuset_path=cpuset_path,
-        uvb_tids=_uvb_tids(source) if want_uvb else (),
-        warnings=tuple(warnings),
-    )
+    if view is None:
+        view = observe_process(source, pid)
+    if identity is not None:
+        check_same_process(view, identity)
+    online = None
+    if view.status.cpus_allowed is not None and (view.cpuset is None or view.cpuset.text is None):
+        online = _online(source)
+    return worker_facts(view, env_fallback=getattr(source, "meta", {}).get("env"), online=online,
+                        uvb_tids=_uvb_tids(source) if want_uvb else ())
 
 
 def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None = None,

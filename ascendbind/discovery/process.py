@@ -1,0 +1,376 @@
+"""One observation of a process: identity, status, cpuset, environment and tasks, read once.
+
+A request (bind, plan, release) reads its target once, into a ``ProcessView``,
+and hands that value to authorization, the identity check, the worker's facts,
+the applier and the held record; nobody reads the same files again to
+"refresh" them.
+
+On the live host the files are read through one open ``/proc/<pid>``
+directory: it stands for the task it was opened on, and once that task is
+reaped every read through it fails (ESRCH) instead of describing a process that
+reused the number. So every file of one view describes one process. A snapshot
+(or any HostSource without ``open_process``) is read path by path; its stat is
+read first and again last, and a start time that changed means the pid was
+recycled in between.
+
+Also here, for the applier and the daemon, the small reads they need between
+views: the task list and a thread's ``comm`` (the applier's re-list of threads
+born during a bind), the parent of a pid (authorization's ancestry walk), a
+pid's (state, start time) and this process's effective capabilities.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ..errors import ParseError, ProcessGone, UsageError
+from ..model import ProcessIdentity, ThreadInfo, frozen_map
+from .procfs import CgroupEntry, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
+from .sources import HostSource, ProcDir, path_proc_dir
+
+__all__ = [
+    "ProcessView",
+    "TaskView",
+    "CpusetView",
+    "observe_process",
+    "check_same_process",
+    "identity_of",
+    "read_identity",
+    "stat_of",
+    "list_tasks",
+    "task_comm",
+    "read_comm",
+    "new_tasks",
+    "thread_masks",
+    "parent_of",
+    "status_field",
+]
+
+# a comm is at most 15 bytes plus the newline
+_COMM_BYTES = 64
+# an environment is bounded by the kernel's argument limit (a quarter of the stack rlimit)
+_ENVIRON_LIMIT = 8 << 20
+
+
+class TaskView(NamedTuple):
+    """One thread as seen in the observation; ``mask`` only when asked for (live host).
+    A tuple, not a dataclass: a bind makes one per thread, on its hot path."""
+
+    tid: int
+    comm: str
+    mask: frozenset[int] | None = None
+
+
+@dataclass(frozen=True)
+class CpusetView:
+    """The process's cgroup cpuset: hierarchy version, cgroup path, and the effective
+    cpus file's path and text (None when unreadable, or the path climbs out with ``..``)."""
+
+    version: str
+    path: str
+    file: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """One observation of a process. ``identity`` is None only when a snapshot recorded
+    no ``stat`` (the live host always has one). ``key`` is the /proc name it was read
+    under: the pid, or ``self`` for a snapshot of the recording process."""
+
+    key: str
+    status: ProcStatus
+    identity: ProcessIdentity | None
+    cpuset: CpusetView | None
+    environ: Mapping[str, str] | None
+    tasks: tuple[TaskView, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def pid(self) -> int:
+        if self.identity is not None:
+            return self.identity.pid
+        if self.key.isdigit():
+            return int(self.key)
+        if self.status.tgid is None:
+            raise ParseError(f"/proc/{self.key}/status", "no Tgid line")
+        return self.status.tgid
+
+    @property
+    def start_time(self) -> int | None:
+        return None if self.identity is None else self.identity.start_time
+
+    @property
+    def threads(self) -> tuple[ThreadInfo, ...]:
+        return tuple(ThreadInfo(t.tid, t.comm) for t in self.tasks)
+
+
+def _identity(pid: int, stat_text: str | None, status: ProcStatus | None, where: str) -> ProcessIdentity | None:
+    if stat_text is None:
+        return None
+    try:
+        st = parse_stat(stat_text, where)
+    except ParseError:
+        return None
+    return ProcessIdentity(
+        pid=pid,
+        start_time=st.start_time,
+        tgid=status.tgid if status is not None and status.tgid is not None else pid,
+        ppid=st.ppid,
+        state=st.state,
+        is_kthread=st.is_kthread,
+        uids=status.uids if status is not None else (),
+        comm=st.comm,
+    )
+
+
+def _tasks(d: ProcDir, masks: bool) -> tuple[TaskView, ...]:
+    fast = getattr(d, "task_comms", None)
+    if fast is not None and not masks:
+        listed = fast()
+        return tuple(sorted(TaskView(tid, comm) for tid, comm in listed)) if listed else ()
+    out: list[TaskView] = []
+    read = getattr(d, "read_small", d.read)
+    getaff = os.sched_getaffinity
+    for name in d.listdir("task") or ():
+        if not name.isdigit():
+            continue
+        comm = read(f"task/{name}/comm", _COMM_BYTES)
+        if comm is None:
+            continue  # the thread exited while we listed
+        tid = int(name)
+        mask = None
+        if masks:
+            try:
+                mask = frozenset(getaff(tid))
+            except OSError:
+                continue
+        out.append(TaskView(tid, comm.rstrip("\n"), mask))
+    out.sort()
+    return tuple(out)
+
+
+def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> CpusetView | None:
+    where = cpuset_cgroup(cgroup) if cgroup is not None else None
+    if where is None:
+        return None
+    version, path = where
+    rel = path.rstrip("/")
+    if ".." in rel.split("/"):
+        return CpusetView(version, path)
+    file = (f"/sys/fs/cgroup/cpuset{rel}/cpuset.effective_cpus" if version == "v1"
+            else f"/sys/fs/cgroup{rel}/cpuset.cpus.effective")
+    return CpusetView(version, path, file, source.read(file))
+
+
+def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
+                    environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None) -> ProcessView:
+    """One observation of ``pid`` (None: ``/proc/self``, the snapshot's recording process).
+
+    ProcessGone (``pid_gone``) when there is no such process, ParseError when its
+    status is malformed, ProcessGone (``pid_recycled``) when a path-by-path source
+    saw the start time change while reading. ``masks`` adds each thread's current
+    mask (live host only); ``tasks``/``environ`` False skip what a caller does not need.
+    ``vet`` is called with the identity as soon as stat and status are read, before
+    anything else is: a request refused there reads no environment and no threads.
+    """
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
+        raise UsageError(f"pid must be a positive integer, got {pid!r}")
+    key = "self" if pid is None else str(pid)
+    opener = getattr(source, "open_process", None)
+    d = opener(key) if opener is not None else path_proc_dir(source, key)
+    if d is None:
+        raise ProcessGone(f"no process {key}: /proc/{key} is absent", code="pid_gone")
+    try:
+        stat_text = d.read("stat")
+        status_text = d.read("status")
+        if status_text is None:
+            raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
+        status = parse_status(status_text, f"/proc/{key}/status")
+        real = pid if pid is not None else status.tgid
+        if real is None:
+            raise ParseError(f"/proc/{key}/status", "no Tgid line")
+        identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
+        if vet is not None:
+            if identity is None:
+                raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
+            vet(identity)
+        cg_text = d.read("cgroup")
+        env_text = d.read("environ", _ENVIRON_LIMIT) if environ else None
+        task_views = _tasks(d, masks) if tasks else ()
+        last_stat = d.read("stat") if not d.pinned and stat_text is not None else stat_text
+    finally:
+        d.close()
+    if identity is not None and last_stat != stat_text:
+        again = _identity(real, last_stat, status, f"/proc/{key}/stat")
+        if again is None:
+            raise ProcessGone(f"process {real} exited while it was being read", code="pid_gone")
+        if again.start_time != identity.start_time:
+            raise ProcessGone(f"pid {real} was recycled while it was being read: started at tick "
+                              f"{again.start_time}, not {identity.start_time}", code="pid_recycled")
+    cgroup = parse_cgroup(cg_text, f"/proc/{key}/cgroup") if cg_text is not None else None
+    return ProcessView(
+        key=key,
+        status=status,
+        identity=identity,
+        cpuset=_cpuset(source, cgroup),
+        environ=frozen_map(parse_environ(env_text)) if env_text is not None else None,
+        tasks=task_views,
+    )
+
+
+def check_same_process(view: ProcessView, identity: ProcessIdentity) -> None:
+    """ProcessGone unless ``view`` is of the process ``identity`` names (``pid_gone`` when the
+    view has no start time, ``pid_recycled`` when it has another one)."""
+    if view.identity is None:
+        raise ProcessGone(f"process {view.pid} exited while it was being read", code="pid_gone")
+    if identity.pid != view.pid or view.start_time != identity.start_time:
+        raise ProcessGone(
+            f"pid {view.pid} was recycled while it was being read: started at tick {view.start_time}, "
+            f"not {identity.start_time}",
+            code="pid_recycled",
+        )
+
+
+def identity_of(source: HostSource, pid: int) -> ProcessIdentity | None:
+    """``pid``'s identity (stat, and status when there is one, through one directory), or
+    None when it is absent or either file is malformed. Without a status the uids are empty."""
+    opener = getattr(source, "open_process", None)
+    d = opener(str(pid)) if opener is not None else path_proc_dir(source, str(pid))
+    if d is None:
+        return None
+    try:
+        stat_text, status_text = d.read("stat"), d.read("status")
+    finally:
+        d.close()
+    try:
+        status = parse_status(status_text, f"/proc/{pid}/status") if status_text else None
+    except ParseError:
+        return None
+    return _identity(pid, stat_text, status, f"/proc/{pid}/stat")
+
+
+# ------------------------------------------------------------ the small reads, by proc_root
+
+def _read(path: str, limit: int = 16384, dir_fd: int | None = None) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        # ESRCH: the task exited between open and read
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
+    """``pid``'s identity from one read of its stat and status, or None when it is absent."""
+    from .sources import LiveHost
+
+    return identity_of(LiveHost(proc_root=proc_root), pid)
+
+
+def stat_of(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
+    """(state letter, start time) from ``/proc/<pid>/stat``, or None when the pid is absent."""
+    where = f"{proc_root}/{pid}/stat"
+    text = _read(where)
+    if text is None:
+        return None
+    try:
+        st = parse_stat(text, where)
+    except ParseError:
+        return None
+    return st.state, st.start_time
+
+
+def status_field(pid: int | str, name: str, proc_root: str = "/proc") -> str | None:
+    """One field of ``/proc/<pid>/status`` (``pid`` may be ``self``), or None."""
+    text = _read(f"{proc_root}/{pid}/status")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    return None
+
+
+def parent_of(pid: int, proc_root: str = "/proc") -> int | None:
+    """``pid``'s parent (PPid), or None when it is gone or unreadable."""
+    value = status_field(pid, "PPid", proc_root)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def read_comm(path: str) -> str | None:
+    """A thread's ``comm`` at ``path`` (one read, at most 64 bytes); None once the thread is gone."""
+    text = _read(path, _COMM_BYTES)
+    return None if text is None else text.rstrip("\n")
+
+
+def task_comm(pid: int, tid: int | str, proc_root: str = "/proc") -> str | None:
+    """The ``comm`` of thread ``tid`` of ``pid``, or None once it is gone."""
+    return read_comm(f"{proc_root}/{pid}/task/{tid}/comm")
+
+
+def list_tasks(pid: int, proc_root: str = "/proc") -> list[str] | None:
+    """The names under ``/proc/<pid>/task`` (unsorted), or None when the process is gone."""
+    try:
+        return os.listdir(f"{proc_root}/{pid}/task")
+    except OSError:
+        return None
+
+
+def new_tasks(pid: int, seen: Iterable[str] | set[str], proc_root: str = "/proc") -> list[tuple[str, str | None]] | None:
+    """(tid, comm) of the threads of ``pid`` not in ``seen``: one listing, one comm read per
+    new thread (comm None: the thread exited before it was read). None when the process is
+    gone. One plain loop: the applier's first pass without an observation lists them all."""
+    task_dir = f"{proc_root}/{pid}/task"
+    try:
+        names = os.listdir(task_dir)
+    except OSError:
+        return None
+    seen = seen if isinstance(seen, set) else set(seen)
+    out: list[tuple[str, str | None]] = []
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    open_, read, close = os.open, os.read, os.close
+    for name in names:
+        if name in seen:
+            continue
+        comm = None
+        try:
+            fd = open_(f"{task_dir}/{name}/comm", flags)
+        except OSError:
+            out.append((name, None))
+            continue
+        try:
+            comm = read(fd, _COMM_BYTES).decode("utf-8", "replace").rstrip("\n")
+        except OSError:
+            comm = None
+        finally:
+            close(fd)
+        out.append((name, comm))
+    return out
+
+
+def thread_masks(pid: int, *, proc_root: str = "/proc") -> dict[int, tuple[str, frozenset[int]]]:
+    """tid -> (comm, current CPU mask) for every live thread of ``pid`` ({} when gone)."""
+    out: dict[int, tuple[str, frozenset[int]]] = {}
+    for name in list_tasks(pid, proc_root) or ():
+        comm = task_comm(pid, name, proc_root)
+        if comm is None:
+            continue
+        tid = int(name)
+        try:
+            out[tid] = (comm, frozenset(os.sched_getaffinity(tid)))
+        except OSError:
+            continue
+    return out
