@@ -48,23 +48,36 @@ HIST = "ascendbind_reconcile_duration_seconds"
 CPU_HIST = "ascendbind_reconcile_cpu_seconds"
 
 
-def run_ns(pid: int) -> dict[int, int]:
-    """tid -> CPU time in ns (schedstat's first field) for every live thread of ``pid``."""
+def run_ns(pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (comm, CPU time in ns: schedstat's first field) for every live thread of ``pid``."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0])
+                ns = int(fh.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                comm = fh.read().strip()
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended in between
+        out[int(tid)] = (comm, ns)
     return out
 
 
-def cpu_between(before: dict[int, int], after: dict[int, int]) -> int:
-    """CPU ns spent between two run_ns readings. A thread born in between counts from zero; one
-    that ended in between (a /metrics handler finishing its reply) loses only its last moments,
-    which a plain sum over live threads would instead subtract."""
-    return sum(ns - before.get(tid, 0) for tid, ns in after.items())
+def cpu_by_thread(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, int]:
+    """Thread name -> CPU ns spent between two run_ns readings (the daemon names its threads:
+    reconcile, api, api-worker_0, hotplug, ...; the main thread carries the process name). A
+    thread born in between counts from zero; one that ended in between (a /metrics handler
+    finishing its reply) loses only its last moments, which a plain sum over live threads would
+    instead subtract."""
+    out: dict[str, int] = {}
+    for tid, (comm, ns) in after.items():
+        out[comm] = out.get(comm, 0) + ns - before.get(tid, (comm, 0))[1]
+    return out
+
+
+def cpu_between(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> int:
+    """CPU ns spent between two run_ns readings, all threads together."""
+    return sum(cpu_by_thread(before, after).values())
 
 
 def status_kb(pid: int, key: str) -> int:
@@ -127,7 +140,8 @@ def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float) ->
         pass_s = (metric_value(text1, f"{HIST}_sum") or 0) - (metric_value(text0, f"{HIST}_sum") or 0)
         has_cpu = metric_value(text1, f"{CPU_HIST}_sum") is not None
         pass_cpu_s = (metric_value(text1, f"{CPU_HIST}_sum") or 0) - (metric_value(text0, f"{CPU_HIST}_sum") or 0)
-        cpu_s = cpu_between(c0, c1) / 1e9
+        split = cpu_by_thread(c0, c1)
+        cpu_s = sum(split.values()) / 1e9
         mean_pass = pass_s / passes if passes else float("nan")
         # charged to `passes` periods, not the longer window: the half period of pure
         # sleep at the end only inflates the figure, never hides a pass
@@ -139,6 +153,10 @@ def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float) ->
             "reconcile_seconds": reconcile,
             "window_s": t1 - t0,
             "cpu_percent": 100 * cpu_s / cycles,
+            # per thread name, same units: where the idle CPU goes
+            "cpu_percent_by_thread": {name: 100 * ns / 1e9 / cycles
+                                      for name, ns in sorted(split.items(), key=lambda kv: -kv[1])},
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
             "rss_mb": status_kb(d.pid, "VmRSS") / 1024,
             "daemon_threads": status_kb(d.pid, "Threads"),
             "passes": passes,
@@ -176,6 +194,9 @@ def main(argv=None) -> int:
                   f"{r['pass_us_per_thread']:>9.2f}  {r['pass_cpu_us_per_thread']:>15.2f}  "
                   f"{r['cpu_ms_per_pass']:>11.2f}  {r['cpu_us_per_thread']:>13.2f}",
                   flush=True)
+            print("        per thread (% of one CPU): " + ", ".join(
+                f"{name} {pct:.3f}" for name, pct in r["cpu_percent_by_thread"].items() if pct >= 0.0005)
+                + f"; load average {r['loadavg'][0]:.2f} over 1 min", flush=True)
     goal = [r for r in rows if (r["workers"], r["threads_per_worker"], r["reconcile_seconds"]) == GOAL_POINT]
     for r in goal:
         cpu_ok, rss_ok = r["cpu_percent"] < GOAL_CPU_PERCENT, r["rss_mb"] < GOAL_RSS_MB

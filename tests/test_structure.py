@@ -37,9 +37,7 @@ SHELL_EXCEPTIONS: dict[str, str] = {
     "applier/irq.py": "reads /proc/interrupts, msi_irqs and smp_affinity itself",
     "applier/irqbalance.py": "scans /proc for irqbalance itself",
     "daemon/auth.py": "reads status itself",
-    "daemon/evidence.py": "reads environ itself",
     "daemon/listener.py": "reads somaxconn itself",
-    "daemon/observe.py": "reads stat and lists tasks itself",
     "daemon/state.py": "reads the boot id itself",
 }
 PURE_EXCEPTIONS: dict[str, str] = {"config": "loads TOML and the environment itself"}

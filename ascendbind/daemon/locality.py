@@ -47,27 +47,18 @@ from ..discovery.numa_maps import local_ratio
 from ..discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
 from ..errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
 from ..model import Binding, StepResult
+from .lifecycle import (RERUN_BACKOFF_CAP, Limits, Observation, RerunMemory, decide, memory_rerun_due,
+                        rerun_was_futile)
+from .threadname import name_os_thread
 
 __all__ = ["MemoryLocality", "memory_rerun_due", "ratios_by_npu", "pool_nodes", "RERUN_BACKOFF_CAP"]
 
 log = structlog.get_logger("ascendbind.locality")
 
-RERUN_BACKOFF_CAP = 16
-
 
 def pool_nodes(binding: Binding) -> frozenset[int]:
     """The NUMA nodes of every pool the worker is bound to: where its threads run."""
     return frozenset(n for p in binding.plan.npus for n in p.numa_nodes)
-
-
-def memory_rerun_due(ratio: float | None, threshold: float, last_run: float, now: float,
-                     interval: float, futile: int = 0) -> bool:
-    """Run the memory step again? Only for a measured ratio below ``threshold``, and
-    only ``interval`` x 2**``futile`` (capped at RERUN_BACKOFF_CAP x) after ``last_run``."""
-    if ratio is None or ratio >= threshold:
-        return False
-    backoff = min(2 ** max(0, min(futile, 30)), RERUN_BACKOFF_CAP)
-    return now - last_run >= interval * backoff
 
 
 def ratios_by_npu(helds: Iterable[Any]) -> dict[int, float]:
@@ -116,6 +107,7 @@ class MemoryLocality:
                     if h.memory_checked_at is None or now - h.memory_checked_at >= interval]
 
     def _round(self, due: list) -> None:
+        name_os_thread()
         try:
             self.run_round(due)
         except Exception:  # a bug here must not take the daemon down; the next tick tries again
@@ -158,24 +150,27 @@ class MemoryLocality:
         with d.lock:
             if d.held.get(b.pid) is not h:
                 return None
-            h.memory_checked_at = now
-            h.memory_local_ratio = ratio
-            if ratio is not None and ratio >= d.config.memory_local_threshold:
-                h.memory_futile = 0
-            d.metrics.memory_local(ratios_by_npu(d.held.values()))
+            actions = decide(h.record(), Observation(memory_measured=True, memory_ratio=ratio), now, self._limits())
+            d.act(h, [a for a in actions if not isinstance(a, RerunMemory)])  # reruns: one per round, worst first
         return ratio
+
+    def _limits(self) -> Limits:
+        cfg = self.daemon.config
+        return Limits(memory_local_threshold=cfg.memory_local_threshold,
+                      memory_rerun_seconds=cfg.memory_rerun_seconds)
 
     def rerun_if_due(self, h, now: float) -> StepResult | None:
         """Run the memory step again for ``h`` when ``memory_rerun_due`` says so."""
         d, b, cfg = self.daemon, h.binding, self.daemon.config
-        with d.lock:
-            if d.held.get(b.pid) is not h or not memory_rerun_due(
-                    h.memory_local_ratio, cfg.memory_local_threshold, h.memory_last_run, now,
-                    cfg.memory_rerun_seconds, h.memory_futile):
-                return None
-            before = h.memory_local_ratio
-            # claimed before it runs: a slow migratepages is never started twice
-            h.memory_last_run = now
+        limits = self._limits()
+
+        def due(record) -> bool:
+            return memory_rerun_due(record.memory_ratio, limits.memory_local_threshold, record.memory_last_run,
+                                    now, limits.memory_rerun_seconds, record.memory_futile)
+
+        before = d.claim_memory_rerun(h, now, due)
+        if before is None:
+            return None
         try:
             host = d.hosts.get()
             # migratepages on a recycled pid would move a stranger's pages
@@ -186,11 +181,7 @@ class MemoryLocality:
         result = migrate_memory(b.plan, b.pid, host, cfg)
         d.metrics.memory_rerun(result.outcome.value)
         after = self.measure(h, now)
-        with d.lock:
-            if d.held.get(b.pid) is h:
-                h.memory_reruns += 1
-                if after is None or after < cfg.memory_local_threshold:
-                    h.memory_futile += 1
+        d.memory_rerun_done(h, rerun_was_futile(after, limits))
         log.info("memory step run again", pid=b.pid, npus=list(b.npus), ratio_before=round(before or 0, 4),
                  ratio_after=None if after is None else round(after, 4), outcome=result.outcome.value,
                  reason=result.reason.value if result.reason else None, detail=result.detail)
@@ -198,10 +189,4 @@ class MemoryLocality:
 
     def _forget(self) -> None:
         """The check is switched off (memory_check_seconds = 0): no stale ratios."""
-        d = self.daemon
-        with d.lock:
-            if any(h.memory_local_ratio is not None for h in d.held.values()):
-                for h in d.held.values():
-                    h.memory_local_ratio = None
-                    h.memory_checked_at = None
-                d.metrics.memory_local({})
+        self.daemon.forget_locality()
