@@ -41,7 +41,7 @@ FULL = {
     "effect": [["--seconds", "30", "--rounds", "3"]],
     # the goal point gets the long window; the smaller points only draw the curve
     "daemon_idle": [["--points", "1x50,4x200", "--reconcile", "5", "--seconds", "10"],
-                    ["--points", "16x200", "--reconcile", "5", "--seconds", "30"]],
+                    ["--points", "16x200", "--reconcile", "5", "--seconds", "60"]],
 }
 QUICK = {
     "plan": [["--repeat", "2"]],

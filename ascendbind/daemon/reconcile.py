@@ -92,6 +92,7 @@ class Reconciler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self.locality.close()
         if self._thread is None or not self._thread.is_alive():
             self.close()
 
