@@ -34,9 +34,11 @@ def test_the_thread_count_and_the_task_list_agree_with_the_kernel_as_threads_com
 
 
 def test_environment_command_line_and_parent_of_a_real_child():
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--numa-bind"],
-                             stdin=subprocess.PIPE, env={"OMP_PROC_BIND": "true", "PATH": "/usr/bin"})
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()",
+                              "--numa-bind"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env={"OMP_PROC_BIND": "true", "PATH": "/usr/bin"})
     try:
+        assert child.stdout.readline() == b"ready\n"  # exec'd: environ and cmdline are the new program's
         assert read_environ(child.pid)["OMP_PROC_BIND"] == "true"
         assert read_environ(child.pid, limit=8) == {}  # cut inside the first name: no entry
         assert read_cmdline(child.pid).split(b"\0")[-2] == b"--numa-bind"
@@ -45,6 +47,7 @@ def test_environment_command_line_and_parent_of_a_real_child():
         child.kill()
         child.wait()
         child.stdin.close()
+        child.stdout.close()
     assert read_environ(child.pid) == {} and read_cmdline(child.pid) == b"" and parent_pid(child.pid) is None
 
 
