@@ -26,7 +26,7 @@ test-stress: install
 	$(BIN)/python tests/stress.py --runs $(RUNS) --burners $(BURNERS) $(FILES)
 
 run: install
-	$(BIN)/python -m ascendbind.daemon.demo
+	$(BIN)/python -m ascendbind.demo
 
 lint: install
 	$(BIN)/python -m compileall -q ascendbind tests bench

@@ -12,9 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .config import Config, add_config_flags, config_from_args
+from .config import Config
 from .errors import AscendbindError, PlanImpossible, StepFailed, UsageError
 from .model import DeviceType, Plan
+from .settings import add_config_flags, config_from_args
 
 __all__ = ["main", "build_parser"]
 
@@ -68,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p)
     p.set_defaults(func=cmd_apply)
 
-    from .daemon import cli_verbs
+    from . import verbs
 
-    cli_verbs.register(sub)
+    verbs.register(sub)
     from .completion import register as register_completion
 
     register_completion(sub)

@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from urllib.parse import urlencode
 
 from . import errors
+from .config import DEFAULT_SOCKET
+from .settings import resolve_socket
 
 __all__ = ["Client", "DEFAULT_SOCKET", "default_socket", "run_bound", "FORWARDED_SIGNALS"]
-
-DEFAULT_SOCKET = "/run/ascendbind/ascendbind.sock"
 
 _BY_STATUS = {
     400: errors.UsageError,
@@ -47,7 +47,9 @@ _BY_STATUS = {
 
 
 def default_socket() -> str:
-    return os.environ.get("ASCENDBIND_SOCKET") or DEFAULT_SOCKET
+    """The socket a Client without one uses: the same answer the CLI's verbs get
+    (``ASCENDBIND_SOCKET``, else the config file's ``socket``, else the default)."""
+    return resolve_socket()
 
 
 class _UnixConnection(http.client.HTTPConnection):

@@ -1,16 +1,16 @@
-"""Configuration: TOML file < ``ASCENDBIND_<KEY>`` environment < CLI flags.
+"""Configuration values: the keys, their defaults, choices and checks.
 
-Every key is optional. An unknown key in the file or a bad value anywhere is a
-ConfigError naming the key and where it came from, raised at start-up.
-``load_config`` is the one entry point; ``Config`` is frozen so a reload
-(SIGHUP) produces a new object rather than mutating a shared one.
+This module is pure: it reads no file and no environment, so the planner can
+import it and plan a host from a snapshot anywhere. Where values come from (the
+TOML file, ``ASCENDBIND_<KEY>`` variables, command-line flags) is the shell's
+business: ascendbind/settings.py layers them and hands each value through
+``coerce`` here, naming its source for the error.
 
 Values are checked, never bent: an integer key takes a whole number only
-(``8.7`` is an error, not 8), a number key a finite number. An environment
-variable starting ``ASCENDBIND_`` that names no key is an error too, exactly
-like an unknown key in the file: a misspelt topology-policy variable,
-silently ignored, would leave the operator believing a policy is in force.
-The only other ``ASCENDBIND_`` variables are listed in ``OTHER_VARIABLES``.
+(``8.7`` is an error, not 8), a number key a finite number, a choice key one of
+its ``CHOICES``. ``Config`` is frozen, so a reload (SIGHUP) produces a new
+object rather than mutating a shared one; ``Config(...)`` and
+``config.replace(...)`` check every value the same way a loader does.
 """
 
 from __future__ import annotations
@@ -18,29 +18,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
-import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "load_config", "DEFAULT_CONFIG_PATH", "CHOICES", "PLAN_KEYS", "ENV_PREFIX", "OTHER_VARIABLES"]
+__all__ = ["Config", "CHOICES", "PLAN_KEYS", "KEYS", "DEFAULT_CONFIG_PATH", "DEFAULT_SOCKET",
+           "coerce", "from_layers", "unknown_name"]
 
 DEFAULT_CONFIG_PATH = "/etc/ascendbind/config.toml"
-ENV_PREFIX = "ASCENDBIND_"
-
-# ASCENDBIND_* variables that are not config keys; every other one must name a key
-OTHER_VARIABLES: dict[str, str] = {
-    "ASCENDBIND_CONFIG": "path of the config file (empty: none, not even the default)",
-    "ASCENDBIND_FIXTURE_HOST": "snapshot directory the fixture npu-smi replays (tests, `make run`)",
-    "ASCENDBIND_FAKE_NPUS": "how many NPUs the fixture npu-smi describes (tests)",
-    "ASCENDBIND_FAKE_NPU_PIDS": "pids the fixture npu-smi lists in its process table (tests, `make run`)",
-    "ASCENDBIND_PLUGIN_WAIT_SECONDS": "how long the vLLM plugin waits for its process to drive an NPU (workers)",
-    "ASCENDBIND_HOST_NPU_SMI": "the host npu-smi the container image's wrapper runs (deploy/kubernetes)",
-}
+DEFAULT_SOCKET = "/run/ascendbind/ascendbind.sock"
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "device_type": ("auto", "A2", "A3", "310P", "950", "unknown"),
@@ -66,7 +55,7 @@ PLAN_KEYS = (
 
 @dataclass(frozen=True)
 class Config:
-    socket: str = "/run/ascendbind/ascendbind.sock"
+    socket: str = DEFAULT_SOCKET
     state_dir: str = "/var/lib/ascendbind"
     metrics_listen: str = "127.0.0.1:9464"
     reconcile_seconds: float = 5.0
@@ -94,12 +83,26 @@ class Config:
     # the policy precedence rule needs to know whether the node named a policy
     explicit: frozenset[str] = frozenset()
 
+    def __post_init__(self) -> None:
+        # one check for every way a Config is made: a value that would not load
+        # from the file must not slip in through Config(...) or replace(...)
+        for key in KEYS:
+            value = getattr(self, key)
+            checked = coerce(key, value, "config")
+            if checked is not value:
+                object.__setattr__(self, key, checked)
+        unknown = set(self.explicit) - set(KEYS)
+        if unknown:
+            raise ConfigError(f"config: explicit names no key: {', '.join(sorted(unknown))}")
+        if not isinstance(self.explicit, frozenset):
+            object.__setattr__(self, "explicit", frozenset(self.explicit))
+
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "explicit"}
-
+KEYS: tuple[str, ...] = tuple(_FIELDS)
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
@@ -129,38 +132,36 @@ def _finite_number(value: Any) -> float:
     return out
 
 
-def _unknown(name: str, known: list[str], what: str) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def unknown_name(name: str, known: Iterable[str], what: str) -> str:
+    """``unknown key 'x' (did you mean 'y'?)``: the message for a misspelt name."""
+    close = difflib.get_close_matches(name, list(known), n=1)
     return f"unknown {what} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
-def _check_env_names(env: Mapping[str, str]) -> None:
-    """ConfigError for the first ASCENDBIND_* variable that is neither a key nor listed."""
-    known = [ENV_PREFIX + key.upper() for key in _FIELDS] + list(OTHER_VARIABLES)
-    for name in sorted(env):
-        if name.startswith(ENV_PREFIX) and name not in known:
-            raise ConfigError(
-                f"environment: {_unknown(name, known, 'variable')}; "
-                f"{ENV_PREFIX}<KEY> must name a config key"
-            )
-
-
-def _coerce(key: str, value: Any, where: str) -> Any:
+def coerce(key: str, value: Any, where: str) -> Any:
+    """``value`` for ``key`` checked and typed, from any source (TOML value, text of a
+    variable or flag); ConfigError naming ``where`` and the key otherwise. A value
+    already of the right type comes back as the same object."""
+    if key not in _FIELDS:
+        raise ConfigError(f"{where}: {unknown_name(key, KEYS, 'key')}")
     kind = type(_FIELDS[key].default)
     try:
         if kind is bool:
-            if isinstance(value, bool):
-                out: Any = value
-            elif isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
-                out = True
-            elif isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
-                out = False
-            else:
-                raise ValueError(f"expected true or false, got {value!r}")
+            out: Any = _boolean(value)
         elif kind is int:
             out = _whole_number(value)
         elif kind is float:
-            out = _finite_number(value)
+            out = value if type(value) is float and math.isfinite(value) else _finite_number(value)
             if out < 0:
                 raise ValueError(f"expected a non-negative number, got {value!r}")
         else:
@@ -181,85 +182,12 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     return out
 
 
-def load_config(
-    path: str | None = None,
-    *,
-    env: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Config:
-    """Build a Config from file, environment and flag overrides (None values ignored).
-
-    ``path`` None means the default path if it exists; an explicit path that is
-    missing is an error.
-    """
+def from_layers(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
+    """A Config from ``(where, values)`` layers, later layers winning; a None value is
+    no value (a flag not given). Every key a layer sets counts as explicit."""
     values: dict[str, Any] = {}
-    explicit: set[str] = set()
-    env = os.environ if env is None else env
-
-    file_path = path if path is not None else env.get("ASCENDBIND_CONFIG")
-    if file_path is None and os.path.exists(DEFAULT_CONFIG_PATH):
-        file_path = DEFAULT_CONFIG_PATH
-    if file_path:
-        try:
-            with open(file_path, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {file_path} does not exist") from None
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config file {file_path}: {exc}") from None
-        for key, value in data.items():
-            if key not in _FIELDS:
-                raise ConfigError(f"config file {file_path}: {_unknown(key, list(_FIELDS), 'key')}")
-            values[key] = _coerce(key, value, f"config file {file_path}")
-            explicit.add(key)
-
-    _check_env_names(env)
-    for key in _FIELDS:
-        name = f"{ENV_PREFIX}{key.upper()}"
-        if name in env:
-            values[key] = _coerce(key, env[name], f"environment {name}")
-            explicit.add(key)
-
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key not in _FIELDS:
-            raise ConfigError(f"unknown option {key!r}")
-        values[key] = _coerce(key, value, f"option --{key.replace('_', '-')}")
-        explicit.add(key)
-
-    return Config(**values, explicit=frozenset(explicit))
-
-
-# ---------------------------------------------------------------- CLI glue
-# Every verb that plans (plan, apply, serve) gets one flag per plan-shaping key
-# and --config; each flag overrides env and file.
-
-_FLAG_HELP = {
-    "device_type": "override the detected device type",
-    "small_pool": "fail (default) or share: roles share CPUs when a pool is below the minimum",
-    "irq_binding": "reserve two CPUs per NPU for its SQ/CQ IRQs (true/false)",
-    "topology_policy": "NUMA alignment policy",
-    "prefer_closest_numa": "break ties between equal-width NUMA masks by distance (true/false)",
-    "max_numa_nodes": "refuse alignment on hosts with more NUMA nodes than this",
-    "numa_extension": "how a one-node affinity pool is extended",
-    "cpu_bind_policy": "default, or full-pcpus to keep SMT siblings together",
-}
-
-
-def add_config_flags(parser, *, plan_keys: bool = True) -> None:
-    """Add --config and (optionally) one flag per plan-shaping key to an argparse parser."""
-    parser.add_argument("--config", metavar="FILE", help=f"config file (default {DEFAULT_CONFIG_PATH} if present)")
-    if not plan_keys:
-        return
-    for key in PLAN_KEYS:
-        flag = "--" + key.replace("_", "-")
-        choices = CHOICES.get(key)
-        parser.add_argument(flag, dest=key, default=None, choices=choices, metavar=None if choices else "VALUE",
-                            help=_FLAG_HELP.get(key))
-
-
-def config_from_args(args, *, env: Mapping[str, str] | None = None) -> Config:
-    """Load the config for a parsed argparse namespace made with add_config_flags."""
-    overrides = {k: getattr(args, k, None) for k in PLAN_KEYS}
-    return load_config(getattr(args, "config", None), env=env, overrides=overrides)
+    for where, layer in layers:
+        for key, value in layer.items():
+            if value is not None:
+                values[key] = coerce(key, value, where)
+    return Config(**values, explicit=frozenset(values))

@@ -1,8 +1,9 @@
 """Bind an inference server's worker from inside it, once it drives its NPU.
 
-Standard library plus ``ascendbind.client`` only: this module is imported into
-every process of the server (vLLM loads it through an entry point), so it must
-not drag the daemon's dependencies into them. Nothing here ever raises into the
+Standard library plus ``ascendbind.client`` only (which finds the daemon's socket
+the way the CLI does, through ``ascendbind.settings``): this module is imported
+into every process of the server (vLLM loads it through an entry point), so it
+must not drag the daemon's dependencies into them. Nothing here ever raises into the
 server or blocks it: a binding that cannot be made costs one warning on the
 ``ascendbind.integrations`` logger (stderr when the server configured no
 logging) and the worker runs unbound, exactly as it would without ascendbind.

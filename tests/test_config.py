@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from ascendbind.config import OTHER_VARIABLES, Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import OTHER_VARIABLES, load_config
 from ascendbind.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

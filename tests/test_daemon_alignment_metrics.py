@@ -12,7 +12,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.daemon.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost

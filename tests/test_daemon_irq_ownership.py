@@ -6,7 +6,7 @@ code reads and writes them exactly as it does /proc."""
 
 from __future__ import annotations
 
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Step, StepResult, frozen_map

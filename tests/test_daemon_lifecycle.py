@@ -325,7 +325,7 @@ def test_socket_activation_sd_notify_watchdog_and_journald_lines(tmp_path):
 
 
 def test_make_run_demo_binds_through_the_socket():
-    r = subprocess.run([sys.executable, "-m", "ascendbind.daemon.demo"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "ascendbind.demo"], capture_output=True, text=True,
                        cwd=str(ROOT), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "before:" in r.stdout and "after:" in r.stdout and "released" in r.stdout

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.daemon.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.held import Held

@@ -24,7 +24,7 @@ from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
 from ascendbind.daemon.state import StateFile, binding_from_json, binding_to_json
 from tests.daemon_harness import wait_for
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.errors import ConfigError, Conflict, NotPermitted, ProcessGone, UsageError
 from ascendbind.model import (Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Reason, Step, StepResult,
                               frozen_map)

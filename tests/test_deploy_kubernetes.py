@@ -26,7 +26,7 @@ import pytest
 
 from ascendbind import __version__
 from ascendbind.cli import build_parser
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from tests.daemon_harness import DaemonProc, base_env, free_port
 from tests.deploy_tools import K8S, ROOT, missing, yaml_docs
 from tests.workers import start_worker

@@ -449,7 +449,7 @@ def test_live_self_and_uvb_threads():
 
 def test_pci_numa_node_from_sysfs_is_the_device_hint_without_affinity(tmp_path):
     """A3 prints no CPU Affinity; sysfs <addr>/numa_node is then the NPU's node (-1 = unknown)."""
-    from ascendbind.config import load_config
+    from ascendbind.settings import load_config
     from ascendbind.discovery import SnapshotHost, discover_host
 
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts", "a3-16die")

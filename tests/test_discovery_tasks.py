@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from ascendbind.applier.identity import start_time
-from ascendbind.config import load_config
+from ascendbind.config import Config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.discovery.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
@@ -72,7 +72,7 @@ def _held_for(pid: int) -> Held:
 
 
 def test_the_loop_sees_a_worker_die_through_its_pidfd_and_drops_it(tmp_path):
-    cfg = load_config(None, env={}).replace(state_dir=str(tmp_path / "state"))
+    cfg = Config(state_dir=str(tmp_path / "state"))
     d = Daemon(cfg)
     rec = Reconciler(d)
     try:

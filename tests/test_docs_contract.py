@@ -25,7 +25,8 @@ import pytest
 
 from ascendbind import errors
 from ascendbind.cli import build_parser
-from ascendbind.config import CHOICES, OTHER_VARIABLES, PLAN_KEYS, Config
+from ascendbind.config import CHOICES, PLAN_KEYS, Config
+from ascendbind.settings import OTHER_VARIABLES
 from ascendbind.daemon.serve import RESTART_KEYS
 from ascendbind.daemon.server import ROUTES, http_status_of
 from ascendbind.discovery.snapshot import record_snapshot

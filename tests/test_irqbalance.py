@@ -18,7 +18,8 @@ from ascendbind.applier import apply_plan, release_binding
 from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
 from ascendbind.applier.identity import read_identity
-from ascendbind.config import Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.model import Binding, IrqbalanceBans, Outcome, Reason, Step
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names

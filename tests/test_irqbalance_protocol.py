@@ -16,7 +16,7 @@ import time
 import pytest
 
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.daemon.bans import carried_bans, split_bans
 from ascendbind.daemon.state import binding_from_json, binding_to_json

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.config import Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -2,7 +2,8 @@
 
 import pytest
 
-from ascendbind.config import Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import load_config
 from ascendbind.errors import Conflict, UsageError
 from ascendbind.model import Plan
 from ascendbind.planner import make_plan

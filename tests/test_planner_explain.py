@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from ascendbind.config import Config, load_config
+from ascendbind.config import Config
+from ascendbind.settings import load_config
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
 from ascendbind.planner import make_plan
 from ascendbind.planner.explain import explain_plan

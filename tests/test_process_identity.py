@@ -16,7 +16,7 @@ import pytest
 
 from ascendbind.applier import apply_plan
 from ascendbind.applier.identity import read_identity, require_identity, require_worker
-from ascendbind.config import load_config
+from ascendbind.settings import load_config
 from ascendbind.daemon.auth import Peer, authorize
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.requests import claim_npus, evictable, outcome_of_error

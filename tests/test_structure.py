@@ -37,10 +37,9 @@ SHELL_EXCEPTIONS: dict[str, str] = {
     "applier/irq.py": "reads /proc/interrupts, msi_irqs and smp_affinity itself",
     "applier/irqbalance.py": "scans /proc for irqbalance itself",
     "daemon/auth.py": "reads status itself",
-    "daemon/listener.py": "reads somaxconn itself",
     "daemon/state.py": "reads the boot id itself",
 }
-PURE_EXCEPTIONS: dict[str, str] = {"config": "loads TOML and the environment itself"}
+PURE_EXCEPTIONS: dict[str, str] = {}
 
 
 def _module_file(name: str) -> Path:

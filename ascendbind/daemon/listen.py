@@ -19,9 +19,9 @@ import stat
 
 import structlog
 
+from ..discovery.kernel import somaxconn
 from ..errors import ConfigError
 from . import systemd
-from .listener import somaxconn
 
 __all__ = ["open_listen_socket"]
 

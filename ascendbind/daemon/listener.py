@@ -46,10 +46,11 @@ from dataclasses import dataclass
 
 import structlog
 
+from ..discovery.kernel import somaxconn
 from .wire import CONTINUE, Request, RequestReader, Response, WireError, error_response, render_response
 from .threadname import name_os_thread
 
-__all__ = ["Limits", "Listener", "Conn", "somaxconn"]
+__all__ = ["Limits", "Listener", "Conn"]
 
 log = structlog.get_logger("ascendbind.listener")
 
@@ -59,15 +60,6 @@ LINGER_BYTES = 1 << 20
 _ACCEPT_BURST = 64
 _BUSY = WireError(503, "busy", "too many connections open; retry", {"Retry-After": "1"})
 _BUSY_BYTES = render_response(error_response(_BUSY))
-
-
-def somaxconn(path: str = "/proc/sys/net/core/somaxconn") -> int:
-    """The kernel's cap on a listen backlog (listen() silently clamps to it)."""
-    try:
-        with open(path) as fh:
-            return max(128, int(fh.read().strip()))
-    except (OSError, ValueError):
-        return 4096
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ One file per rule family: ``global_slice.py``, ``topo_affinity.py``,
 ``cluster950.py``, ``roles.py``; ``layout.py`` holds the host's CPU/NUMA
 lookups built once per plan; ``plan.py`` puts them together. NUMA alignment:
 ``providers.py`` (device/cpu/memory hints), ``hints.py`` (the
-kubelet merge), ``alignment.py`` (policies, precedence, failure reasons),
+kubelet merge), ``policy.py`` (the topology and cpu-bind policies as
+objects), ``alignment.py`` (the decision, precedence, failure reasons),
 ``explain.py`` (``plan --explain``) and ``lint.py`` (config tensions).
 
 Public API:

@@ -1,14 +1,8 @@
 """NUMA alignment under ``topology_policy``, after the kubelet Topology Manager and Koordinator.
 
 For every planned target NPU the device, cpu and memory providers offer hints
-(providers.py), the hints are merged (hints.py), and the policy decides:
-
-none              keep the seed pool; only report whether it is aligned
-best-effort       build the pool inside the merged mask when that hint is
-                  preferred, else keep the seed pool; always admit
-restricted        admit only a preferred merged hint (pool built inside it)
-single-numa-node  filter to single-node hints first; admit only a merged hint
-                  with exactly one node (pool built inside it)
+(providers.py), the hints are merged (hints.py), and the policy object
+(policy.py: none, best-effort, restricted, single-numa-node) decides.
 
 *Aligned* means the merged hint is preferred and the final pool lies on
 exactly its nodes. A refused NPU becomes a ``topology_rejected`` plan error
@@ -33,8 +27,9 @@ from ..config import CHOICES, Config
 from ..errors import Conflict, UsageError
 from ..model import PlanIssue
 from .codes import issue
-from .hints import Hint, Merged, filter_single_numa, mask_of, mask_text, merge, nodes_in, width
+from .hints import Hint, Merged, mask_of, mask_text, nodes_in
 from .layout import cl, nodes_text
+from .policy import TopologyPolicy
 from .providers import (HintContext, build_in_mask, cpu_hints, cpu_shortfall, device_hints, memory_hints,
                         single_node_masks)
 
@@ -137,9 +132,9 @@ class Alignment:
         }
 
 
-def align(ctx: HintContext, targets: Sequence[int], policy: str) -> Alignment:
+def align(ctx: HintContext, targets: Sequence[int], policy: TopologyPolicy) -> Alignment:
     """Decide every planned target's pool under ``policy``; ``ctx.pools`` holds the seed pools."""
-    out = Alignment(policy=policy)
+    out = Alignment(policy=policy.name)
     machine_nodes = sorted(set(ctx.host.numa_nodes) | set(ctx.layout.nodes))
     machine = mask_of(machine_nodes)
     config = ctx.config
@@ -150,10 +145,10 @@ def align(ctx: HintContext, targets: Sequence[int], policy: str) -> Alignment:
                     f"{config.max_numa_nodes}; raise max_numa_nodes to evaluate alignment")
         for npu in targets:
             seed = ctx.pools[npu]
-            if policy != "none":
+            if policy.aligns:
                 out.errors.append(issue(npu, "too_many_numa_nodes" if machine else "topology_rejected",
-                                        f"topology_policy {policy} cannot align NPU {npu}: {out.note}"))
-            out.npus.append(NpuAlignment(npu=npu, hints={}, merged=None, viable=False, admitted=policy == "none",
+                                        f"topology_policy {policy.name} cannot align NPU {npu}: {out.note}"))
+            out.npus.append(NpuAlignment(npu=npu, hints={}, merged=None, viable=False, admitted=not policy.aligns,
                                          aligned=False, pool=seed, seed_pool=seed, rebuilt=False, failure=code,
                                          reason=f"alignment not evaluated: {out.note}",
                                          pool_nodes=ctx.layout.nodes_of(seed)))
@@ -164,30 +159,24 @@ def align(ctx: HintContext, targets: Sequence[int], policy: str) -> Alignment:
         a = out.npus[-1]
         if not a.admitted:
             out.errors.append(issue(npu, "topology_rejected",
-                                    f"topology_policy {policy} rejects NPU {npu}: {a.reason}"))
+                                    f"topology_policy {policy.name} rejects NPU {npu}: {a.reason}"))
     return out
 
 
-def _align_one(ctx: HintContext, npu: int, policy: str, machine: int) -> NpuAlignment:
-    config = ctx.config
+def _align_one(ctx: HintContext, npu: int, policy: TopologyPolicy, machine: int) -> NpuAlignment:
     hints = {"device": device_hints(ctx, npu), "cpu": cpu_hints(ctx, npu), "memory": memory_hints(ctx, npu)}
-    lists = [hints[p] for p in PROVIDERS]
-    if policy == "single-numa-node":
-        merged, viable = merge(filter_single_numa(lists), machine)
-        ok = viable and merged.preferred and width(merged.mask) == 1
-    else:
-        merged, viable = merge(lists, machine, prefer_closest=config.prefer_closest_numa,
-                               distances=ctx.layout.distances)
-        ok = viable and merged.preferred
+    merged, viable = policy.merge([hints[p] for p in PROVIDERS], machine,
+                                  prefer_closest=ctx.config.prefer_closest_numa, distances=ctx.layout.distances)
+    ok = policy.fits(merged, viable)
     seed = ctx.pools[npu]
     pool, rebuilt = seed, False
-    if ok and policy != "none":
+    if ok and policy.aligns:
         built = build_in_mask(ctx, npu, merged.mask)
         if built and ctx.valid(built):
             pool, rebuilt = built, built != seed
         else:
             ok = False  # the cpu provider offered it, so this is a bug guard, not a policy outcome
-    admitted = policy in ("none", "best-effort") or ok
+    admitted = policy.admit(ok)
     pool_nodes = ctx.layout.nodes_of(pool)
     aligned = admitted and viable and merged.preferred and pool_nodes == nodes_in(merged.mask)
     failure = reason = None
@@ -199,15 +188,14 @@ def _align_one(ctx: HintContext, npu: int, policy: str, machine: int) -> NpuAlig
 
 
 def _diagnose(ctx: HintContext, npu: int, hints: dict[str, list[Hint]], merged: Merged | None,
-              pool: tuple[int, ...], policy: str) -> tuple[str, str]:
+              pool: tuple[int, ...], policy: TopologyPolicy) -> tuple[str, str]:
     """The failure code and the sentence naming the providers that disagreed."""
     dev = single_node_masks(hints["device"])
     cpu = single_node_masks(hints["cpu"]) or set()
     mem = single_node_masks(hints["memory"])
     dev_text = "device has no NUMA preference" if dev is None else \
         f"device wants NUMA {nodes_text(sorted(n for m in dev for n in nodes_in(m)))}"
-    kept = {"none": "topology_policy none keeps the seed pool",
-            "best-effort": "best-effort keeps the seed pool"}.get(policy)
+    kept = policy.kept_note
 
     if merged is not None and merged.preferred:
         lead = dev_text if dev is not None else f"the hints agree on {mask_text(merged.mask)}"

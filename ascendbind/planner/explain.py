@@ -14,6 +14,7 @@ from .hints import Hint, mask_text
 from .layout import cl, nodes_text
 from .lint import lint_config
 from .plan import plan_with_alignment
+from .policy import TopologyPolicy, topology_policy
 
 __all__ = ["explain_plan"]
 
@@ -23,7 +24,7 @@ def _hint_line(provider: str, hint: Hint) -> str:
     return f"    {provider:<7} {mask_text(hint.mask):<10} {pref:<13} score {hint.score:<3} {hint.note}".rstrip()
 
 
-def _npu_block(a: NpuAlignment, policy: str) -> list[str]:
+def _npu_block(a: NpuAlignment, policy: TopologyPolicy) -> list[str]:
     lines = [f"NPU {a.npu}", "  hints"]
     for p in PROVIDERS:
         for h in a.hints.get(p, ()):
@@ -32,13 +33,13 @@ def _npu_block(a: NpuAlignment, policy: str) -> list[str]:
         lines.append("  merge    not evaluated")
     elif not a.viable:
         lines.append(f"  merge    no combination of one hint per provider shares a NUMA node"
-                     f"{' (after keeping single-node preferred hints)' if policy == 'single-numa-node' else ''}")
+                     f"{' (after keeping single-node preferred hints)' if policy.prefers_single_node else ''}")
     else:
         picked = " AND ".join(f"{p} {mask_text(h.mask)}" for p, h in zip(PROVIDERS, a.merged.permutation))
         pref = "preferred" if a.merged.preferred else "not preferred"
         lines.append(f"  merge    {mask_text(a.merged.mask)}, {pref}, score {a.merged.score}  ({picked})")
     if not a.admitted:
-        verdict = f"rejected by {policy}"
+        verdict = f"rejected by {policy.name}"
     elif a.rebuilt:
         verdict = (f"admitted; pool built inside {mask_text(a.merged.mask)}: {cl(a.pool)} "
                    f"(seed pool {cl(a.seed_pool)})")
@@ -68,8 +69,9 @@ def explain_plan(host: HostFacts, worker: WorkerFacts, plan: Plan, config: Confi
     ]
     if alignment.note:
         out.append(f"note: {alignment.note}")
+    chosen = topology_policy(policy)
     for a in alignment.npus:
-        out.extend(_npu_block(a, policy))
+        out.extend(_npu_block(a, chosen))
     unplanned = [e for e in plan.errors if e.npu not in {a.npu for a in alignment.npus}]
     for e in unplanned:
         out.append(f"NPU {e.npu}: not planned before alignment [{e.code}] {e.reason}")

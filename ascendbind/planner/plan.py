@@ -27,6 +27,7 @@ from .cluster950 import cluster_pools
 from .codes import issue
 from .global_slice import slice_pools, total_npus
 from .layout import Layout, cl
+from .policy import cpu_bind_policy, topology_policy
 from .providers import HintContext
 from .roles import RoleSplitError, role_minimum, split_roles
 from .topo_affinity import affinity_pools
@@ -113,7 +114,7 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     """make_plan with an already resolved policy, also returning the alignment decisions
     (hints with their notes) that explain.py renders."""
     device_type = effective_device_type(host, config)
-    layout = Layout.build(host, worker.allowed_cpus, full_pcpus=config.cpu_bind_policy == "full-pcpus")
+    layout = Layout.build(host, worker.allowed_cpus, full_pcpus=cpu_bind_policy(config.cpu_bind_policy).whole_cores)
     mode, fallback = choose_mode(device_type, host)
     errors: list[PlanIssue] = []
     known = set(host.logic_ids)
@@ -141,7 +142,7 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     planned = [npu for npu in wanted if npu not in failed and npu in seed.pools]
     ctx = HintContext(host=host, worker=worker, layout=layout, config=config, mode=mode, device_type=device_type,
                       pools=seed.pools, candidates=tuple(seed.extended))
-    alignment = align(ctx, planned, policy)
+    alignment = align(ctx, planned, topology_policy(policy))
     rebuilt = set()
     for a in alignment.npus:
         if a.rebuilt:

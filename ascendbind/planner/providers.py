@@ -30,6 +30,7 @@ from ..config import Config
 from ..model import DeviceType, HostFacts, Mode, WorkerFacts
 from .hints import Hint, mask_of, nodes_in, width
 from .layout import Layout, cl, nodes_text
+from .policy import cpu_bind_policy
 from .roles import RoleSplitError, role_minimum, split_roles
 
 __all__ = ["HintContext", "device_hints", "cpu_hints", "memory_hints", "build_in_mask", "cpu_shortfall",
@@ -210,7 +211,7 @@ def cpu_shortfall(ctx: HintContext, npu: int, nodes: Sequence[int] | None = None
     """Why the cpu provider cannot offer these nodes (all of them when None), as a sentence."""
     layout = ctx.layout
     need = f"a pool needs {ctx.minimum}"
-    if ctx.config.cpu_bind_policy == "full-pcpus":
+    if cpu_bind_policy(ctx.config.cpu_bind_policy).whole_cores:
         need += " CPUs in whole cores"
     seed = ctx.pools.get(npu, ())
     if ctx.mode is Mode.GLOBAL_SLICE:

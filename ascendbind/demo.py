@@ -1,4 +1,4 @@
-"""``python -m ascendbind.daemon.demo`` (``make run``): the daemon binding a real worker.
+"""``python -m ascendbind.demo`` (``make run``): the daemon binding a real worker.
 
 1. starts ``ascendbind serve`` in a temp directory (socket, state dir, metrics
    on a free loopback port, reconcile every second, ``small_pool = "share"``),
@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..applier.affinity import role_of, thread_masks
-from ..client import Client
-from ..cpulist import format_cpulist
-from ..errors import AscendbindError
+from .applier.affinity import role_of, thread_masks
+from .client import Client
+from .cpulist import format_cpulist
+from .errors import AscendbindError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_BIN = ROOT / "fixtures" / "bin"
 THREAD_NAMES = ("worker_0", "worker_1", "acl_thread", "release_thread")
 

@@ -3,8 +3,9 @@
 ``ascendbind`` parser (cli.py); each handler returns the exit status or raises an
 AscendbindError, which cli.main prints on one line with its exit status.
 
-The client verbs find the socket as: ``--socket`` > ``ASCENDBIND_SOCKET`` >
-the ``socket`` key of the config file (when readable) > the default path.
+The client verbs find the socket through settings.resolve_socket, as the client
+library does: ``--socket`` > ``ASCENDBIND_SOCKET`` > the ``socket`` key of the
+config file (when readable) > the default path.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..client import DEFAULT_SOCKET, Client, run_bound
-from ..config import CHOICES, add_config_flags, config_from_args, load_config
-from ..cpulist import format_cpulist
-from ..errors import ConfigError, StepFailed, UsageError
-from ..render import compact_json, table
+from .client import Client, run_bound
+from .config import CHOICES, DEFAULT_SOCKET
+from .cpulist import format_cpulist
+from .errors import StepFailed, UsageError
+from .render import compact_json, table
+from .settings import add_config_flags, config_from_args, resolve_socket
 
 __all__ = ["register"]
 
@@ -84,26 +86,15 @@ def _client_flags(p) -> None:
 
 
 def _socket_of(args) -> str:
-    import os
-
-    if getattr(args, "socket", None):
-        return args.socket
-    if os.environ.get("ASCENDBIND_SOCKET"):
-        return os.environ["ASCENDBIND_SOCKET"]
-    try:
-        return load_config(getattr(args, "config", None)).socket
-    except ConfigError:
-        if getattr(args, "config", None):
-            raise
-        return DEFAULT_SOCKET  # an unreadable /etc file must not stop a client
+    return resolve_socket(getattr(args, "socket", None), config_path=getattr(args, "config", None))
 
 
 # ---------------------------------------------------------------- handlers
 
 
 def cmd_serve(args) -> int:
-    from .logs import configure_logging
-    from .serve import serve
+    from .daemon.logs import configure_logging
+    from .daemon.serve import serve
 
     config = config_from_args(args)
     configure_logging()
@@ -163,9 +154,9 @@ def cmd_status(args) -> int:
     else:
         workers = client.workers()["workers"]
     if args.memory:
-        from ..discovery import LiveHost
-        from ..discovery.worker import read_numa_residency
-        from ..errors import AscendbindError
+        from .discovery import LiveHost
+        from .discovery.worker import read_numa_residency
+        from .errors import AscendbindError
 
         for w in workers:
             try:
