@@ -11,7 +11,14 @@ socket, lets start-up settle, then measures over the window:
   far below a clock tick) as a share of one CPU. The window starts just after a
   pass ends and holds exactly k = seconds / period passes; its CPU time is
   charged to k periods (k x period seconds), so the figure is what each
-  period costs, rounded up by the half period of sleep at the window's end;
+  period costs, rounded up by the half period of sleep at the window's end.
+  The default window (60 s) holds one memory locality check, which the idle
+  daemon runs every minute;
+* where it goes: the same per thread name (the daemon names its threads:
+  reconcile, memory-locality, api, hotplug, ...), and the whole process from
+  its own utime + stime ticks as a cross-check: coarse (10 ms), but it keeps
+  the time of threads that ended inside the window, which a per-thread sum
+  cannot see;
 * memory: VmRSS, and the daemon's thread count;
 * reconcile: passes in the window and their mean wall time, from the daemon's
   own ``ascendbind_reconcile_duration_seconds`` histogram (sum and count), and
