@@ -1,9 +1,10 @@
 """Read what the blame rule (blame.py) weighs: a worker's environment, and the command
 lines of the worker and its nearest ancestors.
 
-Read only when a drift is seen (rare), through discovery (bounded: environ up to
-1 MiB, each command line up to 64 KiB), at most ``MAX_ANCESTORS`` parents, never past pid 1. A process
-that vanishes or cannot be read simply contributes no evidence.
+Read only when a drift is seen (rare), through discovery (bounded: environ up
+to 1 MiB, each command line up to 64 KiB), at most ``MAX_ANCESTORS`` parents,
+never past pid 1. A process that vanishes or cannot be read simply contributes
+no evidence.
 """
 
 from __future__ import annotations

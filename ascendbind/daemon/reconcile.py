@@ -22,7 +22,9 @@ Cost per pass: one O(1) thread count and one sched_getaffinity per thread;
 whether a worker is still there is one ``poll`` over pidfds held for all of
 them (reading each worker's ``stat`` would walk all its threads in the kernel),
 falling back to the start time where no pidfd can be had or ``proc_root`` is not
-the host's. The pass's CPU time is measured on its own thread
+the host's. (A pidfd reports the exit of the whole thread group: a worker whose
+main thread called pthread_exit while others run stays held until the last one
+goes, where its ``stat`` alone would already say zombie.) The pass's CPU time is measured on its own thread
 (``time.thread_time``), so the metric stays honest when the host is busy.
 """
 
