@@ -91,3 +91,25 @@ def test_the_loop_sees_a_worker_die_through_its_pidfd_and_drops_it(tmp_path):
         assert rec._pidfds == {}  # the pidfd of a dropped worker is closed
     finally:
         rec.close()
+
+
+def test_a_daemon_thread_carries_its_name_in_comm_for_top_and_the_idle_bench():
+    import threading
+
+    from ascendbind.daemon.threadname import name_os_thread
+
+    seen: dict[str, str | None] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        name_os_thread()
+        seen["comm"] = task_comm(os.getpid(), threading.get_native_id())
+        name_os_thread("a-much-longer-name-than-fifteen")
+        seen["long"] = task_comm(os.getpid(), threading.get_native_id())
+        done.set()
+
+    t = threading.Thread(target=run, name="memory-locality")
+    t.start()
+    assert done.wait(10)
+    t.join()
+    assert seen == {"comm": "memory-locality", "long": "a-much-longer-n"}  # the kernel keeps 15 bytes
