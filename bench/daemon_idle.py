@@ -1,6 +1,6 @@
 """What an idle daemon costs: CPU, memory and reconcile pass time with bound workers.
 
-    .venv/bin/python bench/daemon_idle.py [--points 16x200] [--reconcile 5,1] [--seconds 30] [--json PATH]
+    .venv/bin/python bench/daemon_idle.py [--points 16x200] [--reconcile 5,1] [--seconds 60] [--json PATH]
 
 For each point WxT (W real workers of T named threads each) and each reconcile
 period, starts ``ascendbind serve`` on the fixture one-NPU host
@@ -11,7 +11,14 @@ socket, lets start-up settle, then measures over the window:
   far below a clock tick) as a share of one CPU. The window starts just after a
   pass ends and holds exactly k = seconds / period passes; its CPU time is
   charged to k periods (k x period seconds), so the figure is what each
-  period costs, rounded up by the half period of sleep at the window's end;
+  period costs, rounded up by the half period of sleep at the window's end.
+  The default window (60 s) holds one memory locality check, which the idle
+  daemon runs every minute;
+* where it goes: the same per thread name (the daemon names its threads:
+  reconcile, memory-locality, api, hotplug, ...), and the whole process from
+  its own utime + stime ticks as a cross-check: coarse (10 ms), but it keeps
+  the time of threads that ended inside the window, which a per-thread sum
+  cannot see;
 * memory: VmRSS, and the daemon's thread count;
 * reconcile: passes in the window and their mean wall time, from the daemon's
   own ``ascendbind_reconcile_duration_seconds`` histogram (sum and count), and
@@ -48,23 +55,44 @@ HIST = "ascendbind_reconcile_duration_seconds"
 CPU_HIST = "ascendbind_reconcile_cpu_seconds"
 
 
-def run_ns(pid: int) -> dict[int, int]:
-    """tid -> CPU time in ns (schedstat's first field) for every live thread of ``pid``."""
+def run_ns(pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (comm, CPU time in ns: schedstat's first field) for every live thread of ``pid``."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0])
+                ns = int(fh.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                comm = fh.read().strip()
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended in between
+        out[int(tid)] = (comm, ns)
     return out
 
 
-def cpu_between(before: dict[int, int], after: dict[int, int]) -> int:
-    """CPU ns spent between two run_ns readings. A thread born in between counts from zero; one
-    that ended in between (a /metrics handler finishing its reply) loses only its last moments,
-    which a plain sum over live threads would instead subtract."""
-    return sum(ns - before.get(tid, 0) for tid, ns in after.items())
+def cpu_by_thread(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, int]:
+    """Thread name -> CPU ns spent between two run_ns readings (the daemon names its threads:
+    reconcile, api, api-worker_0, hotplug, ...; the main thread carries the process name). A
+    thread born in between counts from zero; one that ended in between (a /metrics handler
+    finishing its reply) loses only its last moments, which a plain sum over live threads would
+    instead subtract."""
+    out: dict[str, int] = {}
+    for tid, (comm, ns) in after.items():
+        out[comm] = out.get(comm, 0) + ns - before.get(tid, (comm, 0))[1]
+    return out
+
+
+def cpu_between(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> int:
+    """CPU ns spent between two run_ns readings, all threads together."""
+    return sum(cpu_by_thread(before, after).values())
+
+
+def process_ticks(pid: int) -> int:
+    """utime + stime of the whole process (clock ticks): unlike the per-thread readings,
+    it keeps the time of threads that ended inside the window."""
+    with open(f"/proc/{pid}/stat") as fh:
+        rest = fh.read().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12])
 
 
 def status_kb(pid: int, key: str) -> int:
@@ -119,15 +147,16 @@ def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float) ->
         wait_pass(d, reconcile)
         text0 = wait_pass(d, reconcile)
         k = max(1, round(seconds / reconcile))
-        c0, t0 = run_ns(d.pid), time.monotonic()
+        c0, p0, t0 = run_ns(d.pid), process_ticks(d.pid), time.monotonic()
         time.sleep((k + 0.5) * reconcile)  # the window itself: an idle daemon is what is measured
-        c1, t1 = run_ns(d.pid), time.monotonic()
+        c1, p1, t1 = run_ns(d.pid), process_ticks(d.pid), time.monotonic()
         text1 = d.metrics_text()
         passes = (metric_value(text1, f"{HIST}_count") or 0) - (metric_value(text0, f"{HIST}_count") or 0)
         pass_s = (metric_value(text1, f"{HIST}_sum") or 0) - (metric_value(text0, f"{HIST}_sum") or 0)
         has_cpu = metric_value(text1, f"{CPU_HIST}_sum") is not None
         pass_cpu_s = (metric_value(text1, f"{CPU_HIST}_sum") or 0) - (metric_value(text0, f"{CPU_HIST}_sum") or 0)
-        cpu_s = cpu_between(c0, c1) / 1e9
+        split = cpu_by_thread(c0, c1)
+        cpu_s = sum(split.values()) / 1e9
         mean_pass = pass_s / passes if passes else float("nan")
         # charged to `passes` periods, not the longer window: the half period of pure
         # sleep at the end only inflates the figure, never hides a pass
@@ -139,6 +168,13 @@ def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float) ->
             "reconcile_seconds": reconcile,
             "window_s": t1 - t0,
             "cpu_percent": 100 * cpu_s / cycles,
+            # the same from the process's own tick counters (10 ms grain), which also hold the
+            # time of threads that ended inside the window: a cross-check on the figure above
+            "cpu_percent_ticks": 100 * (p1 - p0) / os.sysconf("SC_CLK_TCK") / cycles,
+            # per thread name, same units: where the idle CPU goes
+            "cpu_percent_by_thread": {name: 100 * ns / 1e9 / cycles
+                                      for name, ns in sorted(split.items(), key=lambda kv: -kv[1])},
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
             "rss_mb": status_kb(d.pid, "VmRSS") / 1024,
             "daemon_threads": status_kb(d.pid, "Threads"),
             "passes": passes,
@@ -156,7 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--points", type=parse_points, default=[(16, 200)],
                     help="comma list of WORKERSxTHREADS (default 16x200)")
     ap.add_argument("--reconcile", default="5,1", help="comma list of reconcile periods in seconds")
-    ap.add_argument("--seconds", type=float, default=30, help="measurement window per point")
+    ap.add_argument("--seconds", type=float, default=60,
+                    help="measurement window per point (default 60: one memory locality check falls inside)")
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
     args = ap.parse_args(argv)
     periods = [float(x) for x in args.reconcile.split(",")]
@@ -176,6 +213,11 @@ def main(argv=None) -> int:
                   f"{r['pass_us_per_thread']:>9.2f}  {r['pass_cpu_us_per_thread']:>15.2f}  "
                   f"{r['cpu_ms_per_pass']:>11.2f}  {r['cpu_us_per_thread']:>13.2f}",
                   flush=True)
+            print("        per thread (% of one CPU): " + ", ".join(
+                f"{name} {pct:.3f}" for name, pct in r["cpu_percent_by_thread"].items() if pct >= 0.0005)
+                + f"; whole process from its tick counters {r['cpu_percent_ticks']:.3f} "
+                f"(10 ms grain, counts threads that ended too); load average {r['loadavg'][0]:.2f} over 1 min",
+                flush=True)
     goal = [r for r in rows if (r["workers"], r["threads_per_worker"], r["reconcile_seconds"]) == GOAL_POINT]
     for r in goal:
         cpu_ok, rss_ok = r["cpu_percent"] < GOAL_CPU_PERCENT, r["rss_mb"] < GOAL_RSS_MB

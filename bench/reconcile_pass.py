@@ -6,11 +6,12 @@ Starts W real workers of T named threads (tests/workers.py), then alternates,
 pass after pass, two looks over all of them, each timed with the calling
 thread's CPU clock (``time.thread_time``):
 
-* **cached** (what the daemon runs: daemon/observe.py): per worker one read of
-  ``/proc/<pid>/stat``, per thread one ``sched_getaffinity``, ``comm`` only for
-  the threads whose name can have news, the task list only when the count says
-  the set changed;
-* **listed** (the reference, and the pass before the cache): per worker one
+* **cached** (what the daemon runs: daemon/observe.py): per worker one ``stat``
+  of its task directory (the thread count), per thread one ``sched_getaffinity``,
+  ``comm`` only for the threads whose name can have news, the task list only
+  when the count says the set changed (the daemon's liveness check, a pidfd
+  poll, is not part of the look);
+* **listed** (the reference: a look without any cache): per worker one
   listing of ``/proc/<pid>/task``, per thread its ``comm`` and its mask
   (applier/affinity.py ``thread_masks``), each mask compared with the one known.
 

@@ -41,7 +41,7 @@ FULL = {
     "effect": [["--seconds", "30", "--rounds", "3"]],
     # the goal point gets the long window; the smaller points only draw the curve
     "daemon_idle": [["--points", "1x50,4x200", "--reconcile", "5", "--seconds", "10"],
-                    ["--points", "16x200", "--reconcile", "5", "--seconds", "30"]],
+                    ["--points", "16x200", "--reconcile", "5", "--seconds", "60"]],
 }
 QUICK = {
     "plan": [["--repeat", "2"]],
@@ -242,7 +242,8 @@ def _idle_section(idle: dict) -> list[str]:
         "",
         "`bench/daemon_idle.py`: a real daemon (fixture one-NPU host, `allow_shared_npu`) holding W bound "
         "workers of T threads, measured idle. CPU is the daemon's run time from schedstat (ns) over a window "
-        "that starts just after a pass and holds whole reconcile periods, charged to those periods; pass time "
+        "that starts just after a pass and holds whole reconcile periods, charged to those periods, summed "
+        "over the daemon's threads, which carry their names (reconcile, memory-locality, api, ...); pass time "
         "is the daemon's own "
         "`ascendbind_reconcile_duration_seconds` (wall clock, so on a busy host it includes time spent "
         "preempted); CPU per pass is the window's CPU divided by its passes.",
@@ -259,10 +260,18 @@ def _idle_section(idle: dict) -> list[str]:
     row = idle_goal_row(idle)
     if row:
         lines += ["", f"Goals at 16 x 200 with the default 5 s period: CPU < {GOAL_IDLE_CPU} % of one CPU, "
-                      f"RSS < {GOAL_IDLE_RSS:.0f} MB. Each pass lists every held worker's threads and reads, "
-                      "per thread, its `comm` and its mask (sched_getaffinity), so idle CPU grows with the "
-                      "bound threads: at 5 s, 0.2 % of a CPU allows 10 ms per pass, about "
-                      f"{10e3 / row['threads_total']:.1f} us per thread at {row['threads_total']} threads."]
+                      f"RSS < {GOAL_IDLE_RSS:.0f} MB. Each pass reads, per thread, its mask "
+                      "(sched_getaffinity) and, for a small staggered share, its `comm`; per worker one pidfd "
+                      "poll and one thread count. So idle CPU grows with the bound threads: at 5 s, 0.2 % of a "
+                      f"CPU allows 10 ms per pass, about {10e3 / row['threads_total']:.1f} us per thread at "
+                      f"{row['threads_total']} threads, the minute's memory locality check included."]
+        split = row.get("cpu_percent_by_thread")
+        if split:
+            lines += ["", "Where the idle CPU goes at that point, per daemon thread (% of one CPU): "
+                      + ", ".join(f"{name} {pct:.3f}" for name, pct in split.items() if pct >= 0.0005)
+                      + (f"; the process's own tick counters say {row['cpu_percent_ticks']:.3f} in all "
+                         "(10 ms grain, threads that ended included)" if "cpu_percent_ticks" in row else "")
+                      + "."]
     lines += ["", "![daemon idle CPU and RSS](bench/daemon_idle.png)", ""]
     return lines
 

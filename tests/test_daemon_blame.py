@@ -261,9 +261,13 @@ def test_a_real_thread_named_after_the_look_that_first_saw_it_is_caught_while_yo
     assert observe_threads(w.pid, cache, roles, pass_no + 2) is None  # reaped: no task list
 
 
-def _stat_line(pid: int, num_threads: int) -> str:
-    fields = ["S"] + ["0"] * 16 + [str(num_threads)] + ["0"] * 30  # field 20 is num_threads
-    return f"{pid} (worker x) " + " ".join(fields) + "\n"
+def _fake_task_dir(task, num_threads: int) -> None:
+    """A task directory whose link count says ``num_threads`` (each subdirectory adds a
+    link) but which lists no thread: the entries are not thread ids."""
+    for entry in task.iterdir():
+        entry.rmdir()
+    for i in range(num_threads):
+        (task / f"not-a-tid-{i}").mkdir()
 
 
 def test_a_look_walks_the_cache_without_listing_while_the_thread_count_holds(tmp_path):
@@ -277,17 +281,17 @@ def test_a_look_walks_the_cache_without_listing_while_the_thread_count_holds(tmp
         observe_threads(w.pid, cache, roles, 1)
         for seen in cache.values():
             seen.young = 0
-        # a proc tree whose stat gives the real count but whose task list is empty: a look
+        # a proc tree whose task directory counts the real threads but lists none: a look
         # that listed would forget every thread; the walk answers from the kernel's masks
         fake = tmp_path / "proc"
         (fake / str(w.pid) / "task").mkdir(parents=True)
-        (fake / str(w.pid) / "stat").write_text(_stat_line(w.pid, len(cache)))
+        _fake_task_dir(fake / str(w.pid) / "task", len(cache))
         quiet = next(p for p in range(2, 2 + COMM_SWEEP_PASSES)
                      if all((t + p) % COMM_SWEEP_PASSES for t in cache))
         assert observe_threads(w.pid, cache, roles, quiet, proc_root=str(fake)) == ([], [])
         assert set(cache) == set(w.threads())
         # one more thread than cached: the listing decides (and, being empty here, forgets all)
-        (fake / str(w.pid) / "stat").write_text(_stat_line(w.pid, len(cache) + 1))
+        _fake_task_dir(fake / str(w.pid) / "task", len(cache) + 1)
         assert observe_threads(w.pid, cache, roles, quiet, proc_root=str(fake)) == ([], [])
         assert cache == {}
 

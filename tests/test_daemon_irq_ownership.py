@@ -50,6 +50,7 @@ def test_moved_irq_mask_is_set_back_and_blamed_on_irqbalance_when_it_runs(tmp_pa
     proc = _proc_tree(tmp_path, {120: "00000004", 121: "00000008"}, live_pids=[4242])
     d = _daemon(tmp_path, proc)
     h = Held(_binding(4242, 0, 120, 121), 0.0)
+    d.held = {4242: h}  # the daemon acts only on what it holds
     rec = Reconciler(d, reassert_limit=2)
     assert rec._irqs(h) is False  # as we left them
 

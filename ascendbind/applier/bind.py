@@ -75,25 +75,25 @@ def _guard(step: Step, run: Callable[[], StepResult]) -> StepResult:
     try:
         return run()
     except OSError as exc:
-        return StepResult(step, Outcome.FAILED, Reason.OS_ERROR, f"{step.value}: unexpected error: {exc}")
+        return _unexpected(step, exc)
+
+
+def _unexpected(step: Step, exc: OSError) -> StepResult:
+    return StepResult(step, Outcome.FAILED, Reason.OS_ERROR, f"{step.value}: unexpected error: {exc}")
 
 
 def _guard_irq(run: Callable[[], IrqStep]) -> IrqStep:
     try:
         return run()
     except OSError as exc:
-        return IrqStep(_guard(Step.IRQ, lambda: _raise(exc)))
+        return IrqStep(_unexpected(Step.IRQ, exc))
 
 
 def _guard_uvb(run: Callable[[], UvbStep]) -> UvbStep:
     try:
         return run()
     except OSError as exc:
-        return UvbStep(_guard(Step.UVB, lambda: _raise(exc)))
-
-
-def _raise(exc: BaseException) -> StepResult:
-    raise exc
+        return UvbStep(_unexpected(Step.UVB, exc))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import structlog
 
 from ..applier.identity import read_identity, start_time
 from ..errors import AscendbindError, DiscoveryError
+from .threadname import name_os_thread
 from .requests import outcome_of_error
 
 __all__ = ["AutoBinder"]
@@ -46,6 +47,7 @@ class AutoBinder:
             self._thread.join(10)
 
     def _run(self) -> None:
+        name_os_thread()
         # first look right away: workers started before the daemon should not wait a period
         while True:
             try:
@@ -67,9 +69,8 @@ class AutoBinder:
             wanted.setdefault(row.pid, set()).add(row.npu)
         bound: list[int] = []
         for pid, npus in sorted(wanted.items()):
-            with d.lock:
-                if pid in d.held:
-                    continue
+            if d.holds(pid):
+                continue
             target = read_identity(pid, d.config.proc_root)
             if target is None:
                 continue

@@ -3,8 +3,9 @@
 ``Daemon.held`` maps pid -> Held (the applier's Binding plus reconcile
 bookkeeping). Every change to it happens under ``Daemon.lock`` and is followed by
 a state-file write, so what is on disk is what the daemon holds. The HTTP
-server, the reconcile loop, hot-plug and auto-bind all call in here; none of
-them touches ``held`` on its own.
+server, the reconcile loop, the locality check, re-planning and auto-bind all
+call in here (the table's keeping is ownership.py's half of the class); none of
+them touches ``held`` or a held record on its own.
 
 Identity: a request observes its target once (discovery's ``ProcessView``: pid,
 start time, kernel thread flag, uids, status, cpuset, environ, threads) and
@@ -40,23 +41,25 @@ import structlog
 
 from ..applier import release_binding
 from ..applier.bind import apply_observed
-from ..applier.identity import read_identity, refuse_non_worker, require_live, verify_identity
+from ..applier.identity import read_identity, refuse_non_worker, require_live
 from ..config import Config
 from ..discovery.process import ProcessView, check_same_process, observe_process
 from ..discovery.worker import discover_worker
 from ..errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..model import Binding, DeviceType, Mode, ProcessIdentity, frozen_map
+from ..model import Binding, DeviceType, ProcessIdentity, frozen_map
 from ..planner import make_plan, select_targets
 from .auth import Peer, authorize
 from .held import Held
-from .bans import carried_bans, split_bans
-from .requests import (_int_field, alignment_of, claim_npus, irq_owners, outcome_of_error, parse_bind_request,
+from .bans import carried_bans
+from .requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request,
                        recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
+from .lifecycle import claim
 from .locality import ratios_by_npu
 from .metrics import Metrics
 from .observe import role_cpus
-from .state import StateFile, binding_from_json, binding_to_json
+from .ownership import Ownership
+from .state import StateFile, binding_to_json
 
 __all__ = ["Daemon", "Held"]
 
@@ -69,7 +72,7 @@ _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 # ------------------------------------------------------------------ the daemon
 
 
-class Daemon:
+class Daemon(Ownership):
     def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
@@ -97,109 +100,6 @@ class Daemon:
             self.metrics.bound_workers.set(len(self.held))
             # a released or gone worker's locality series goes with it
             self.metrics.memory_local(ratios_by_npu(self.held.values()))
-
-    def restore(self) -> dict[str, int]:
-        """Load the state file: keep live workers, drop gone ones (a bad file is never a crash loop)."""
-        tidied: dict[str, Any] = {}
-        try:
-            tidied = self.state.clean()
-        except (OSError, ConfigError) as exc:
-            log.error("state directory not tidied", error=str(exc))
-        loaded = self.state.load()
-        kept = gone = bad = 0
-        with self.lock:
-            candidates: list[Held] = []
-            for raw in loaded.workers:
-                try:
-                    b = binding_from_json(raw)
-                except (KeyError, ValueError, TypeError) as exc:
-                    bad += 1
-                    log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
-                    continue
-                candidates.append(Held.from_state(b, raw, time.time()))
-            alive = [self.is_alive(h) for h in candidates]
-            self.held = {h.binding.pid: h for h, ok in zip(candidates, alive) if ok}
-            for h, ok in zip(candidates, alive):
-                if not ok:
-                    gone += 1
-                    self._undo_gone(h, "exited")
-            for pid, h in list(self.held.items()):
-                ident = read_identity(pid, self.config.proc_root)
-                why = ident.not_a_worker(self.pid) if ident is not None else None
-                if why:  # bound by a daemon that did not refuse it: undo it, never keep it
-                    self.held.pop(pid)
-                    release_binding(self._restorable(h), self.config, restore_irqs=True)
-                    self.metrics.dropped_worker("released")
-                    log.warning("state entry is no worker; released", pid=pid, reason=why)
-            kept = len(self.held)
-            self.save()
-        for _ in range(loaded.other_boot):
-            self.metrics.dropped_worker("other_boot")
-        log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
-                 skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
-        return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
-
-    # ---------------------------------------------------------- ownership
-
-    def is_alive(self, h: Held) -> bool:
-        try:
-            verify_identity(h.binding.pid, h.binding.start_time, self.config.proc_root)
-        except ProcessGone:
-            return False
-        return True
-
-    def live_owner_of(self, npus, *, except_pid: int) -> int | None:
-        for pid, h in self.held.items():
-            if pid != except_pid and set(h.binding.npus) & set(npus) and self.is_alive(h):
-                return pid
-        return None
-
-    def _restorable(self, h: Held) -> Binding:
-        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns,
-        and only the irqbalance bans of IRQs no other live worker pins (those pass to it)."""
-        b = self._pass_on_bans(h.binding)
-        free = {n for n in b.npus if self.live_owner_of((n,), except_pid=b.pid) is None}
-        if free == set(b.npus):
-            return b
-        owner = irq_owners(b)
-        masks = {irq: m for irq, m in b.saved_irq_masks.items() if owner.get(irq) in free}
-        return dataclasses.replace(b, saved_irq_masks=frozen_map(masks))
-
-    def _pass_on_bans(self, b: Binding) -> Binding:
-        if b.irqbalance_bans is None:
-            return b
-        others = {pid: irq_owners(o.binding) for pid, o in self.held.items() if pid != b.pid and self.is_alive(o)}
-        left, passed = split_bans(b.irqbalance_bans, others)
-        for pid, bans in passed.items():
-            o = self.held[pid]
-            o.binding = dataclasses.replace(o.binding, irqbalance_bans=carried_bans(o.binding.irqbalance_bans, [bans]))
-        return dataclasses.replace(b, irqbalance_bans=left)
-
-    def _last_950(self, h: Held) -> bool:
-        if h.binding.plan.mode is not Mode.ASCEND950_CLUSTER:
-            return False
-        return not any(o is not h and o.binding.plan.mode is Mode.ASCEND950_CLUSTER and self.is_alive(o)
-                       for o in self.held.values())
-
-    def _undo_gone(self, h: Held, reason: str) -> None:
-        """Forget a worker that no longer exists; restore IRQ masks of NPUs nobody live owns."""
-        b = self._restorable(h)
-        if b.saved_irq_masks or b.irqbalance_bans or self._last_950(h):
-            try:
-                release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
-            except AscendbindError as exc:
-                log.warning("restoring IRQ masks of a gone worker failed", pid=b.pid, error=str(exc))
-        self.metrics.dropped_worker(reason)
-        log.info("worker dropped", pid=b.pid, npus=list(b.npus), reason=reason,
-                 irqs_restored=sorted(b.saved_irq_masks))
-
-    def drop(self, pid: int, reason: str) -> None:
-        with self.lock:
-            h = self.held.pop(pid, None)
-            if h is None:
-                return
-            self._undo_gone(h, reason)
-            self.save()
 
     # ---------------------------------------------------------- bind
 
@@ -340,11 +240,11 @@ class Daemon:
 
     def _claim(self, pid: int, targets: tuple[int, ...], listed: frozenset | None) -> tuple[list[Held], list[Held]]:
         """(dead owners of ``targets`` to replace, live holders to evict); Conflict when a
-        live holder keeps its NPU (requests.claim_npus)."""
+        live holder keeps its NPU (lifecycle.claim)."""
         holders = [(other, h.binding.npus, self.is_alive(h)) for other, h in self.held.items()
                    if other != pid and set(h.binding.npus) & set(targets)]
-        dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu)
-        return [self.held[p] for p in dead], [self.held[p] for p in evict]
+        replace, evict = claim(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu)
+        return [self.held[a.pid] for a in replace], [self.held[a.pid] for a in evict]
 
     def _evict(self, h: Held, *, by: int) -> None:
         """Release a live holder npu-smi does not list: its threads go back to their

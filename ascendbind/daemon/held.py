@@ -1,4 +1,8 @@
-"""``Held``: one bound worker as the daemon holds it, with the reconcile loop's memory of it."""
+"""``Held``: one bound worker as the daemon holds it, with the reconcile loop's memory of it.
+
+A record is changed only by the ``Daemon`` (ownership.py), from the actions the
+lifecycle rules return; the one exception is the thread cache (``threads``),
+which the observer (observe.py) keeps current as it looks."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 from ..applier.affinity import role_of
 from ..cpulist import format_cpulist
 from ..model import Binding
+from .lifecycle import Record
 from .requests import alignment_of
 
 __all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists"]
@@ -60,6 +65,13 @@ class Held:
     # (host, worker, config) the plan was made from: explains it without a new discovery.
     # Not persisted; a binding restored from the state file is explained from fresh facts.
     facts: tuple | None = field(default=None, repr=False)
+
+    def record(self) -> Record:
+        """What the lifecycle rules weigh of this worker, as a frozen value."""
+        return Record(self.binding.pid, threads_left_alone=self.left_alone, irqs_left_alone=self.irqs_left_alone,
+                      reasserts=tuple(self.reasserts), irq_reasserts=tuple(self.irq_reasserts),
+                      memory_last_run=self.memory_last_run, memory_futile=self.memory_futile,
+                      memory_ratio=self.memory_local_ratio)
 
     def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]],
                          role_cpus: Mapping[str, frozenset[int]]) -> None:

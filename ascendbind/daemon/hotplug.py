@@ -23,6 +23,8 @@ import time
 
 import structlog
 
+from .threadname import name_os_thread
+
 __all__ = ["HotplugMonitor", "Debouncer", "SUBSYSTEMS"]
 
 log = structlog.get_logger("ascendbind.hotplug")
@@ -71,6 +73,7 @@ class Debouncer:
         return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             with self._cond:
                 while not self._closed and not self._due():
@@ -131,6 +134,7 @@ class HotplugMonitor:
         return self.status
 
     def _run(self) -> None:
+        name_os_thread()
         mon = self._monitor
         while True:
             try:

@@ -48,6 +48,7 @@ import structlog
 
 from ..discovery.kernel import somaxconn
 from .wire import CONTINUE, Request, RequestReader, Response, WireError, error_response, render_response
+from .threadname import name_os_thread
 
 __all__ = ["Limits", "Listener", "Conn"]
 
@@ -112,8 +113,10 @@ class Listener:
         self._open = 0
         self._per_key: collections.Counter = collections.Counter()
         self._conns: dict[int, Conn] = {}  # fd -> connection the loop is reading
-        self._pool = ThreadPoolExecutor(limits.workers, thread_name_prefix=f"{name}-worker")
-        self._root_pool = (ThreadPoolExecutor(limits.root_workers, thread_name_prefix=f"{name}-root")
+        self._pool = ThreadPoolExecutor(limits.workers, thread_name_prefix=f"{name}-worker",
+                                         initializer=name_os_thread)
+        self._root_pool = (ThreadPoolExecutor(limits.root_workers, thread_name_prefix=f"{name}-root",
+                                              initializer=name_os_thread)
                            if limits.root_workers else None)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = False
@@ -157,6 +160,7 @@ class Listener:
     # ------------------------------------------------------------ the loop
 
     def serve(self) -> None:
+        name_os_thread()
         try:
             while not self._stopping:
                 for key, _ in self._sel.select(self._timeout()):

@@ -47,27 +47,18 @@ from ..discovery.numa_maps import local_ratio
 from ..discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
 from ..errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
 from ..model import Binding, StepResult
+from .lifecycle import (RERUN_BACKOFF_CAP, Limits, Observation, RerunMemory, decide, memory_rerun_due,
+                        rerun_was_futile)
+from .threadname import name_os_thread
 
 __all__ = ["MemoryLocality", "memory_rerun_due", "ratios_by_npu", "pool_nodes", "RERUN_BACKOFF_CAP"]
 
 log = structlog.get_logger("ascendbind.locality")
 
-RERUN_BACKOFF_CAP = 16
-
 
 def pool_nodes(binding: Binding) -> frozenset[int]:
     """The NUMA nodes of every pool the worker is bound to: where its threads run."""
     return frozenset(n for p in binding.plan.npus for n in p.numa_nodes)
-
-
-def memory_rerun_due(ratio: float | None, threshold: float, last_run: float, now: float,
-                     interval: float, futile: int = 0) -> bool:
-    """Run the memory step again? Only for a measured ratio below ``threshold``, and
-    only ``interval`` x 2**``futile`` (capped at RERUN_BACKOFF_CAP x) after ``last_run``."""
-    if ratio is None or ratio >= threshold:
-        return False
-    backoff = min(2 ** max(0, min(futile, 30)), RERUN_BACKOFF_CAP)
-    return now - last_run >= interval * backoff
 
 
 def ratios_by_npu(helds: Iterable[Any]) -> dict[int, float]:
@@ -89,10 +80,18 @@ class MemoryLocality:
     def __init__(self, daemon, *, numa_maps_limit: int = NUMA_MAPS_LIMIT) -> None:
         self.daemon = daemon
         self.numa_maps_limit = numa_maps_limit
+        # one long-lived thread runs the rounds: it sleeps on the condition (no timeout)
+        # between them, costs no thread start a minute, and shows up under its own name
+        # in ``top -H`` and in the idle benchmark's per-thread split
+        self._cond = threading.Condition()
+        self._queued: list | None = None
+        self._running = False
+        self._closed = False
         self._thread: threading.Thread | None = None
 
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        with self._cond:
+            return self._queued is not None or self._running
 
     def tick(self, now: float | None = None) -> bool:
         """From the reconcile pass: start a background round over the workers whose
@@ -105,21 +104,46 @@ class MemoryLocality:
         due = self.due(time.monotonic() if now is None else now)
         if not due:
             return False
-        self._thread = threading.Thread(target=self._round, args=(due,), name="memory-locality", daemon=True)
-        self._thread.start()
+        with self._cond:
+            if self._closed:
+                return False
+            self._queued = due
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="memory-locality", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
         return True
+
+    def close(self) -> None:
+        """End the round thread (a round already running completes first)."""
+        with self._cond:
+            self._closed = True
+            self._queued = None
+            self._cond.notify_all()
+
+    def _serve(self) -> None:
+        name_os_thread()
+        while True:
+            with self._cond:
+                while self._queued is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                due, self._queued = self._queued, None
+                self._running = True
+            try:
+                self.run_round(due)
+            except Exception:  # a bug here must not take the daemon down; the next tick tries again
+                log.exception("memory locality round crashed")
+            finally:
+                with self._cond:
+                    self._running = False
 
     def due(self, now: float) -> list:
         interval = self.daemon.config.memory_check_seconds
         with self.daemon.lock:
             return [h for _, h in sorted(self.daemon.held.items())
                     if h.memory_checked_at is None or now - h.memory_checked_at >= interval]
-
-    def _round(self, due: list) -> None:
-        try:
-            self.run_round(due)
-        except Exception:  # a bug here must not take the daemon down; the next tick tries again
-            log.exception("memory locality round crashed")
 
     def run_round(self, due: list, now: float | None = None) -> StepResult | None:
         """Measure each of ``due``, then rerun the memory step for the worst one that
@@ -158,24 +182,27 @@ class MemoryLocality:
         with d.lock:
             if d.held.get(b.pid) is not h:
                 return None
-            h.memory_checked_at = now
-            h.memory_local_ratio = ratio
-            if ratio is not None and ratio >= d.config.memory_local_threshold:
-                h.memory_futile = 0
-            d.metrics.memory_local(ratios_by_npu(d.held.values()))
+            actions = decide(h.record(), Observation(memory_measured=True, memory_ratio=ratio), now, self._limits())
+            d.act(h, [a for a in actions if not isinstance(a, RerunMemory)])  # reruns: one per round, worst first
         return ratio
+
+    def _limits(self) -> Limits:
+        cfg = self.daemon.config
+        return Limits(memory_local_threshold=cfg.memory_local_threshold,
+                      memory_rerun_seconds=cfg.memory_rerun_seconds)
 
     def rerun_if_due(self, h, now: float) -> StepResult | None:
         """Run the memory step again for ``h`` when ``memory_rerun_due`` says so."""
         d, b, cfg = self.daemon, h.binding, self.daemon.config
-        with d.lock:
-            if d.held.get(b.pid) is not h or not memory_rerun_due(
-                    h.memory_local_ratio, cfg.memory_local_threshold, h.memory_last_run, now,
-                    cfg.memory_rerun_seconds, h.memory_futile):
-                return None
-            before = h.memory_local_ratio
-            # claimed before it runs: a slow migratepages is never started twice
-            h.memory_last_run = now
+        limits = self._limits()
+
+        def due(record) -> bool:
+            return memory_rerun_due(record.memory_ratio, limits.memory_local_threshold, record.memory_last_run,
+                                    now, limits.memory_rerun_seconds, record.memory_futile)
+
+        before = d.claim_memory_rerun(h, now, due)
+        if before is None:
+            return None
         try:
             host = d.hosts.get()
             # migratepages on a recycled pid would move a stranger's pages
@@ -186,11 +213,7 @@ class MemoryLocality:
         result = migrate_memory(b.plan, b.pid, host, cfg)
         d.metrics.memory_rerun(result.outcome.value)
         after = self.measure(h, now)
-        with d.lock:
-            if d.held.get(b.pid) is h:
-                h.memory_reruns += 1
-                if after is None or after < cfg.memory_local_threshold:
-                    h.memory_futile += 1
+        d.memory_rerun_done(h, rerun_was_futile(after, limits))
         log.info("memory step run again", pid=b.pid, npus=list(b.npus), ratio_before=round(before or 0, 4),
                  ratio_after=None if after is None else round(after, 4), outcome=result.outcome.value,
                  reason=result.reason.value if result.reason else None, detail=result.detail)
@@ -198,10 +221,4 @@ class MemoryLocality:
 
     def _forget(self) -> None:
         """The check is switched off (memory_check_seconds = 0): no stale ratios."""
-        d = self.daemon
-        with d.lock:
-            if any(h.memory_local_ratio is not None for h in d.held.values()):
-                for h in d.held.values():
-                    h.memory_local_ratio = None
-                    h.memory_checked_at = None
-                d.metrics.memory_local({})
+        self.daemon.forget_locality()

@@ -7,8 +7,13 @@ The task list is read only when the thread set may have changed. Listing
 ``/proc/<pid>/task`` makes the kernel build a ``/proc`` entry for every thread
 and costs more than the masks themselves (measured: about three quarters of a
 look at 16 x 200 threads), while threads come and go rarely once a worker runs.
-So a look first reads the thread count from ``/proc/<pid>/stat``; when it equals
-the number of threads cached, it walks the cache instead (``_look_known``). That
+So a look first reads the thread count (the task directory's link count, which
+the kernel keeps in O(1): ``/proc/<pid>/stat`` would walk every thread to sum
+their CPU times); when it equals the number of threads cached, it walks the
+cache instead (``_look_known``): the masks of all cached threads are fetched
+and compared in one C-level sweep (``map``), so a quiet worker costs a syscall
+per thread and next to no interpreter time, which matters most when the pass
+runs every few seconds on cold caches. That
 walk gives up and lists after all when anything is off: a cached thread is gone
 (ESRCH), its ``comm`` cannot be read under this pid, or a mask moved (drift is
 acted upon only after a listing has confirmed that the thread is this worker's).
@@ -40,16 +45,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from operator import attrgetter
 
-from ..applier.affinity import ROLES, cpus_for_role, read_comm, role_of
+from ..applier.affinity import ROLES, cpus_for_role, role_of
 from ..applier.bind import merge_npu_plans
+from ..discovery.tasks import list_tids, task_comm, thread_count
 from ..model import Plan
 from .held import YOUNG_PASSES, SeenThread
 
-__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "read_comm", "role_cpus",
-           "thread_count"]
+__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "role_cpus", "thread_count"]
 
 COMM_SWEEP_PASSES = 30
+
+_mask = attrgetter("mask")
+_young = attrgetter("young")
 
 
 def comm_due(tid: int, seen: SeenThread | None, pass_no: int, sweep: int = COMM_SWEEP_PASSES) -> bool:
@@ -61,25 +70,6 @@ def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
     """Role -> the CPUs its threads belong on under ``plan`` (every NPU's roles merged)."""
     merged = merge_npu_plans(plan.npus)
     return {role: cpus_for_role(merged, role, plan.mode) for role in ROLES}
-
-
-def thread_count(pid: int, proc_root: str = "/proc") -> int | None:
-    """``num_threads`` (field 20) of ``/proc/<pid>/stat``; None when unreadable."""
-    try:
-        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        text = os.read(fd, 4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    rest = text[text.rfind(")") + 1:].split()  # rest[0] is field 3: field 20 is rest[17]
-    try:
-        return int(rest[17])
-    except (IndexError, ValueError):
-        return None
 
 
 Look = tuple[list[tuple[int, str]], list[int]]
@@ -113,51 +103,51 @@ def _look_known(pid: int, threads: dict[int, SeenThread], pass_no: int, *, proc_
                 sweep: int) -> Look | None:
     """The look without a listing, over the cached threads; None (and nothing changed)
     when a listing must decide: a thread gone or not this worker's, or a mask moved."""
-    task_dir = f"{proc_root}/{pid}/task"
-    getaff = os.sched_getaffinity
+    tids = list(threads)
+    try:
+        masks = list(map(os.sched_getaffinity, tids))  # ESRCH: a cached thread is gone
+    except OSError:
+        return None
+    seen = list(threads.values())
+    if masks != list(map(_mask, seen)):
+        return None
+    # comm_due, over the whole cache without touching a record unless one is young
+    due = [tid for tid in tids if (tid + pass_no) % sweep == 0]
+    if any(map(_young, seen)):
+        due = [tid for tid, s in zip(tids, seen) if s.young > 0 or (tid + pass_no) % sweep == 0]
     to_pin: list[tuple[int, str]] = []
     looked: list[SeenThread] = []
-    for tid, seen in threads.items():
-        try:
-            mask = getaff(tid)
-        except OSError:
+    for tid in due:
+        comm = task_comm(pid, tid, proc_root)
+        if comm is None:
             return None
-        if seen.young > 0 or (tid + pass_no) % sweep == 0:  # comm_due, inlined: hot loop
-            comm = read_comm(f"{task_dir}/{tid}/comm")
-            if comm is None:
-                return None
-            role = role_of(comm)
-            if role != seen.role:
-                to_pin.append((tid, role))
-                continue
-            looked.append(seen)
-        if mask != seen.mask:
-            return None
-    for seen in looked:
-        if seen.young > 0:
-            seen.young -= 1
+        role = role_of(comm)
+        if role != threads[tid].role:
+            to_pin.append((tid, role))
+        else:
+            looked.append(threads[tid])
+    for s in looked:
+        if s.young > 0:
+            s.young -= 1
     return to_pin, []
 
 
 def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[str, frozenset[int]],
                  pass_no: int, *, proc_root: str, sweep: int) -> Look | None:
-    task_dir = f"{proc_root}/{pid}/task"
-    try:
-        names = os.listdir(task_dir)
-    except OSError:
+    names = list_tids(pid, proc_root)
+    if names is None:
         return None
     getaff = os.sched_getaffinity
     to_pin: list[tuple[int, str]] = []
     drifted: list[int] = []
-    for name in names:
-        tid = int(name)
+    for tid in names:
         try:
             mask = getaff(tid)
         except OSError:
             continue  # exited since the listing
         seen = threads.get(tid)
         if seen is None or seen.young > 0 or (tid + pass_no) % sweep == 0:  # comm_due, inlined: hot loop
-            comm = read_comm(f"{task_dir}/{name}/comm")
+            comm = task_comm(pid, tid, proc_root)
             if comm is None:
                 continue
             role = role_of(comm)
@@ -174,7 +164,7 @@ def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[st
     if len(threads) + len(to_pin) != len(names):
         # threads exited (or vanished mid-look): forget them, so a tid the kernel
         # hands out again is treated as the new thread it is
-        listed = {int(n) for n in names}
+        listed = set(names)
         for tid in [t for t in threads if t not in listed]:
             del threads[tid]
     return to_pin, drifted

@@ -1,29 +1,31 @@
-"""The reconcile loop: keep bound workers bound.
+"""The reconcile loop: keep bound workers bound. A thin shell around lifecycle.py.
 
 Every ``reconcile_seconds`` (a ``threading.Event.wait``, so an idle daemon
-sleeps; ``stop()`` wakes it at once), for each held worker:
+sleeps; ``stop()`` wakes it at once), each held worker gets one look, the
+rules decide what it calls for, and the ``Daemon`` does it:
 
-1. gone? (absent, zombie, or the pid now names another process) -> drop it;
+1. gone? (absent, zombie, or the pid now names another process) -> dropped;
    its IRQ masks are restored only for NPUs no live worker owns;
-2. one look at its threads (observe.py): threads born since the last look, or
-   renamed into another role, are pinned by role (a late ``acl_thread`` ends on
-   the ACL CPU);
+2. its threads (observe.py): threads born since the last look, or renamed into
+   another role, are pinned by role (a late ``acl_thread`` ends on the ACL CPU);
 3. threads whose mask differs from the one we set were moved by someone else:
-   that is *drift*. It is re-asserted and counted with a culprit from a fixed
-   set, decided on evidence (blame.py): ``self`` (the worker's own binder:
-   torch_npu's CPU_AFFINITY_CONF, vllm-ascend's enable_cpu_binding), ``env``
-   (OpenMP binding variables), ``external`` (anything else: taskset, another
-   tuner). Whatever the culprit, a worker re-asserted ``REASSERT_LIMIT`` times
-   within ``window`` seconds is left alone, and its status says why;
-4. IRQ masks we wrote are checked the same way (``irqbalance`` / ``external``).
+   that is *drift*. The look then reads the worker's evidence (evidence.py) and
+   the rules blame a culprit (blame.py) and re-assert, or, past
+   ``REASSERT_LIMIT`` re-asserts within ``window`` seconds, leave it alone;
+4. IRQ masks we wrote are checked the same way (``irqbalance`` / ``external``);
 5. every ``memory_check_seconds``, the share of its memory on its pool's NUMA
-   nodes is measured, and the memory step run again when it is too low
-   (daemon/locality.py; in the background, rate-limited).
+   nodes is measured in the background (locality.py), and the memory step run
+   again when the rules say so.
 
-Cost per pass: one task listing per worker and one sched_getaffinity per thread;
-``comm`` only for the few threads whose name can have changed (observe.py).
-The pass's CPU time is measured on its own thread (``time.thread_time``), so
-the metric stays honest when the host is busy and the pass is preempted.
+Cost per pass: one O(1) thread count and one sched_getaffinity per thread;
+``comm`` only for the few threads whose name can have changed (observe.py);
+whether a worker is still there is one ``poll`` over pidfds held for all of
+them (reading each worker's ``stat`` would walk all its threads in the kernel),
+falling back to the start time where no pidfd can be had or ``proc_root`` is not
+the host's. (A pidfd reports the exit of the whole thread group: a worker whose
+main thread called pthread_exit while others run stays held until the last one
+goes, where its ``stat`` alone would already say zombie.) The pass's CPU time is measured on its own thread
+(``time.thread_time``), so the metric stays honest when the host is busy.
 """
 
 from __future__ import annotations
@@ -34,23 +36,20 @@ import time
 
 import structlog
 
-from ..applier.affinity import bind_threads
-from ..applier.bind import merge_npu_plans
 from ..applier.identity import verify_identity
-from ..applier.irq import irqbalance_pids, read_irq_mask, set_irq_affinity
+from ..applier.irq import irqbalance_pids, read_irq_mask
 from ..cpulist import parse_mask
+from ..discovery.tasks import exited_pidfds, open_pidfd
 from ..errors import ProcessGone
-from .blame import Blame, blame_irqs, blame_threads, left_alone_sentence
 from .evidence import read_evidence
-from .held import SeenThread, accepted
-from .observe import observe_threads, role_cpus
+from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
 from .locality import MemoryLocality
+from .observe import observe_threads, role_cpus
+from .threadname import name_os_thread
 
 __all__ = ["Reconciler", "REASSERT_LIMIT"]
 
 log = structlog.get_logger("ascendbind.reconcile")
-
-REASSERT_LIMIT = 3
 
 
 def _irq_targets(binding) -> dict[int, frozenset[int]]:
@@ -67,6 +66,8 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
+        self._pidfds: dict[int, tuple[int, int]] = {}  # pid -> (start time, pidfd) of the held workers
+        self._unchecked: set[int] = set()  # pidfds opened this pass: their identity is read once
         self.locality = MemoryLocality(daemon)
 
     @property
@@ -85,18 +86,27 @@ class Reconciler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self.locality.close()
+        if self._thread is None or not self._thread.is_alive():
+            self.close()
 
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and \
             time.monotonic() - self.last_pass < 3 * self.interval + 30
 
     def _run(self) -> None:
+        name_os_thread()
         while not self._stop.wait(self.interval):
             try:
                 self.pass_once()
             except Exception:  # a bug in one pass must not end reconciling for good
                 log.exception("reconcile pass crashed")
             self.last_pass = time.monotonic()
+
+    @property
+    def limits(self) -> Limits:
+        cfg = self.daemon.config
+        return Limits(self.reassert_limit, self.window, cfg.memory_local_threshold, cfg.memory_rerun_seconds)
 
     # ------------------------------------------------------------ one pass
 
@@ -105,13 +115,17 @@ class Reconciler:
         t0, c0 = time.monotonic(), time.thread_time()
         self.passes += 1
         with d.lock:
-            pids = sorted(d.held)
+            held = dict(d.held)
+        maybe_gone = self._maybe_gone(held)
+        limits = self.limits
         dirty = False
-        for pid in pids:
+        for pid in sorted(held):
             with d.lock:
                 h = d.held.get(pid)
-                if h is not None:
-                    dirty |= self._reconcile_worker(h)
+                if h is None or h is not held[pid]:
+                    continue
+                obs = self.observe(h, check_identity=pid in maybe_gone)
+                dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
         if dirty:
             d.save()
         self._memory_locality()
@@ -119,84 +133,62 @@ class Reconciler:
         d.metrics.reconcile_duration.observe(time.monotonic() - t0)
         d.metrics.reconcile_cpu.observe(time.thread_time() - c0)
 
-    def _reconcile_worker(self, h) -> bool:
-        """One held worker (under the daemon lock); True when the state file must be written."""
-        if self._drop_if_gone(h):
-            return True
-        dirty = False
-        if not h.left_alone:
-            dirty |= self._threads(h)
-        if not h.irqs_left_alone:
-            dirty |= self._irqs(h)
-        return dirty
+    def _maybe_gone(self, held) -> set[int]:
+        """The pids whose identity must be read this pass: those whose pidfd says the
+        process exited, and those without a pidfd (not opened yet, or none to be had)."""
+        live_pidfds = self.daemon.config.proc_root == "/proc"
+        for pid in [p for p, (start, _fd) in self._pidfds.items()
+                    if p not in held or held[p].binding.start_time != start]:
+            os.close(self._pidfds.pop(pid)[1])
+        if live_pidfds:
+            for pid, h in held.items():
+                if pid not in self._pidfds:
+                    fd = open_pidfd(pid)  # opened before the identity check, so it names the checked process
+                    if fd is not None:
+                        self._pidfds[pid] = (h.binding.start_time, fd)
+                        self._unchecked.add(pid)
+        by_fd = {fd: pid for pid, (_start, fd) in self._pidfds.items()}
+        exited = {by_fd[fd] for fd in exited_pidfds(by_fd)}
+        unchecked, self._unchecked = self._unchecked, set()
+        return {pid for pid in held if pid not in self._pidfds} | exited | unchecked
 
-    def _drop_if_gone(self, h) -> bool:
-        d, pid = self.daemon, h.binding.pid
-        try:
-            verify_identity(pid, h.binding.start_time, d.config.proc_root)
-        except ProcessGone as exc:
-            d.held.pop(pid, None)
-            d._undo_gone(h, "recycled" if exc.code == "pid_recycled" else "exited")
-            return True
-        return False
+    def close(self) -> None:
+        for _start, fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
+
+    def observe(self, h, *, check_identity: bool = True) -> Observation:
+        """One look at ``h`` (under the daemon lock): what the rules need, no more."""
+        d, b = self.daemon, h.binding
+        proc_root = d.config.proc_root
+        if check_identity:
+            try:
+                verify_identity(b.pid, b.start_time, proc_root)
+            except ProcessGone as exc:
+                return Observation(gone="recycled" if exc.code == "pid_recycled" else "exited")
+        looks = wanted(h.record())
+        to_pin: list[tuple[int, str]] = []
+        drifted: list[int] = []
+        if looks.threads:
+            seen = observe_threads(b.pid, h.threads, role_cpus(b.plan), self.passes, proc_root=proc_root)
+            if seen is not None:  # None: the task list vanished; the next pass drops the worker
+                to_pin, drifted = seen
+        moved = self._moved_irqs(h) if looks.irqs else []
+        return Observation(
+            to_pin=tuple(to_pin), drifted=tuple(drifted),
+            evidence=read_evidence(b.pid, proc_root) if drifted else None,
+            moved_irqs=tuple(moved),
+            irqbalance_running=bool(moved) and bool(irqbalance_pids(proc_root)),
+        )
 
     def _memory_locality(self) -> None:
         """Due locality checks (and at most one memory-step rerun) start in the
         background: numa_maps walks and migratepages take seconds, this pass must not."""
         self.locality.tick()
 
-    # ------------------------------------------------------------ threads
-
-    def _threads(self, h) -> bool:
-        b = h.binding
-        cpus = role_cpus(b.plan)
-        seen = observe_threads(b.pid, h.threads, cpus, self.passes, proc_root=self.daemon.config.proc_root)
-        if seen is None:
-            return False  # the task list vanished: the next pass drops the worker
-        to_pin, drifted = seen
-        if to_pin:
-            self._pin_late(h, to_pin, cpus)
-        return self._drifted(h, drifted, cpus) if drifted else False
-
-    def _pin_late(self, h, to_pin: list[tuple[int, str]], cpus) -> None:
-        d, b = self.daemon, h.binding
-        tids = [tid for tid, _ in to_pin]
-        bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=d.config.proc_root, only_tids=tids)
-        self._remember(h, to_pin, cpus)
-        h.late_threads += len(tids)
-        d.metrics.late_threads.inc(len(tids))
-        log.info("late threads pinned", pid=b.pid, tids=tids[:20], count=len(tids))
-
-    def _drifted(self, h, drifted: list[int], cpus) -> bool:
-        d, b = self.daemon, h.binding
-        blame = blame_threads(read_evidence(b.pid, d.config.proc_root))
-        h.culprit, h.blame = blame.culprit, blame.why
-        if not self._may_reassert(h, blame, f"{len(drifted)} thread masks of {b.pid}"):
-            return True
-        bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=d.config.proc_root,
-                     only_tids=drifted)
-        self._remember(h, [(tid, h.threads[tid].role) for tid in drifted if tid in h.threads], cpus)
-        return True
-
-    def _remember(self, h, tids: list[tuple[int, str]], cpus) -> None:
-        """Record the masks the kernel kept after we set them (read back: a cpuset may narrow them)."""
-        for tid, role in tids:
-            try:
-                mask = accepted(os.sched_getaffinity(tid), cpus[role])
-            except OSError:
-                h.threads.pop(tid, None)  # exited meanwhile
-                continue
-            # the role we pinned for: if the thread renamed itself meanwhile, its next
-            # (young) look sees a role that differs and moves it again
-            prev = h.threads.get(tid)
-            if prev is not None:
-                prev.mask, prev.role = mask, role
-            else:
-                h.threads[tid] = SeenThread(mask, role)
-
     # ------------------------------------------------------------ IRQs
 
-    def _irqs(self, h) -> bool:
+    def _moved_irqs(self, h) -> list[tuple[int, frozenset[int]]]:
         proc_root = self.daemon.config.proc_root
         moved = []
         for irq, cpus in _irq_targets(h.binding).items():
@@ -206,37 +198,14 @@ class Reconciler:
                     moved.append((irq, cpus))
             except ValueError:
                 continue
+        return moved
+
+    def _irqs(self, h) -> bool:
+        """Look at ``h``'s IRQ masks only, and act on what moved; True when the state changed."""
+        moved = self._moved_irqs(h)
         if not moved:
             return False
-        blame = blame_irqs(bool(irqbalance_pids(proc_root)))
-        h.irq_culprit = blame.culprit
-        if not self._may_reassert(h, blame, f"IRQ masks {[irq for irq, _ in moved]}", irq=True):
-            return True
-        for irq, cpus in moved:
-            set_irq_affinity(irq, cpus, proc_root=proc_root)
-        return True
-
-    # ------------------------------------------------------------ the limit
-
-    def _may_reassert(self, h, blame: Blame, what: str, *, irq: bool = False) -> bool:
-        """Count one drift event; False (and the threads or IRQs left alone) past the per-window limit."""
-        d = self.daemon
-        now = time.monotonic()
-        times = h.irq_reasserts if irq else h.reasserts
-        while times and now - times[0] > self.window:
-            times.popleft()
-        h.drift_events += 1
-        d.metrics.drifted(blame.culprit)
-        if len(times) >= self.reassert_limit:
-            why = left_alone_sentence("IRQ masks" if irq else "thread masks", blame, len(times), self.window)
-            if irq:
-                h.irqs_left_alone, h.irqs_left_alone_why = True, why
-            else:
-                h.left_alone, h.left_alone_why = True, why
-            log.warning("masks keep moving; no longer re-asserting them", pid=h.binding.pid, what=what,
-                        culprit=blame.culprit, reasserts=len(times), window_seconds=self.window, why=why)
-            return False
-        times.append(now)
-        d.metrics.reasserts.inc()
-        log.info("drift re-asserted", pid=h.binding.pid, what=what, culprit=blame.culprit)
-        return True
+        obs = Observation(moved_irqs=tuple(moved), irqbalance_running=bool(irqbalance_pids(self.daemon.config.proc_root)))
+        record = h.record()
+        return self.daemon.act(h, decide(record, obs, time.monotonic(), self.limits), window=self.window) \
+            if wanted(record).irqs else False

@@ -3,13 +3,13 @@
 Called after a hot-plug burst and on SIGHUP. A transient discovery failure
 keeps every current binding (unbinding a healthy worker because npu-smi hiccuped
 would be worse than a stale plan); a worker whose NPU can no longer be planned
-keeps its binding too, with a warning.
+keeps its binding too, with a warning. The new binding is handed to the daemon
+(``Daemon.rebound``), which alone changes the held record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import structlog
 
@@ -19,7 +19,6 @@ from ..discovery import discover_worker
 from ..errors import AscendbindError, DiscoveryError
 from ..model import DeviceType
 from ..planner import make_plan
-from .observe import role_cpus
 from .requests import resolve_policy
 
 __all__ = ["rediscover_and_replan"]
@@ -58,10 +57,7 @@ def rediscover_and_replan(daemon) -> dict:
                 if plan.npus == h.binding.plan.npus and plan.uvb_cpus == h.binding.plan.uvb_cpus:
                     continue
                 binding = apply_plan(plan, worker, host, config)
-                h.binding = daemon._inherit(binding, [h])
-                h.bound_at = time.time()
-                h.remember_threads(thread_masks(pid, proc_root=config.proc_root), role_cpus(plan))
-                h.facts = (host, worker, config)
+                daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
                 daemon.metrics.step_results(binding.steps)
                 rebound.append(pid)
             except AscendbindError as exc:

@@ -41,10 +41,9 @@ from ..model import frozen_map
 
 __all__ = ["NumaResidency", "parse_numa_maps", "local_ratio"]
 
-# the kernel's own counters; anything else ends the trailing run of fields
-_FIELD = re.compile(r"^(N(\d+)|kernelpagesize_kB|anon|dirty|mapped|mapmax|swapcache|active|writeback)=(\d+)$")
-# a word in field position that is not a valid field: garbage, not part of a path
-_LOOKS_LIKE_FIELD = re.compile(r"^(N\d*|kernelpagesize_kB)=")
+# the kernel's own counters besides N<node>; anything else ends the trailing run of fields
+_COUNTERS = frozenset(("kernelpagesize_kB", "anon", "dirty", "mapped", "mapmax", "swapcache", "active", "writeback"))
+_SEEN_MAX = 4096
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 
 
@@ -62,25 +61,33 @@ class NumaResidency:
 
 
 def _line_fields(fields: list[str], source: str, lineno: int, line: str) -> tuple[dict[int, int], int | None]:
-    """(node -> pages, page size in KiB or None) from the trailing kernel fields of one line."""
+    """(node -> pages, page size in KiB or None) from the trailing kernel fields of one line.
+
+    A word is a field when it is ``<counter>=<digits>`` or ``N<digits>=<digits>``
+    (digits as ``\\d`` reads them: Unicode decimals); a word in field position that
+    starts like one (``N…=``, ``kernelpagesize_kB=``) but is not is malformed. String
+    methods rather than a regular expression per word: a big worker prints thousands
+    of lines, and the locality check reads every bound worker's each minute."""
     nodes: dict[int, int] = {}
     page_kib: int | None = None
     for word in reversed(fields[2:]):
-        m = _FIELD.match(word)
-        if m is None:
-            if _LOOKS_LIKE_FIELD.match(word):
+        key, eq, value = word.partition("=")
+        digits = key[1:]
+        is_node = key[:1] == "N" and digits.isdecimal()
+        if not (eq and value.isdecimal() and (is_node or key in _COUNTERS)):
+            if eq and (key == "kernelpagesize_kB" or (key[:1] == "N" and (not digits or digits.isdecimal()))):
                 raise ParseError(source, f"bad field {word!r}", line=lineno, text=line)
             break
-        value = int(m.group(3))
-        if m.group(2) is not None:
-            node = int(m.group(2))
+        count = int(value)
+        if is_node:
+            node = int(digits)
             if node in nodes:
                 raise ParseError(source, f"node N{node} printed twice", line=lineno, text=line)
-            nodes[node] = value
-        elif m.group(1) == "kernelpagesize_kB":
-            if page_kib is not None or value == 0:
+            nodes[node] = count
+        elif key == "kernelpagesize_kB":
+            if page_kib is not None or count == 0:
                 raise ParseError(source, f"bad field {word!r}", line=lineno, text=line)
-            page_kib = value
+            page_kib = count
     return nodes, page_kib
 
 
@@ -105,15 +112,26 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
     """
     kib: dict[int, int] = {}
     pages: dict[int, int] = {}
+    # Mappings print alike but for their address (a worker's thread stacks: hundreds
+    # of "default anon=3 dirty=3 active=0 N0=3 kernelpagesize_kB=4"), so the fields of
+    # each distinct rest of a line are read once. Bounded, so a file of all-distinct
+    # lines costs no more memory than the text itself.
+    seen: dict[str, tuple[dict[int, int], int | None]] = {}
     for lineno, line in enumerate(_lines(text), start=1):
-        fields = line.split()
-        if not fields:
+        parts = line.split(None, 1)
+        if not parts:
             continue
-        if not _HEX.match(fields[0]):
+        if not _HEX.match(parts[0]):
             raise ParseError(source, "row does not start with a hex address", line=lineno, text=line)
-        if len(fields) < 2:
+        if len(parts) < 2:
             raise ParseError(source, "row has no memory policy", line=lineno, text=line)
-        nodes, page_kib = _line_fields(fields, source, lineno, line)
+        rest = parts[1]
+        found = seen.get(rest)
+        if found is None:
+            found = _line_fields([parts[0], *rest.split()], source, lineno, line)
+            if len(seen) < _SEEN_MAX:
+                seen[rest] = found
+        nodes, page_kib = found
         if not nodes:
             continue
         if page_kib is None:

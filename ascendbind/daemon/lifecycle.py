@@ -1,0 +1,275 @@
+"""A bound worker's lifecycle, as rules: what one look at it calls for. No I/O.
+
+The daemon holds a worker from its bind until it is released, exits, is
+recycled (its pid now names another process) or replaced. Between, a
+reconcile look (``Observation``) may find threads to pin, masks that drifted,
+IRQ masks that moved, or its memory's locality; ``decide`` turns the look, the
+worker's record (``Record``) and the time into ``actions``, frozen values the
+daemon executes. Nothing here reads the host or changes anything: the shell
+(reconcile.py, locality.py) observes, calls ``decide``, and hands the actions
+to the ``Daemon``, the only code that mutates the held table and its records.
+
+Invariants ``decide`` keeps:
+
+* A gone worker is dropped and nothing else is done for it: ``Drop`` is the
+  only action, whatever else the look saw (the threads of a recycled pid are a
+  stranger's).
+* Threads of a worker that is *left alone* are never pinned nor re-asserted,
+  and the shell does not even look at them (``wanted``); the same holds, on its
+  own, for its IRQ masks. Being left alone ends only with the binding (a new
+  bind, a release).
+* Every drift seen counts as one drift event and gets a culprit from evidence
+  only (blame.py): ``self``, ``env`` or ``external`` for threads,
+  ``irqbalance`` or ``external`` for IRQ masks.
+* A drift is re-asserted while fewer than ``Limits.reassert_limit`` re-asserts
+  lie within the last ``Limits.window`` seconds; the next one leaves the
+  threads (or the IRQs) alone, with a sentence that says how often, whom the
+  evidence blames and what to do about it. The culprit never changes whether a
+  worker is left alone, only what it is told.
+* Threads born or renamed since the last look are pinned by their role even
+  when other threads drifted: a late ``acl_thread`` is not drift.
+* A measured memory ratio is always recorded; the memory step reruns only for
+  a ratio below ``Limits.memory_local_threshold``, ``memory_rerun_seconds`` x
+  2**futile (capped) after the last run. A ratio back at the threshold resets
+  the futile count.
+
+Restoration (``restoration``): a dropped or released worker's saved IRQ masks
+go back to the host only for the NPUs no other *live* worker owns, since the
+masks are the host's originals and the other owner still needs its IRQs where
+they are; the IRQs it banned in irqbalance go back to irqbalance only when no
+other live worker pins them, and otherwise the ban passes to one that does.
+The 950 UVB masks are restored by the last 950 worker to go.
+
+Claims (``claim``): a bind for an NPU whose holder is dead replaces the holder
+(its saved masks carry over); a live holder npu-smi does not list there, while
+it lists the newcomer, is evicted; any other live holder keeps the NPU
+(requests.claim_npus raises the 409).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from ..model import Binding, frozen_map
+from .bans import split_bans
+from .blame import Blame, Evidence, blame_irqs, blame_threads, left_alone_sentence
+from .requests import claim_npus, irq_owners
+
+__all__ = [
+    "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "Limits", "Record", "Observation", "Looks",
+    "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory", "ReplaceHolder", "Evict",
+    "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "claim",
+]
+
+REASSERT_LIMIT = 3
+RERUN_BACKOFF_CAP = 16
+
+
+# ------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The rules' knobs: the re-assert budget and the memory rerun rate."""
+
+    reassert_limit: int = REASSERT_LIMIT
+    window: float = 60.0  # seconds over which re-asserts are counted
+    memory_local_threshold: float = 0.0
+    memory_rerun_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the rules need to know of a held worker: its verdicts and recent history."""
+
+    pid: int
+    threads_left_alone: bool = False
+    irqs_left_alone: bool = False
+    reasserts: tuple[float, ...] = ()  # monotonic times of recent thread re-asserts
+    irq_reasserts: tuple[float, ...] = ()
+    memory_last_run: float = 0.0  # the last memory step (the bind's own counts)
+    memory_futile: int = 0  # reruns in a row that left the ratio below the threshold
+    memory_ratio: float | None = None  # the last check's ratio (None: none measured)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one look at a worker saw. Empty fields: nothing of that kind to report."""
+
+    gone: str | None = None  # "exited" or "recycled": the worker is no more
+    to_pin: tuple[tuple[int, str], ...] = ()  # (tid, role): born or renamed, not on its role's CPUs
+    drifted: tuple[int, ...] = ()  # tids whose mask is not the one we set
+    evidence: Evidence | None = None  # what the worker says about binding itself (read on drift)
+    moved_irqs: tuple[tuple[int, frozenset[int]], ...] = ()  # (irq, the CPUs we set it to)
+    irqbalance_running: bool = False
+    memory_measured: bool = False  # a locality check ran in this look
+    memory_ratio: float | None = None  # its result; None: nothing resident or unreadable
+
+
+@dataclass(frozen=True)
+class Looks:
+    """What a look at a worker should cover (``wanted``)."""
+
+    threads: bool
+    irqs: bool
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True)
+class PinThreads:
+    """Pin threads born or renamed since the last look by their role."""
+
+    threads: tuple[tuple[int, str], ...]  # (tid, role)
+
+
+@dataclass(frozen=True)
+class Reassert:
+    """Set drifted masks back (``what``: "threads" or "irqs") and count the drift."""
+
+    what: str
+    blame: Blame
+    times: tuple[float, ...]  # the re-asserts within the window, this one included
+    tids: tuple[int, ...] = ()
+    irqs: tuple[tuple[int, frozenset[int]], ...] = ()
+
+
+@dataclass(frozen=True)
+class LeaveAlone:
+    """Stop re-asserting ``what`` ("threads" or "irqs"); ``why`` goes into the status."""
+
+    what: str
+    blame: Blame
+    why: str
+    times: tuple[float, ...]  # the re-asserts that used up the budget
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Forget the worker (``reason``: exited or recycled); restore what ``restoration`` allows."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoteLocality:
+    """Record a locality check's result (``reset_futile``: the ratio is good again)."""
+
+    ratio: float | None
+    at: float
+    reset_futile: bool
+
+
+@dataclass(frozen=True)
+class RerunMemory:
+    """Run the memory step again (the shell runs at most one per round: the worst ratio's)."""
+
+    ratio: float
+
+
+@dataclass(frozen=True)
+class ReplaceHolder:
+    """A dead holder of a claimed NPU: forgotten, its saved IRQ masks carried over."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Evict:
+    """A live holder npu-smi does not list: released, its saved IRQ masks carried over."""
+
+    pid: int
+
+
+Action = PinThreads | Reassert | LeaveAlone | Drop | NoteLocality | RerunMemory
+
+
+# ------------------------------------------------------------------ rules
+
+
+def wanted(record: Record) -> Looks:
+    """What a look should read: nothing of what is left alone (that costs nothing)."""
+    return Looks(threads=not record.threads_left_alone, irqs=not record.irqs_left_alone)
+
+
+def decide(record: Record, obs: Observation, now: float, limits: Limits) -> tuple[Action, ...]:
+    """The actions one look at a held worker calls for, in the order to run them."""
+    if obs.gone is not None:
+        return (Drop(obs.gone),)
+    actions: list[Action] = []
+    if not record.threads_left_alone:
+        if obs.to_pin:
+            actions.append(PinThreads(tuple(obs.to_pin)))
+        if obs.drifted:
+            blame = blame_threads(obs.evidence if obs.evidence is not None else Evidence())
+            actions.append(_drift("threads", blame, record.reasserts, now, limits, tids=tuple(obs.drifted)))
+    if not record.irqs_left_alone and obs.moved_irqs:
+        blame = blame_irqs(obs.irqbalance_running)
+        actions.append(_drift("irqs", blame, record.irq_reasserts, now, limits, irqs=tuple(obs.moved_irqs)))
+    if obs.memory_measured:
+        ratio = obs.memory_ratio
+        actions.append(NoteLocality(ratio, now, ratio is not None and ratio >= limits.memory_local_threshold))
+        if memory_rerun_due(ratio, limits.memory_local_threshold, record.memory_last_run, now,
+                            limits.memory_rerun_seconds, record.memory_futile):
+            actions.append(RerunMemory(ratio))
+    return tuple(actions)
+
+
+def _drift(what: str, blame: Blame, times: Iterable[float], now: float, limits: Limits, *,
+           tids: tuple[int, ...] = (), irqs: tuple[tuple[int, frozenset[int]], ...] = ()) -> Reassert | LeaveAlone:
+    recent = tuple(t for t in times if now - t <= limits.window)
+    if len(recent) >= limits.reassert_limit:
+        label = "IRQ masks" if what == "irqs" else "thread masks"
+        return LeaveAlone(what, blame, left_alone_sentence(label, blame, len(recent), limits.window), recent)
+    return Reassert(what, blame, (*recent, now), tids=tids, irqs=irqs)
+
+
+def memory_rerun_due(ratio: float | None, threshold: float, last_run: float, now: float,
+                     interval: float, futile: int = 0) -> bool:
+    """Run the memory step again? Only for a measured ratio below ``threshold``, and
+    only ``interval`` x 2**``futile`` (capped at RERUN_BACKOFF_CAP x) after ``last_run``."""
+    if ratio is None or ratio >= threshold:
+        return False
+    backoff = min(2 ** max(0, min(futile, 30)), RERUN_BACKOFF_CAP)
+    return now - last_run >= interval * backoff
+
+
+def rerun_was_futile(ratio_after: float | None, limits: Limits) -> bool:
+    """A rerun that left the ratio unknown or still below the threshold doubles the wait."""
+    return ratio_after is None or ratio_after < limits.memory_local_threshold
+
+
+@dataclass(frozen=True)
+class Restoration:
+    """What going back to the host means for one leaving worker."""
+
+    binding: Binding  # the worker's binding, keeping only the IRQ masks and bans it may restore
+    passed_bans: Mapping[int, tuple[int, ...]]  # other live pid -> the banned IRQs it takes over
+    restore_uvb: bool  # the last 950 worker restores the UVB masks
+
+
+def restoration(binding: Binding, others: Mapping[int, Binding], *, is_950: bool) -> Restoration:
+    """The leaving worker ``binding``'s restoration, given the ``others`` still alive
+    (pid -> binding) and whether it runs a 950 cluster plan."""
+    other_irqs = {pid: irq_owners(b) for pid, b in others.items()}
+    left, passed = (binding.irqbalance_bans, {}) if binding.irqbalance_bans is None else \
+        split_bans(binding.irqbalance_bans, other_irqs)
+    owned = {n for b in others.values() for n in b.npus}
+    free = set(binding.npus) - owned
+    masks = binding.saved_irq_masks
+    if free != set(binding.npus):
+        owner = irq_owners(binding)
+        masks = frozen_map({irq: m for irq, m in binding.saved_irq_masks.items() if owner.get(irq) in free})
+    last_950 = is_950 and not any(b.plan.mode is binding.plan.mode for b in others.values())
+    return Restoration(replace(binding, saved_irq_masks=masks, irqbalance_bans=left), passed, last_950)
+
+
+def claim(pid: int, targets: Iterable[int], holders: Iterable[tuple[int, Iterable[int], bool]],
+          listed: Collection[tuple[int, int]] | None, *,
+          allow_shared: bool = False) -> tuple[tuple[ReplaceHolder, ...], tuple[Evict, ...]]:
+    """Who gives way when ``pid`` binds ``targets`` (holders: (pid, npus, alive) of the
+    others held); Conflict ``npu_busy`` when a live holder keeps an NPU."""
+    dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=allow_shared)
+    return tuple(ReplaceHolder(p) for p in dead), tuple(Evict(p) for p in evict)

@@ -1,0 +1,288 @@
+"""The held table's keeper: every change to ``Daemon.held`` and to a held record
+outside a bind happens here, under ``Daemon.lock``.
+
+``Daemon`` (core.py) is built from this class and the request handlers. The
+reconcile loop, the locality check, re-planning and auto-bind observe on their
+own, ask the pure rules (lifecycle.py) what to do, and call in here to do it;
+none of them assigns to a held record or to the table.
+
+What lives here: loading the table from the state file at start, liveness
+("is this record's process still the one we bound?"), what goes back to the
+host when a worker leaves (lifecycle.restoration: IRQ masks of NPUs nobody
+live owns, bans nobody live pins, the UVB masks with the last 950 worker),
+dropping a gone worker, executing a look's actions, and the locality and
+re-plan bookkeeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import deque
+from typing import Any
+
+import structlog
+
+from ..applier import release_binding
+from ..applier.affinity import bind_threads
+from ..applier.bind import merge_npu_plans
+from ..applier.identity import read_identity, verify_identity
+from ..applier.irq import set_irq_affinity
+from ..errors import AscendbindError, ConfigError, ProcessGone
+from ..model import Binding, Mode
+from .bans import carried_bans
+from .held import Held, SeenThread, accepted
+from .lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration
+from .locality import ratios_by_npu
+from .observe import role_cpus
+from .state import binding_from_json
+
+__all__ = ["Ownership"]
+
+log = structlog.get_logger("ascendbind.daemon")
+
+
+class Ownership:
+    """The held-table half of ``Daemon`` (needs ``config``, ``held``, ``lock``, ``metrics``,
+    ``state``, ``pid`` and ``save``)."""
+
+    # ---------------------------------------------------------- start-up
+
+    def restore(self) -> dict[str, int]:
+        """Load the state file: keep live workers, drop gone ones (a bad file is never a crash loop)."""
+        tidied: dict[str, Any] = {}
+        try:
+            tidied = self.state.clean()
+        except (OSError, ConfigError) as exc:
+            log.error("state directory not tidied", error=str(exc))
+        loaded = self.state.load()
+        kept = gone = bad = 0
+        with self.lock:
+            candidates: list[Held] = []
+            for raw in loaded.workers:
+                try:
+                    b = binding_from_json(raw)
+                except (KeyError, ValueError, TypeError) as exc:
+                    bad += 1
+                    log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
+                    continue
+                candidates.append(Held.from_state(b, raw, time.time()))
+            alive = [self.is_alive(h) for h in candidates]
+            self.held = {h.binding.pid: h for h, ok in zip(candidates, alive) if ok}
+            for h, ok in zip(candidates, alive):
+                if not ok:
+                    gone += 1
+                    self._undo_gone(h, "exited")
+            for pid, h in list(self.held.items()):
+                ident = read_identity(pid, self.config.proc_root)
+                why = ident.not_a_worker(self.pid) if ident is not None else None
+                if why:  # bound by a daemon that did not refuse it: undo it, never keep it
+                    self.held.pop(pid)
+                    release_binding(self._restorable(h), self.config, restore_irqs=True)
+                    self.metrics.dropped_worker("released")
+                    log.warning("state entry is no worker; released", pid=pid, reason=why)
+            kept = len(self.held)
+            self.save()
+        for _ in range(loaded.other_boot):
+            self.metrics.dropped_worker("other_boot")
+        log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
+                 skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
+        return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
+
+    # ---------------------------------------------------------- liveness
+
+    def is_alive(self, h: Held) -> bool:
+        try:
+            verify_identity(h.binding.pid, h.binding.start_time, self.config.proc_root)
+        except ProcessGone:
+            return False
+        return True
+
+    def live_owner_of(self, npus, *, except_pid: int) -> int | None:
+        for pid, h in self.held.items():
+            if pid != except_pid and set(h.binding.npus) & set(npus) and self.is_alive(h):
+                return pid
+        return None
+
+    def holds(self, pid: int) -> bool:
+        with self.lock:
+            return pid in self.held
+
+    # ---------------------------------------------------------- leaving
+
+    def _restoration(self, h: Held) -> Restoration:
+        """What ``h`` may give back (lifecycle.restoration over the other live workers); the
+        irqbalance bans other live workers still pin pass to them here."""
+        b = h.binding
+        others = {pid: o.binding for pid, o in self.held.items() if o is not h and pid != b.pid and self.is_alive(o)}
+        r = restoration(b, others, is_950=b.plan.mode is Mode.ASCEND950_CLUSTER)
+        for pid, bans in r.passed_bans.items():
+            o = self.held[pid]
+            o.binding = dataclasses.replace(o.binding, irqbalance_bans=carried_bans(o.binding.irqbalance_bans, [bans]))
+        return r
+
+    def _restorable(self, h: Held) -> Binding:
+        """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns,
+        and only the irqbalance bans of IRQs no other live worker pins (those pass to it)."""
+        return self._restoration(h).binding
+
+    def _last_950(self, h: Held) -> bool:
+        if h.binding.plan.mode is not Mode.ASCEND950_CLUSTER:
+            return False
+        return not any(o is not h and o.binding.plan.mode is Mode.ASCEND950_CLUSTER and self.is_alive(o)
+                       for o in self.held.values())
+
+    def _undo_gone(self, h: Held, reason: str) -> None:
+        """Forget a worker that no longer exists; restore IRQ masks of NPUs nobody live owns."""
+        r = self._restoration(h)
+        b = r.binding
+        if b.saved_irq_masks or b.irqbalance_bans or r.restore_uvb:
+            try:
+                release_binding(b, self.config, restore_irqs=True, restore_uvb=r.restore_uvb)
+            except AscendbindError as exc:
+                log.warning("restoring IRQ masks of a gone worker failed", pid=b.pid, error=str(exc))
+        self.metrics.dropped_worker(reason)
+        log.info("worker dropped", pid=b.pid, npus=list(b.npus), reason=reason,
+                 irqs_restored=sorted(b.saved_irq_masks))
+
+    def drop(self, pid: int, reason: str) -> None:
+        with self.lock:
+            h = self.held.pop(pid, None)
+            if h is None:
+                return
+            self._undo_gone(h, reason)
+            self.save()
+
+    # ---------------------------------------------------------- a look's actions
+
+    def act(self, h: Held, actions, *, window: float = 0.0) -> bool:
+        """Execute what lifecycle.decide asked for ``h`` (under the lock); True when the
+        state file must be written. ``window``: the re-assert window, for the log."""
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h:
+                return False  # released or replaced since the look
+            dirty = False
+            for a in actions:
+                if isinstance(a, Drop):
+                    self.held.pop(h.binding.pid, None)
+                    self._undo_gone(h, a.reason)
+                    return True
+                if isinstance(a, PinThreads):
+                    self._pin_late(h, a)
+                elif isinstance(a, Reassert):
+                    self._reassert(h, a)
+                    dirty = True
+                elif isinstance(a, LeaveAlone):
+                    self._leave_alone(h, a, window)
+                    dirty = True
+                elif isinstance(a, NoteLocality):
+                    self._note_locality(h, a)
+            return dirty
+
+    def _pin_late(self, h: Held, a: PinThreads) -> None:
+        b = h.binding
+        tids = [tid for tid, _ in a.threads]
+        bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=self.config.proc_root,
+                     only_tids=tids)
+        self._remember(h, a.threads)
+        h.late_threads += len(tids)
+        self.metrics.late_threads.inc(len(tids))
+        log.info("late threads pinned", pid=b.pid, tids=tids[:20], count=len(tids))
+
+    def _count_drift(self, h: Held, a: Reassert | LeaveAlone) -> None:
+        h.drift_events += 1
+        self.metrics.drifted(a.blame.culprit)
+        if a.what == "irqs":
+            h.irq_culprit = a.blame.culprit
+            h.irq_reasserts = deque(a.times)
+        else:
+            h.culprit, h.blame = a.blame.culprit, a.blame.why
+            h.reasserts = deque(a.times)
+
+    def _reassert(self, h: Held, a: Reassert) -> None:
+        self._count_drift(h, a)
+        b = h.binding
+        if a.what == "irqs":
+            for irq, cpus in a.irqs:
+                set_irq_affinity(irq, cpus, proc_root=self.config.proc_root)
+            what = f"IRQ masks {[irq for irq, _ in a.irqs]}"
+        else:
+            bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=self.config.proc_root,
+                         only_tids=list(a.tids))
+            self._remember(h, [(tid, h.threads[tid].role) for tid in a.tids if tid in h.threads])
+            what = f"{len(a.tids)} thread masks of {b.pid}"
+        self.metrics.reasserts.inc()
+        log.info("drift re-asserted", pid=b.pid, what=what, culprit=a.blame.culprit)
+
+    def _leave_alone(self, h: Held, a: LeaveAlone, window: float) -> None:
+        self._count_drift(h, a)
+        if a.what == "irqs":
+            h.irqs_left_alone, h.irqs_left_alone_why = True, a.why
+        else:
+            h.left_alone, h.left_alone_why = True, a.why
+        log.warning("masks keep moving; no longer re-asserting them", pid=h.binding.pid,
+                    what="IRQ masks" if a.what == "irqs" else "thread masks", culprit=a.blame.culprit,
+                    reasserts=len(a.times), window_seconds=window, why=a.why)
+
+    def _remember(self, h: Held, threads) -> None:
+        """Record the masks the kernel kept after we set them (read back: a cpuset may narrow them)."""
+        cpus = role_cpus(h.binding.plan)
+        for tid, role in threads:
+            try:
+                mask = accepted(os.sched_getaffinity(tid), cpus[role])
+            except OSError:
+                h.threads.pop(tid, None)  # exited meanwhile
+                continue
+            # the role we pinned for: if the thread renamed itself meanwhile, its next
+            # (young) look sees a role that differs and moves it again
+            prev = h.threads.get(tid)
+            if prev is not None:
+                prev.mask, prev.role = mask, role
+            else:
+                h.threads[tid] = SeenThread(mask, role)
+
+    # ---------------------------------------------------------- locality
+
+    def _note_locality(self, h: Held, a: NoteLocality) -> None:
+        h.memory_checked_at = a.at
+        h.memory_local_ratio = a.ratio
+        if a.reset_futile:
+            h.memory_futile = 0
+        self.metrics.memory_local(ratios_by_npu(self.held.values()))
+
+    def claim_memory_rerun(self, h: Held, now: float, due) -> float | None:
+        """Mark a memory rerun of ``h`` as started at ``now`` when ``due(record)`` still says
+        so (a slow migratepages is never started twice); returns the ratio before it."""
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h or not due(h.record()):
+                return None
+            h.memory_last_run = now
+            return h.memory_local_ratio
+
+    def memory_rerun_done(self, h: Held, futile: bool) -> None:
+        with self.lock:
+            if self.held.get(h.binding.pid) is h:
+                h.memory_reruns += 1
+                if futile:
+                    h.memory_futile += 1
+
+    def forget_locality(self) -> None:
+        """The check is switched off: no stale ratios."""
+        with self.lock:
+            if any(h.memory_local_ratio is not None for h in self.held.values()):
+                for h in self.held.values():
+                    h.memory_local_ratio = None
+                    h.memory_checked_at = None
+                self.metrics.memory_local({})
+
+    # ---------------------------------------------------------- re-plan
+
+    def rebound(self, h: Held, binding: Binding, facts: tuple, masks) -> None:
+        """``h`` bound again by a re-plan (under the lock): the new binding keeps the host's
+        originals of the old one (``_inherit``), and the thread cache starts over."""
+        with self.lock:
+            h.binding = self._inherit(binding, [h])
+            h.bound_at = time.time()
+            h.remember_threads(masks, role_cpus(binding.plan))
+            h.facts = facts

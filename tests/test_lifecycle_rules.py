@@ -1,0 +1,240 @@
+"""The worker lifecycle's rules as tables: (record, observation, now) -> actions.
+
+Plain values in, frozen actions out: no daemon, no worker process, no clock.
+Each row names the rule it pins down; the real-effect side (threads pinned,
+masks written back, IRQs restored on a real host) is in the daemon tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ascendbind.daemon.blame import Evidence
+from ascendbind.daemon.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality, Observation,
+                                         PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
+                                         memory_rerun_due, rerun_was_futile, restoration, wanted)
+from ascendbind.errors import Conflict
+from ascendbind.model import (Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Outcome, Plan, Step, StepResult,
+                              frozen_map)
+
+NOW = 1000.0
+LIMITS = Limits(reassert_limit=3, window=60.0, memory_local_threshold=0.8, memory_rerun_seconds=600.0)
+R = Record(pid=42)
+TORCH = Evidence(torch_npu="1")
+OPENMP = Evidence(openmp=("OMP_PROC_BIND=true",))
+VLLM_X86 = Evidence(vllm="default", vllm_pid=7, arm=False)
+IRQS = ((120, frozenset({2})), (121, frozenset({3})))
+
+
+def _culprit(actions) -> str:
+    (a,) = [a for a in actions if isinstance(a, (Reassert, LeaveAlone))]
+    return a.blame.culprit
+
+
+# ---------------------------------------------------------------- one look -> actions
+
+DECIDE_TABLE = [
+    # (name, record, observation, expected actions)
+    ("nothing seen: nothing to do", R, Observation(), ()),
+    ("exited: dropped, nothing else", R,
+     Observation(gone="exited", to_pin=((7, "acl"),), drifted=(8,), moved_irqs=IRQS), (Drop("exited"),)),
+    ("recycled: dropped as recycled", R, Observation(gone="recycled"), (Drop("recycled"),)),
+    ("a gone worker left alone is dropped all the same",
+     Record(42, threads_left_alone=True, irqs_left_alone=True), Observation(gone="exited"), (Drop("exited"),)),
+    ("late or renamed threads are pinned", R, Observation(to_pin=((7, "acl"), (9, "release"))),
+     (PinThreads(((7, "acl"), (9, "release"))),)),
+    ("threads left alone: a late thread is not pinned either", Record(42, threads_left_alone=True),
+     Observation(to_pin=((7, "acl"),), drifted=(8,)), ()),
+    ("first drift: re-asserted, the window starts", R, Observation(drifted=(8, 9)),
+     (Reassert("threads", decide(R, Observation(drifted=(8,)), NOW, LIMITS)[0].blame, (NOW,), tids=(8, 9)),)),
+    ("second drift inside the window: re-asserted, both counted", Record(42, reasserts=(NOW - 30,)),
+     Observation(drifted=(8,)), "reassert:2"),
+    ("third drift inside the window: the last re-assert", Record(42, reasserts=(NOW - 50, NOW - 10)),
+     Observation(drifted=(8,)), "reassert:3"),
+    ("fourth inside the window: left alone", Record(42, reasserts=(NOW - 50, NOW - 30, NOW - 10)),
+     Observation(drifted=(8,)), "alone:3"),
+    ("re-asserts older than the window do not count", Record(42, reasserts=(NOW - 300, NOW - 200, NOW - 61)),
+     Observation(drifted=(8,)), "reassert:1"),
+    ("exactly the window's age still counts", Record(42, reasserts=(NOW - 60, NOW - 59, NOW - 1)),
+     Observation(drifted=(8,)), "alone:3"),
+    ("old and recent mixed: only the recent ones count", Record(42, reasserts=(NOW - 120, NOW - 20, NOW - 5)),
+     Observation(drifted=(8,)), "reassert:3"),
+    ("pin and drift in one look: pinned first, then re-asserted", R,
+     Observation(to_pin=((7, "acl"),), drifted=(8,)), "pin+reassert:1"),
+    ("IRQ masks moved: re-asserted", R, Observation(moved_irqs=IRQS), "irq-reassert:1"),
+    ("IRQ masks left alone: nothing, even when they move", Record(42, irqs_left_alone=True),
+     Observation(moved_irqs=IRQS), ()),
+    ("IRQ masks past the limit: left alone", Record(42, irq_reasserts=(NOW - 3, NOW - 2, NOW - 1)),
+     Observation(moved_irqs=IRQS), "irq-alone:3"),
+    ("thread and IRQ budgets are separate", Record(42, reasserts=(NOW - 3, NOW - 2, NOW - 1)),
+     Observation(drifted=(8,), moved_irqs=IRQS), "alone:3+irq-reassert:1"),
+    ("threads left alone, IRQs still watched", Record(42, threads_left_alone=True),
+     Observation(drifted=(8,), moved_irqs=IRQS), "irq-reassert:1"),
+]
+
+
+@pytest.mark.parametrize("name,record,obs,expected", DECIDE_TABLE, ids=[row[0] for row in DECIDE_TABLE])
+def test_one_look_calls_for_these_actions(name, record, obs, expected):
+    actions = decide(record, obs, NOW, LIMITS)
+    if isinstance(expected, tuple):
+        assert actions == expected
+        return
+    kinds = []
+    for a in actions:
+        if isinstance(a, PinThreads):
+            kinds.append("pin")
+        elif isinstance(a, Reassert):
+            kinds.append(f"{'irq-' if a.what == 'irqs' else ''}reassert:{len(a.times)}")
+            assert a.times[-1] == NOW and all(NOW - t <= LIMITS.window for t in a.times)
+            assert (a.irqs == obs.moved_irqs) if a.what == "irqs" else (a.tids == obs.drifted)
+        elif isinstance(a, LeaveAlone):
+            kinds.append(f"{'irq-' if a.what == 'irqs' else ''}alone:{len(a.times)}")
+            assert f"after {len(a.times)} re-asserts within 60 s" in a.why
+            assert f"blamed {a.blame.culprit}" in a.why and "Fix:" in a.why
+    assert "+".join(kinds) == expected
+
+
+BLAME_TABLE = [
+    # (evidence, irqbalance running, thread culprit, IRQ culprit)
+    (None, False, "external", "external"),
+    (TORCH, False, "self", "external"),
+    (OPENMP, True, "env", "irqbalance"),
+    (VLLM_X86, True, "external", "irqbalance"),  # vllm-ascend's binder runs only on ARM
+    (Evidence(vllm="default", vllm_pid=7, arm=True), False, "self", "external"),
+]
+
+
+@pytest.mark.parametrize("evidence,irqbalance,threads,irqs", BLAME_TABLE)
+def test_the_culprit_comes_from_the_evidence_and_never_changes_the_verdict(evidence, irqbalance, threads, irqs):
+    obs = Observation(drifted=(8,), evidence=evidence, moved_irqs=IRQS, irqbalance_running=irqbalance)
+    fresh = decide(R, obs, NOW, LIMITS)
+    assert [type(a) for a in fresh] == [Reassert, Reassert]
+    assert (fresh[0].blame.culprit, fresh[1].blame.culprit) == (threads, irqs)
+    spent = Record(42, reasserts=(NOW - 3, NOW - 2, NOW - 1), irq_reasserts=(NOW - 3, NOW - 2, NOW - 1))
+    tired = decide(spent, obs, NOW, LIMITS)
+    assert [type(a) for a in tired] == [LeaveAlone, LeaveAlone]  # whoever did it
+    assert (_culprit(tired[:1]), _culprit(tired[1:])) == (threads, irqs)
+
+
+@pytest.mark.parametrize("record,looks", [
+    (R, Looks(threads=True, irqs=True)),
+    (Record(42, threads_left_alone=True), Looks(threads=False, irqs=True)),
+    (Record(42, irqs_left_alone=True), Looks(threads=True, irqs=False)),
+    (Record(42, threads_left_alone=True, irqs_left_alone=True), Looks(threads=False, irqs=False)),
+])
+def test_a_look_reads_nothing_that_is_left_alone(record, looks):
+    assert wanted(record) == looks
+
+
+def test_a_limit_of_one_leaves_alone_at_the_second_drift():
+    one = Limits(reassert_limit=1, window=10.0)
+    first = decide(R, Observation(drifted=(8,)), NOW, one)
+    assert isinstance(first[0], Reassert) and first[0].times == (NOW,)
+    second = decide(Record(42, reasserts=first[0].times), Observation(drifted=(8,)), NOW + 5, one)
+    assert isinstance(second[0], LeaveAlone) and "after 1 re-asserts within 10 s" in second[0].why
+    later = decide(Record(42, reasserts=first[0].times), Observation(drifted=(8,)), NOW + 11, one)
+    assert isinstance(later[0], Reassert) and later[0].times == (NOW + 11,)
+
+
+# ---------------------------------------------------------------- memory locality
+
+MEMORY_TABLE = [
+    # (name, record, ratio, expected)
+    ("nothing resident: recorded as unknown, no rerun", R, None, (NoteLocality(None, NOW, False),)),
+    ("good locality resets the futile count", Record(42, memory_futile=3), 0.95, (NoteLocality(0.95, NOW, True),)),
+    ("exactly the threshold is good", R, 0.8, (NoteLocality(0.8, NOW, True),)),
+    ("low, last run long ago: rerun", Record(42, memory_last_run=NOW - 600), 0.5,
+     (NoteLocality(0.5, NOW, False), RerunMemory(0.5))),
+    ("low, last run too recent: no rerun yet", Record(42, memory_last_run=NOW - 599), 0.5,
+     (NoteLocality(0.5, NOW, False),)),
+    ("low after two futile reruns: waits 4 intervals", Record(42, memory_last_run=NOW - 2399, memory_futile=2),
+     0.5, (NoteLocality(0.5, NOW, False),)),
+    ("... and reruns once they have passed", Record(42, memory_last_run=NOW - 2400, memory_futile=2), 0.5,
+     (NoteLocality(0.5, NOW, False), RerunMemory(0.5))),
+    ("the back-off is capped at 16 intervals", Record(42, memory_last_run=NOW - 9600, memory_futile=40), 0.1,
+     (NoteLocality(0.1, NOW, False), RerunMemory(0.1))),
+]
+
+
+@pytest.mark.parametrize("name,record,ratio,expected", MEMORY_TABLE, ids=[row[0] for row in MEMORY_TABLE])
+def test_a_locality_check_is_recorded_and_reruns_the_memory_step_at_a_falling_rate(name, record, ratio, expected):
+    assert decide(record, Observation(memory_measured=True, memory_ratio=ratio), NOW, LIMITS) == expected
+
+
+def test_the_rerun_rate_and_futility_rules():
+    assert not memory_rerun_due(None, 0.8, 0.0, NOW, 600.0)
+    assert not memory_rerun_due(0.9, 0.8, 0.0, NOW, 600.0)
+    assert memory_rerun_due(0.1, 0.8, NOW - 600, NOW, 600.0, futile=0)
+    assert not memory_rerun_due(0.1, 0.8, NOW - 1199, NOW, 600.0, futile=1)
+    assert rerun_was_futile(None, LIMITS) and rerun_was_futile(0.79, LIMITS) and not rerun_was_futile(0.8, LIMITS)
+
+
+# ---------------------------------------------------------------- leaving: what goes back
+
+def _binding(pid: int, irqs_by_npu: dict[int, tuple[int, ...]], *, mode: Mode = Mode.TOPO_AFFINITY,
+             bans: frozenset[int] | None = None) -> Binding:
+    npus = tuple(sorted(irqs_by_npu))
+    pool = (2, 3, 4, 5, 6)
+    plan = Plan(mode, DeviceType.A2, None, pool,
+                tuple(NpuPlan(n, pool, (2,), (3,), (4,), (5,), (0,)) for n in npus))
+    data = {"npus": [{"npu": n, "writes": [{"irq": i, "cpus": [2], "status": "ok"} for i in irqs]}
+                     for n, irqs in irqs_by_npu.items()]}
+    step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound", frozen_map(data))
+    saved = frozen_map({i: "000000ff" for irqs in irqs_by_npu.values() for i in irqs})
+    return Binding(pid, 5000, npus, plan, frozenset(range(8)), saved, (step,),
+                   irqbalance_bans=None if bans is None else IrqbalanceBans(77, 1, bans))
+
+
+RESTORE_TABLE = [
+    # (name, leaving, others alive, is_950, masks restored, bans lifted, bans passed, restore uvb)
+    ("the only worker restores everything", _binding(1, {0: (120, 121)}, bans=frozenset({120})), {}, False,
+     {120, 121}, {120}, {}, False),
+    ("an NPU another live worker owns keeps its IRQs where they are",
+     _binding(1, {0: (120,), 1: (130,)}, bans=frozenset({120, 130})), {2: _binding(2, {1: (130,)})}, False,
+     {120}, {120}, {2: {130}}, False),
+    ("a live worker on other NPUs changes nothing", _binding(1, {0: (120,)}), {2: _binding(2, {3: (140,)})},
+     False, {120}, None, {}, False),
+    ("the last 950 worker restores the UVB masks", _binding(1, {0: (120,)}, mode=Mode.ASCEND950_CLUSTER),
+     {2: _binding(2, {3: (140,)})}, True, {120}, None, {}, True),
+    ("a 950 worker with another 950 worker alive leaves them",
+     _binding(1, {0: (120,)}, mode=Mode.ASCEND950_CLUSTER),
+     {2: _binding(2, {3: (140,)}, mode=Mode.ASCEND950_CLUSTER)}, True, {120}, None, {}, False),
+]
+
+
+@pytest.mark.parametrize("name,leaving,others,is_950,masks,lifted,passed,uvb", RESTORE_TABLE,
+                         ids=[row[0] for row in RESTORE_TABLE])
+def test_a_leaving_worker_gives_back_only_what_no_live_worker_still_uses(name, leaving, others, is_950, masks,
+                                                                          lifted, passed, uvb):
+    r = restoration(leaving, others, is_950=is_950)
+    assert set(r.binding.saved_irq_masks) == masks
+    assert (None if r.binding.irqbalance_bans is None else set(r.binding.irqbalance_bans.irqs)) == lifted
+    assert {pid: set(b.irqs) for pid, b in r.passed_bans.items()} == passed
+    assert r.restore_uvb is uvb
+    assert r.binding.pid == leaving.pid and r.binding.original_cpus == leaving.original_cpus
+
+
+# ---------------------------------------------------------------- claims
+
+CLAIM_TABLE = [
+    # (name, holders (pid, npus, alive), listed (npu, pid), allow_shared, replaced, evicted)
+    ("a free NPU: nobody gives way", [(2, (5,), True)], None, False, (), ()),
+    ("a dead holder is replaced", [(2, (0,), False)], None, False, (ReplaceHolder(2),), ()),
+    ("an unlisted live holder gives way to a listed newcomer", [(2, (0,), True)], {(0, 9)}, False, (), (Evict(2),)),
+    ("shared NPUs allowed: a live holder stays", [(2, (0,), True)], None, True, (), ()),
+    ("dead and unlisted together", [(2, (0,), False), (3, (1,), True)], {(1, 9)}, False,
+     (ReplaceHolder(2),), (Evict(3),)),
+]
+
+
+@pytest.mark.parametrize("name,holders,listed,shared,replaced,evicted", CLAIM_TABLE,
+                         ids=[row[0] for row in CLAIM_TABLE])
+def test_who_gives_way_when_an_npu_is_claimed(name, holders, listed, shared, replaced, evicted):
+    assert claim(9, (0, 1), holders, listed, allow_shared=shared) == (replaced, evicted)
+
+
+@pytest.mark.parametrize("listed", [None, {(0, 2)}, {(0, 2), (0, 9)}, set()])
+def test_a_live_holder_keeps_its_npu_unless_the_driver_lists_only_the_newcomer(listed):
+    with pytest.raises(Conflict) as exc:
+        claim(9, (0,), [(2, (0,), True)], listed)
+    assert exc.value.code == "npu_busy"
