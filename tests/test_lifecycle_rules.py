@@ -14,7 +14,7 @@ from ascendbind.daemon.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks,
                                          PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
                                          memory_rerun_due, rerun_was_futile, restoration, wanted)
 from ascendbind.errors import Conflict
-from ascendbind.model import (Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Outcome, Plan, Step, StepResult,
+from ascendbind.model import (Binding, DeviceType, IrqBinding, IrqbalanceBans, Mode, NpuPlan, Outcome, Plan, Step, StepResult,
                               frozen_map)
 
 NOW = 1000.0
@@ -177,12 +177,12 @@ def _binding(pid: int, irqs_by_npu: dict[int, tuple[int, ...]], *, mode: Mode = 
     pool = (2, 3, 4, 5, 6)
     plan = Plan(mode, DeviceType.A2, None, pool,
                 tuple(NpuPlan(n, pool, (2,), (3,), (4,), (5,), (0,)) for n in npus))
-    data = {"npus": [{"npu": n, "writes": [{"irq": i, "cpus": [2], "status": "ok"} for i in irqs]}
-                     for n, irqs in irqs_by_npu.items()]}
-    step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound", frozen_map(data))
-    saved = frozen_map({i: "000000ff" for irqs in irqs_by_npu.values() for i in irqs})
+    writes = tuple(IrqBinding(n, i, frozenset({2}), "000000ff", "ok", "00000004")
+                   for n, irqs in irqs_by_npu.items() for i in irqs)
+    step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound")
+    saved = frozen_map({w.irq: w.previous for w in writes})
     return Binding(pid, 5000, npus, plan, frozenset(range(8)), saved, (step,),
-                   irqbalance_bans=None if bans is None else IrqbalanceBans(77, 1, bans))
+                   irqbalance_bans=None if bans is None else IrqbalanceBans(77, 1, bans), irqs=writes)
 
 
 RESTORE_TABLE = [
