@@ -50,6 +50,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
@@ -193,11 +194,18 @@ class StateFile:
                         view = view[os.write(fd, view):]
                 finally:
                     os.close(fd)
-                os.replace(tmp, STATE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+                swapped = _exchange(dfd, tmp, STATE_NAME)
+                if not swapped:
+                    os.replace(tmp, STATE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
                 raise
+            if swapped:
+                # the temp name now holds the previous file; one left by a crash right here
+                # is a stale temp file, removed at the next start
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
         finally:
             os.close(dfd)
 
@@ -275,6 +283,46 @@ class StateFile:
             log.info("state file of version 1 read; its entries are converted", workers=len(workers))
             workers = [_upgrade_v1(w) for w in workers]
         return LoadResult(workers=[w for w in workers if isinstance(w, dict)])
+
+
+_RENAME_EXCHANGE = 2  # renameat2(2) flag: swap two names atomically
+_renameat2: Any = None
+
+
+def _libc_renameat2() -> Any:
+    """glibc's renameat2, or False where the C library lacks it (glibc < 2.28, musl < 1.2.5)."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+            fn.restype = ctypes.c_int
+            _renameat2 = fn
+        except (AttributeError, OSError):
+            _renameat2 = False
+    return _renameat2
+
+
+def _exchange(dfd: int, new: str, old: str) -> bool:
+    """Swap the names ``new`` and ``old`` in ``dfd`` atomically; False when they were not
+    swapped (``old`` does not exist yet, or the kernel, file system or C library cannot),
+    and the caller renames instead.
+
+    Why not rename(2) over ``old``: ext4 (auto_da_alloc, the default) starts writeback of
+    the renamed file's data inside rename(2) whenever it replaces an existing name, a
+    guard for programs that skip fsync. It costs about 0.1 ms of wall clock a write here
+    and buys nothing this file needs (it must outlive the daemon, not the machine). An
+    exchange leaves both names in place, so ext4 does not take it for a replacing
+    rename; readers still see the old file or the new one, never neither."""
+    fn = _libc_renameat2()
+    if not fn:
+        return False
+    if fn(dfd, new.encode(), dfd, old.encode(), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), old)
 
 
 def _create_exclusive(dfd: int) -> tuple[str, int]:
