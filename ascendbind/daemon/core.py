@@ -192,7 +192,9 @@ class Daemon(Ownership):
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             with recycled_is_a_conflict():
-                applied = apply_observed(plan, worker, host, config, view=view)
+                applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs)
+            if any(b.status == "failed" for b in applied.binding.irqs):
+                self.hosts.forget_irqs()
             binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None])
             for h in replaced:
                 self.held.pop(h.binding.pid, None)
