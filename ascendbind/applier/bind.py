@@ -139,7 +139,7 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     if view is not None:
         identity = require_live(view.identity, pid)
         refuse_non_worker(identity)
-        tasks = tuple((t.tid, t.comm) for t in view.tasks)
+        tasks = view.tasks  # (tid, comm, ...) tuples: the affinity step reads the first two
     else:
         identity = require_worker(pid, proc_root)
         tasks = None
