@@ -16,10 +16,13 @@ Invariants:
   there (a symlink where root's temp file goes) would make root overwrite any
   file on the host.
 * Written atomically: a temp file in the same directory, created exclusively
-  (``O_EXCL|O_NOFOLLOW``, mode 0600, an unpredictable name), then renamed over
-  ``state.json``. A reader sees the old file or the new one, never half of one.
-  Every operation goes through one descriptor of the directory opened without
-  following links, so no path is looked up twice.
+  (``O_EXCL|O_NOFOLLOW``, mode 0600, an unpredictable name), then swapped with
+  ``state.json`` in one ``renameat2(RENAME_EXCHANGE)`` and the previous file
+  unlinked under the temp name (a plain rename where there is no ``state.json``
+  yet or the file system cannot exchange). A reader sees the old file or the new
+  one, never half of one, and never no file. Every operation goes through one
+  descriptor of the directory opened without following links, so no path is
+  looked up twice.
 * Written once per change, before the change is answered, and not fsynced. The
   file has to outlive the daemon process, not the machine: its entries name
   pids and IRQ masks of this boot, and after a reboot they are dropped unread
