@@ -59,7 +59,7 @@ from .locality import ratios_by_npu
 from .metrics import Metrics
 from .observe import role_cpus
 from .ownership import Ownership
-from .state import StateFile, binding_to_json
+from .state import StateFile
 
 __all__ = ["Daemon", "Held"]
 
@@ -90,9 +90,9 @@ class Daemon(Ownership):
 
     def save(self) -> None:
         with self.lock:
-            entries = [binding_to_json(h.binding, **h.state_json()) for h in self.held.values()]
+            records = [h.state_record() for h in self.held.values()]
             try:
-                self.state.save(entries)
+                self.state.save_encoded(records)
             except (OSError, ConfigError) as exc:
                 # bindings stay in force; the next change retries the write
                 log.error("could not write the state file", path=self.state.path,

@@ -72,7 +72,7 @@ from ..errors import ConfigError
 from .staterecord import binding_from_json, binding_from_v1, binding_to_json
 from .statedir import trusted_state_dir, untrusted_reason
 
-__all__ = ["StateFile", "LoadResult", "binding_to_json", "binding_from_json", "read_boot_id", "STATE_VERSION"]
+__all__ = ["StateFile", "LoadResult", "encode_record", "binding_to_json", "binding_from_json", "read_boot_id", "STATE_VERSION"]
 
 STATE_VERSION = 2
 log = structlog.get_logger("ascendbind.state")
@@ -84,6 +84,11 @@ def read_boot_id(proc_root: str = "/proc") -> str:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def encode_record(record: dict[str, Any]) -> str:
+    """One worker's record as it stands in the file (canonical JSON): ``save_encoded`` takes these."""
+    return _canonical(record)
 
 
 def _checksum(version: int, boot_id: str, workers_text: str) -> str:
@@ -181,7 +186,13 @@ class StateFile:
 
     def save(self, workers: list[dict[str, Any]]) -> None:
         """Replace the file with ``workers`` (records of ``binding_to_json``): write, rename."""
-        workers_text = _canonical(workers)
+        self.save_encoded([_canonical(w) for w in workers])
+
+    def save_encoded(self, records: list[str]) -> None:
+        """``save`` of records already encoded by ``encode_record``: the canonical JSON of a
+        list is its items' canonical JSON joined by commas, so the file and its checksum are
+        the same bytes as ``save`` of the records would write."""
+        workers_text = "[" + ",".join(records) + "]"
         # the workers are encoded once: the checksum is over the very text the file holds
         data = (f'{{"boot_id":{json.dumps(self.boot_id)},'
                 f'"checksum":"{_checksum(STATE_VERSION, self.boot_id, workers_text)}",'
