@@ -19,12 +19,13 @@ command; the parent forwards signals and returns the command's status.
 from __future__ import annotations
 
 import errno
-import http.client
 import json
 import os
+import re
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from urllib.parse import urlencode
 
@@ -52,38 +53,125 @@ def default_socket() -> str:
     return resolve_socket()
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
+# the daemon's answers: a head of a few hundred bytes, a body up to the size of
+# /metrics or /v1/workers on a big host; anything larger is not the daemon talking
+MAX_HEAD = 64 * 1024
+MAX_ANSWER = 32 * 1024 * 1024
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [^\r\n]*)?")
 
-    def connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
+
+class BadAnswer(Exception):
+    """The bytes that came back are not an answer this client takes."""
+
+
+def _recv_some(sock: socket.socket, deadline: float, what: str) -> bytes:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"no complete answer in time ({what})")
+    sock.settimeout(left)
+    return sock.recv(65536)
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """(status, lower-case header -> last value) of an answer head (without its blank
+    line); BadAnswer when it is not one the daemon sends: a status line, header fields,
+    one ``Content-Length``, no ``Transfer-Encoding``."""
+    lines = head.split(b"\r\n")
+    m = _STATUS_LINE.fullmatch(lines[0])
+    if m is None:
+        raise BadAnswer(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    status = int(m.group(1))
+    if status < 200:
+        raise BadAnswer(f"an interim {status} answer to a request that asked for none")
+    headers: dict[str, str] = {}
+    lengths = set()
+    for raw in lines[1:]:
+        name, sep, value = raw.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise BadAnswer(f"malformed header field {raw[:80]!r}")
+        key, text = name.decode("latin-1").lower(), value.strip().decode("latin-1")
+        if key == "content-length":
+            lengths.add(text)
+        headers[key] = text
+    if "transfer-encoding" in headers:
+        raise BadAnswer(f"Transfer-Encoding {headers['transfer-encoding'][:40]!r}: the daemon sends lengths")
+    if len(lengths) != 1:
+        raise BadAnswer("no Content-Length" if not lengths else "conflicting Content-Length headers")
+    text = lengths.pop()
+    if not text.isdigit() or len(text) > 12:
+        raise BadAnswer(f"Content-Length {text[:20]!r} is not a byte count")
+    return status, headers
+
+
+def exchange(path: str, request: bytes, timeout: float, *, max_answer: int = MAX_ANSWER) -> tuple[int, str, bytes]:
+    """Send one request on the Unix socket ``path``; (status, Content-Type, body) of the answer.
+
+    One connection, one request, one answer (the daemon closes after each): the
+    head up to its blank line, then exactly ``Content-Length`` body bytes. The whole
+    exchange, connect included, gets ``timeout`` seconds; an answer larger than
+    ``max_answer``, chunked, without a length or cut short raises BadAnswer. OSError
+    (TimeoutError included) as the socket raises it."""
+    deadline = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
         try:
-            s.connect(self.unix_path)
-        except BaseException:
-            s.close()
-            raise
-        self.sock = s
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            # a daemon out of room answers 503 at accept and closes without reading:
+            # the answer may be waiting all the same
+            pass
+        buf = b""
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if len(buf) > MAX_HEAD:
+                raise BadAnswer(f"an answer head larger than {MAX_HEAD} bytes")
+            chunk = _recv_some(sock, deadline, "head")
+            if not chunk:
+                raise BadAnswer("the connection closed before an answer" if not buf
+                                else "the connection closed in the middle of the answer head")
+            buf += chunk
+        status, headers = parse_head(buf[:end])
+        length = int(headers["content-length"])
+        if length > max_answer:
+            raise BadAnswer(f"an answer of {length} bytes (at most {max_answer} taken)")
+        body = bytearray(buf[end + 4:])
+        while len(body) < length:
+            chunk = _recv_some(sock, deadline, "body")
+            if not chunk:
+                raise BadAnswer(f"the connection closed after {len(body)} of {length} body bytes")
+            body += chunk
+        if len(body) > length:
+            raise BadAnswer(f"{len(body) - length} bytes beyond the Content-Length")
+        return status, headers.get("content-type", ""), bytes(body)
+    finally:
+        sock.close()
+
+
+def render_request(method: str, path: str, data: bytes | None) -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+    if data is None:
+        return (head + "\r\n").encode("ascii")
+    return (head + f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode("ascii") + data
 
 
 class Client:
-    def __init__(self, socket_path: str | None = None, *, timeout: float = 120.0) -> None:
+    def __init__(self, socket_path: str | None = None, *, timeout: float = 120.0,
+                 max_answer: int = MAX_ANSWER) -> None:
         self.socket_path = socket_path or default_socket()
-        self.timeout = timeout
+        self.timeout = timeout  # seconds for a whole request: connect, send, the answer
+        self.max_answer = max_answer
 
     # ------------------------------------------------------------ transport
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
-        conn = _UnixConnection(self.socket_path, self.timeout)
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-            status, ctype = resp.status, resp.getheader("Content-Type", "")
+            status, ctype, raw = exchange(self.socket_path, render_request(method, path, data), self.timeout,
+                                          max_answer=self.max_answer)
         except PermissionError:
             raise errors.NotPermitted(
                 f"permission denied on {self.socket_path}: ask for the daemon's socket group"
@@ -92,10 +180,13 @@ class Client:
             raise errors.DaemonUnreachable(
                 f"no ascendbind daemon on {self.socket_path} ({exc.strerror}); is `ascendbind serve` running?"
             ) from None
-        except (OSError, http.client.HTTPException) as exc:
+        except TimeoutError:
+            raise errors.DaemonUnreachable(
+                f"ascendbind daemon on {self.socket_path} did not answer within {self.timeout:g} s") from None
+        except BadAnswer as exc:
+            raise errors.DaemonUnreachable(f"unexpected answer from {self.socket_path}: {exc}") from None
+        except OSError as exc:
             raise errors.DaemonUnreachable(f"ascendbind daemon on {self.socket_path} did not answer: {exc}") from None
-        finally:
-            conn.close()
         if ctype.startswith("application/json"):
             try:
                 payload: dict | str = json.loads(raw)

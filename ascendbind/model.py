@@ -264,7 +264,7 @@ class Plan:
     # the NUMA alignment decision (None: never evaluated, e.g. a plan made before it existed)
     alignment: PlanAlignment | None = None
     # NPU -> what its IRQ step would move; None when the IRQs were not looked up (the
-    # daemon's bind looks them up in the IRQ step itself, at write time)
+    # daemon's bind decides them in the IRQ step itself, from its cache of the NPUs' IRQs)
     irqs: Mapping[int, NpuIrqPlan] | None = None
 
     def npu(self, logic_id: int) -> NpuPlan | None:

@@ -339,6 +339,9 @@ def main(argv=None) -> int:
               f"(goal >= 10x: {'met' if r_ref_daemon >= 10 else 'MISSED'})")
         print(f"socket + HTTP + client       = {(cpu_med['daemon'] - cpu_med['daemon-core']) * 1e3:7.3f} ms CPU per bind "
               f"(daemon - daemon-core); a no-op request's round trip {med['round-trip'] * 1e3:.3f} ms")
+        least = med["bind_threads"] + med["round-trip"]
+        print(f"(bind_threads + round-trip) / bare = {least / med['bare']:5.2f}x    (the floor's work in ascendbind's "
+              f"code plus an empty request, {least * 1e3:.3f} ms: no bind over the socket costs less)")
     if server_ms is not None:
         print(f"daemon: {server_ms:.2f} ms mean inside the daemon per bind (ascendbind_bind_duration_seconds: "
               f"observation, plan, the four steps, the state file); the rest is socket, HTTP and client")

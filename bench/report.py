@@ -210,6 +210,11 @@ def _bind_section(bind: dict) -> list[str]:
             lines[-1] += (f" The state file costs {med['daemon-core'] - med['core-no-state']:.2f} ms a bind; "
                           f"socket, HTTP and client {(cpu.get('daemon', 0) - cpu.get('daemon-core', 0)):.2f} ms "
                           "of CPU.")
+        if "round-trip" in med and "bind_threads" in med:
+            least = med["bind_threads"] + med["round-trip"]
+            lines += ["", f"The floor's work in ascendbind's code (`bind_threads`) plus an empty request's round "
+                          f"trip is {least:.2f} ms, {least / med['bare']:.1f}x the floor: no bind over the socket "
+                          "costs less, before the daemon has authorized, planned or written its state."]
     if bind.get("daemon_server_mean_ms") is not None:
         lines += ["", f"Of the daemon's time, {bind['daemon_server_mean_ms']:.2f} ms (mean) is spent inside it per "
                       "bind, by its own `ascendbind_bind_duration_seconds`; the rest is the socket, HTTP and the "

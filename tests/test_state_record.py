@@ -12,7 +12,8 @@ from ascendbind.applier import apply_plan, release_binding
 from ascendbind.config import Config
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.state import STATE_VERSION, StateFile, binding_from_json, binding_to_json
+from ascendbind.daemon.held import Held
+from ascendbind.daemon.state import STATE_VERSION, StateFile, binding_from_json, binding_to_json, encode_record
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
 from ascendbind.model import (Binding, IrqBinding, IrqbalanceBans, Mode, NpuPlan, Outcome, Reason, Step, StepResult,
                               frozen_map)
@@ -67,6 +68,32 @@ def test_typed_values_round_trip_through_the_state_file(tmp_path):
     assert kept["alignment"]["providers"] == {"device": [], "cpu": [], "memory": []}
     shown["alignment"]["providers"] = kept["alignment"]["providers"]
     assert kept == shown
+
+
+def test_a_held_workers_record_is_encoded_again_only_when_it_changed(tmp_path):
+    b = _a2_binding()
+    held = Held(b, 12.5, "best-effort")
+    first = held.state_record()
+    assert held.state_record() is first  # unchanged: the text of the last save, not a new encoding
+    assert json.loads(first) == binding_to_json(b, **held.state_json())
+    held.left_alone, held.left_alone_why = True, "moved again"  # a verdict the reconcile loop reached
+    second = held.state_record()
+    assert second is not first and json.loads(second)["left_alone"] is True
+    held.binding = dataclasses.replace(b, npus=(3,))  # a new binding (a re-plan)
+    assert json.loads(held.state_record())["npus"] == [3]
+
+
+def test_saving_encoded_records_writes_the_file_save_writes(tmp_path):
+    b = _a2_binding()
+    records = [binding_to_json(b, **HELD), binding_to_json(dataclasses.replace(b, pid=4243), **HELD)]
+    by_dicts, by_texts = StateFile(str(tmp_path / "a")), StateFile(str(tmp_path / "b"))
+    by_dicts.save(records)
+    by_texts.save_encoded([encode_record(r) for r in records])
+    docs = [json.load(open(sf.path)) for sf in (by_dicts, by_texts)]
+    for doc in docs:
+        doc.pop("written_at")
+    assert docs[0] == docs[1]  # the checksum included
+    assert [w["pid"] for w in by_texts.load().workers] == [4242, 4243]
 
 
 def test_the_record_holds_cpu_lists_as_strings_and_no_plan_copy():

@@ -155,6 +155,24 @@ def test_a_state_json_that_is_no_regular_file_is_moved_aside(tmp_path, world, ki
     assert open(victim, "rb").read() == VICTIM_TEXT
 
 
+def test_a_save_swaps_a_whole_new_file_in_and_leaves_only_state_json(tmp_path):
+    sf = StateFile(str(tmp_path / "state"))
+    sf.prepare()
+    sf.save([binding_to_json(BINDING)])  # no state.json yet: a plain rename puts the first one in
+    with open(sf.path, "rb") as reader:
+        first = reader.read()
+        first_inode = os.fstat(reader.fileno()).st_ino
+        sf.save([binding_to_json(BINDING), binding_to_json(BINDING)])
+        reader.seek(0)
+        # the reader's file was never written again: a new file took the name, whole
+        assert reader.read() == first
+    st = os.lstat(sf.path)
+    assert st.st_ino != first_inode and stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    # the previous file went with its temp name: nothing is left to clean up
+    assert os.listdir(sf.dir) == ["state.json"]
+    assert len(sf.load().workers) == 2 and len(json.loads(first)["workers"]) == 1
+
+
 def test_load_does_not_hang_on_a_fifo_it_was_not_told_about(tmp_path):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

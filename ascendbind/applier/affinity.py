@@ -147,7 +147,7 @@ def bind_threads(
     *,
     proc_root: str = "/proc",
     only_tids: Collection[int] | None = None,
-    tasks: Iterable[tuple[int, str]] | None = None,
+    tasks: Iterable[tuple] | None = None,
 ) -> StepResult:
     """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop)."""
     return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks).result
@@ -160,9 +160,9 @@ def bind_tasks(
     *,
     proc_root: str = "/proc",
     only_tids: Collection[int] | None = None,
-    tasks: Iterable[tuple[int, str]] | None = None,
+    tasks: Iterable[tuple] | None = None,
 ) -> AffinityResult:
-    """``bind_threads``, with the masks read back. ``tasks``: (tid, comm) of the threads as
+    """``bind_threads``, with the masks read back. ``tasks``: (tid, comm, ...) of the threads as
     already observed; the first pass binds those without listing or reading a name, later
     passes list the task directory for threads born meanwhile."""
     role_cpus = {role: cpus_for_role(npu_plan, role, mode) for role in ROLES}
@@ -186,7 +186,7 @@ def _bind(
     only_tids: Collection[int] | None,
     by_role: bool,
     step: Step = Step.AFFINITY,
-    tasks: Iterable[tuple[int, str]] | None = None,
+    tasks: Iterable[tuple] | None = None,
 ) -> AffinityResult:
     main_cpus = role_cpus["main"]
     acl_cpus = role_cpus["acl"]
@@ -207,7 +207,7 @@ def _bind(
         if only_tids is not None:
             batch = [(str(t), task_comm(pid, t, proc_root)) for t in sorted(only_tids)]
         elif passes == 1 and tasks is not None:
-            batch = [(str(tid), comm) for tid, comm in tasks]
+            batch = [(str(t[0]), t[1]) for t in tasks]
         else:
             batch = new_tasks(pid, seen, proc_root)
             if batch is None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..config import Config
+from ..discovery.irqhost import NpuIrqLookup
 from ..discovery.process import ProcessView
 from ..errors import PlanImpossible, ProcessGone
 from ..model import (
@@ -122,13 +123,15 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config,
 
 
 def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
-                   view: ProcessView | None = None) -> Applied:
+                   view: ProcessView | None = None, npu_irqs: NpuIrqLookup | None = None) -> Applied:
     """``apply_plan``, also returning the masks the affinity step read back.
 
     With ``view`` (the request's one observation of the worker), the identity checks
     are decided on it and the affinity step's first pass binds its threads as listed
     and named there; only threads born since are listed and named again. Without
     one, the identity is read here and the affinity step lists the threads itself.
+    ``npu_irqs`` answers which IRQs each NPU owns (the daemon's cache); without it the
+    IRQ step looks them up on the host.
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
@@ -136,7 +139,7 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     if view is not None:
         identity = require_live(view.identity, pid)
         refuse_non_worker(identity)
-        tasks = tuple((t.tid, t.comm) for t in view.tasks)
+        tasks = view.tasks  # (tid, comm, ...) tuples: the affinity step reads the first two
     else:
         identity = require_worker(pid, proc_root)
         tasks = None
@@ -161,7 +164,7 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
                 Step.AFFINITY, Outcome.FAILED, Reason.PID_RECYCLED, f"{exc} while binding", affinity.data
             )
     steps.append(affinity)
-    irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config))
+    irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs))
     steps.append(irq.result)
     if alive:
         steps.append(_guard(Step.MEMORY, lambda: migrate_memory(plan, pid, host, config)))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from ..config import Config
 from ..cpulist import format_cpulist, format_mask, parse_mask
-from ..discovery.irqhost import discover_npu_irqs, irq_mask_path, irq_masks_writable, irqbalance_pids, read_irq_mask
+from ..discovery.irqhost import NpuIrqLookup, discover_npu_irqs, irq_mask_path, irq_masks_writable, irqbalance_pids, read_irq_mask
 from ..discovery.sources import HostSource, LiveHost
 from ..model import (HostFacts, IrqBinding, IrqbalanceBans, NpuIrqPlan, Outcome, Plan, Reason, Step, StepResult,
                      frozen_map)
@@ -120,12 +120,19 @@ def _write_checked(irq: int, text: str, cpus: frozenset[int], previous: str | No
     return IrqWrite(irq, "ok", previous, now)
 
 
-def planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource) -> dict[int, NpuIrqPlan]:
-    """NPU -> what its IRQ step would move: discovery's IRQs (through ``source``, only
-    for NPUs with IRQ CPUs and only when the step is on) under the planner's rule.
-    ``plan`` shows this; the step writes exactly this."""
+def planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource, *,
+                 lookup: NpuIrqLookup | None = None) -> dict[int, NpuIrqPlan]:
+    """NPU -> what its IRQ step would move: discovery's IRQs (through ``source``, or
+    ``lookup`` when given: the daemon's cache of them; only for NPUs with IRQ CPUs and
+    only when the step is on) under the planner's rule. ``plan`` shows this; the step
+    writes exactly this."""
     wanted = [p.npu for p in plan.npus if p.irq] if step_off(plan, config.irq_binding) is None else []
-    found = discover_npu_irqs(source, host, wanted) if wanted else {}
+    if not wanted:
+        found = {}
+    elif lookup is not None:
+        found = dict(lookup(host, wanted))
+    else:
+        found = discover_npu_irqs(source, host, wanted)
     return plan_irqs(plan, found, config.irq_binding)
 
 
@@ -139,9 +146,11 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | 
     return bind_npu_irqs(plan, host, config, source).result
 
 
-def bind_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None) -> IrqStep:
+def bind_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None, *,
+                  lookup: NpuIrqLookup | None = None) -> IrqStep:
     """The IRQ step for every NPU of ``plan``; see the module docstring. ``source``
-    answers the discovery reads (default: this host under ``config``'s roots)."""
+    answers the discovery reads (default: this host under ``config``'s roots);
+    ``lookup``, when given, answers which IRQs each NPU owns."""
     proc_root = config.proc_root
     off = step_off(plan, config.irq_binding)
     if off is not None:
@@ -149,7 +158,7 @@ def bind_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSourc
     writable, where = irq_masks_writable(proc_root)
     if not writable:
         return IrqStep(_result(Outcome.SKIPPED, Reason.IRQ_NOT_WRITABLE, f"{where} is not writable (read-only mount?)"))
-    planned = planned_irqs(plan, host, config, source or LiveHost.from_config(config))
+    planned = planned_irqs(plan, host, config, source or LiveHost.from_config(config), lookup=lookup)
 
     per_npu: list[dict] = []
     targets: list[tuple[int, int, frozenset[int], dict]] = []  # (npu, irq, cpus, entry)

@@ -59,7 +59,7 @@ from .locality import ratios_by_npu
 from .metrics import Metrics
 from .observe import role_cpus
 from .ownership import Ownership
-from .state import StateFile, binding_to_json
+from .state import StateFile
 
 __all__ = ["Daemon", "Held"]
 
@@ -90,9 +90,9 @@ class Daemon(Ownership):
 
     def save(self) -> None:
         with self.lock:
-            entries = [binding_to_json(h.binding, **h.state_json()) for h in self.held.values()]
+            records = [h.state_record() for h in self.held.values()]
             try:
-                self.state.save(entries)
+                self.state.save_encoded(records)
             except (OSError, ConfigError) as exc:
                 # bindings stay in force; the next change retries the write
                 log.error("could not write the state file", path=self.state.path,
@@ -192,7 +192,9 @@ class Daemon(Ownership):
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             with recycled_is_a_conflict():
-                applied = apply_observed(plan, worker, host, config, view=view)
+                applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs)
+            if any(b.status == "failed" for b in applied.binding.irqs):
+                self.hosts.forget_irqs()
             binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None])
             for h in replaced:
                 self.held.pop(h.binding.pid, None)

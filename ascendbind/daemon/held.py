@@ -17,6 +17,8 @@ from ..cpulist import format_cpulist
 from ..model import Binding
 from .lifecycle import Record
 from .requests import alignment_of
+from .staterecord import binding_to_json
+from .state import encode_record
 
 __all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists"]
 
@@ -65,6 +67,8 @@ class Held:
     # (host, worker, config) the plan was made from: explains it without a new discovery.
     # Not persisted; a binding restored from the state file is explained from fresh facts.
     facts: tuple | None = field(default=None, repr=False)
+    # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
+    _saved: tuple | None = field(default=None, repr=False, compare=False)
 
     def record(self) -> Record:
         """What the lifecycle rules weigh of this worker, as a frozen value."""
@@ -91,6 +95,18 @@ class Held:
                 "blame": self.blame, "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
                 "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
                 "irqs_left_alone_why": self.irqs_left_alone_why}
+
+    def state_record(self) -> str:
+        """This worker's record in the state file, encoded; built again only when the
+        binding or the verdicts changed since the last save (every save writes every
+        worker, and most of them have not changed)."""
+        extra = self.state_json()
+        saved = self._saved
+        if saved is not None and saved[0] is self.binding and saved[1] == extra:
+            return saved[2]
+        text = encode_record(binding_to_json(self.binding, **extra))
+        self._saved = (self.binding, extra, text)
+        return text
 
     @classmethod
     def from_state(cls, binding: Binding, raw: Mapping[str, Any], now: float) -> Held:

@@ -21,6 +21,14 @@ success clears the failure. So while ``npu-smi`` hangs there is at most one
 already known stay in use while a later rediscovery fails (a transient stall
 must not unbind anybody), but the failure still shows in ``health()``.
 
+Each NPU's IRQs (``npu_irqs``) are kept beside the static facts they were
+found under: the kernel numbers them when the driver probes the device, so only
+a hot-plug or a driver reload (a PCI uevent, hence a rediscovery) changes them,
+and every successful discovery starts the cache afresh. Only what cannot change
+without such an event is kept: IRQs found, or an NPU without a PCI address; a
+lookup that found no MSI vectors, no named SQ IRQ or an unreadable
+``/proc/interrupts`` is made again at the next bind.
+
 ``health()`` is the ``/healthz`` document's discovery part: ``degraded`` while
 any query fails or before the first discovery, with each failing query named.
 
@@ -40,9 +48,10 @@ from typing import Any
 import structlog
 
 from ..discovery import LiveHost, discover_host, discover_processes
+from ..discovery.irqhost import discover_npu_irqs
 from ..discovery.sources import OneTimeoutPerTool
 from ..errors import AscendbindError, DiscoveryError, DiscoveryUnavailable
-from ..model import HostFacts, NpuProcess
+from ..model import HostFacts, NpuIrqs, NpuProcess, Reason
 
 __all__ = ["HostCache", "QueryFailure", "backoff_delay", "HOST_FACTS", "PROCESS_TABLE"]
 
@@ -101,6 +110,9 @@ class HostCache:
         self._timers: dict[str, threading.Timer] = {}
         self._closed = False
         self.generation = 0  # bumped when the static facts change (hot-plug re-plans)
+        # NPU -> its IRQs, valid for the facts object they were found under (_irq_facts)
+        self._irqs: dict[int, NpuIrqs] = {}
+        self._irq_facts: HostFacts | None = None
         self.on_discovered: Callable[[HostFacts], None] | None = None
 
     def set_config(self, config) -> None:
@@ -171,6 +183,33 @@ class HostCache:
             self._fail_fast(PROCESS_TABLE)  # the query we waited for failed
             return self._query_processes_locked()
 
+    def npu_irqs(self, host: HostFacts, npus) -> dict[int, NpuIrqs]:
+        """NPU -> its IRQs for each of ``npus`` on ``host`` (facts from this cache): what
+        an earlier bind found since the last discovery, else looked up now (see above)."""
+        with self._state:
+            facts = self._facts
+            cached = self._irqs if facts is not None and self._irq_facts is facts else {}
+            hit = {n: cached[n] for n in npus if n in cached}
+        missing = [n for n in npus if n not in hit]
+        if not missing:
+            return hit
+        found = discover_npu_irqs(self.source, host, missing)
+        lasting = {n: v for n, v in found.items() if v.reason is None or v.reason is Reason.NO_PCI_ADDRESS}
+        # kept only when ``host`` still has the PCI addresses of the cached facts: a request
+        # that planned from facts a rediscovery has since replaced must not fill the new cache
+        with self._state:
+            if lasting and facts is not None and self._facts is facts and \
+                    host.pci_addresses == facts.pci_addresses and host.pci_unknown == facts.pci_unknown:
+                if self._irq_facts is not facts:
+                    self._irqs, self._irq_facts = {}, facts
+                self._irqs.update(lasting)
+        return {**hit, **found}
+
+    def forget_irqs(self) -> None:
+        """Drop the cached IRQs: a write to one failed, so it may be gone (driver reload)."""
+        with self._state:
+            self._irqs, self._irq_facts = {}, None
+
     # ---------------------------------------------------------- the runs
 
     def _rediscover_locked(self) -> tuple[HostFacts, bool]:
@@ -220,7 +259,9 @@ class HostCache:
         finally:
             if self.metrics:
                 self.metrics.discovery_duration.observe(time.monotonic() - start)
-        self._facts = facts
+        with self._state:
+            self._facts = facts
+            self._irqs, self._irq_facts = {}, None  # a discovery is the event IRQ numbers change with
         self._succeeded(HOST_FACTS)
         hook = self.on_discovered
         if hook is not None:

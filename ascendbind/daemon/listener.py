@@ -231,6 +231,10 @@ class Listener:
         conn = Conn(s, peer, key, is_root, self.limits, time.monotonic())
         self._conns[s.fileno()] = conn
         self._sel.register(s, selectors.EVENT_READ, conn)
+        # a client writes its request right after connect(): it is usually here already,
+        # and reading it now saves a trip through epoll (a recv that finds nothing is
+        # EAGAIN, and the loop waits for the data as before)
+        self._event(conn)
 
     def _readable(self, conn: Conn) -> None:
         try:

@@ -196,6 +196,8 @@ def outcome_of_error(exc: BaseException) -> str:
 def resolve_policy(request_policy: str | None, config: Config) -> Config:
     """Koordinator precedence: request > node config > default; both set and different -> 409.
 
-    The rule is the planner's (planner/alignment.py); this returns the Config to plan with.
+    The rule is the planner's (planner/alignment.py); this returns the Config to plan with
+    (``config`` itself when the policy is already its own: no copy per request).
     """
-    return config.replace(topology_policy=planner_resolve_policy(request_policy, config))
+    policy = planner_resolve_policy(request_policy, config)
+    return config if policy == config.topology_policy else config.replace(topology_policy=policy)

@@ -20,24 +20,30 @@ know goes through here:
   (``<proc>/<pid>/root/...``: systemd runs it in a mount namespace of its own).
 
 IRQ numbers are assigned when the driver probes the device, so they change
-only with a hot-plug or a driver reload; the daemon's bind still looks them up
-at bind time, which costs one listing per NPU and one read of /proc/interrupts.
+only with a hot-plug or a driver reload (a PCI uevent either way): the daemon
+keeps what ``discover_npu_irqs`` found for each host discovery
+(daemon/hostcache.py) instead of listing ``msi_irqs`` and reading
+``/proc/interrupts``, whose size grows with CPUs x IRQs, on every bind.
+``NpuIrqLookup`` is that cached lookup's shape.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..errors import ParseError
 from ..model import HostFacts, NpuIrqs
 from .irqs import npu_irqs_from, parse_interrupts
 from .sources import HostSource
 
-__all__ = ["discover_npu_irqs", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
+__all__ = ["discover_npu_irqs", "NpuIrqLookup", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
            "irqbalance_pids", "irqbalance_socket_dir", "socket_in_dir_fd", "INTERRUPTS"]
 
 INTERRUPTS = "/proc/interrupts"
+
+# (host, npus) -> NPU -> its IRQs: ``discover_npu_irqs`` with the source bound, or a cache of it
+NpuIrqLookup = Callable[[HostFacts, Sequence[int]], Mapping[int, NpuIrqs]]
 
 
 def msi_dir(pci: str) -> str:
