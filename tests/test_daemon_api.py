@@ -168,6 +168,11 @@ def test_plan_endpoint_plans_without_binding(daemon):
         before = w.cpus_allowed()
         status, body = daemon.curl("GET", f"/v1/plan?pid={w.pid}&npu=0")
         assert status == 200 and body["plan"]["npus"]["0"]["pool"]
+        # what the IRQ step would move, as the CLI's plan shows it for the same worker
+        cli = subprocess.run([sys.executable, "-m", "ascendbind", "plan", "--pid", str(w.pid), "--npu", "0",
+                              "--format", "json"], env=daemon.env, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert body["plan"]["irqs"] == json.loads(cli.stdout)["irqs"] and "0" in body["plan"]["irqs"]
         assert w.cpus_allowed() == before and daemon.client.workers()["workers"] == []
         assert daemon.curl("GET", f"/v1/plan?pid={w.pid}&npu=x")[0] == 400
         assert daemon.curl("GET", f"/v1/plan?pid={w.pid}&colour=red")[0] == 400

@@ -136,9 +136,10 @@ def planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource
     return plan_irqs(plan, found, config.irq_binding)
 
 
-def with_planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource) -> Plan:
+def with_planned_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None, *,
+                      lookup: NpuIrqLookup | None = None) -> Plan:
     """``plan`` carrying ``planned_irqs`` (its ``irqs`` field, the plan JSON's ``irqs``)."""
-    return dataclasses.replace(plan, irqs=frozen_map(planned_irqs(plan, host, config, source)))
+    return dataclasses.replace(plan, irqs=frozen_map(planned_irqs(plan, host, config, source, lookup=lookup)))
 
 
 def bind_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None) -> StepResult:

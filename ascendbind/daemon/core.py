@@ -41,6 +41,7 @@ import structlog
 
 from ..applier import release_binding
 from ..applier.bind import apply_observed
+from ..applier.irq import with_planned_irqs
 from ..applier.identity import read_identity, refuse_non_worker, require_live
 from ..config import Config
 from ..discovery.process import ProcessView, check_same_process, observe_process
@@ -337,6 +338,8 @@ class Daemon(Ownership):
         plan = make_plan(host, worker, tuple(select_targets(host, worker, npus)), config)
         if plan.errors:
             raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
+        # what the IRQ step would move, from the same cached lookup a bind uses
+        plan = with_planned_irqs(plan, host, config, self.hosts.source, lookup=self.hosts.npu_irqs)
         return {"pid": pid, "plan": plan.to_json()}
 
     def health(self) -> dict[str, Any]:
