@@ -53,6 +53,9 @@ __all__ = ["Reconciler", "REASSERT_LIMIT"]
 log = structlog.get_logger("ascendbind.reconcile")
 
 
+_NOTHING = Observation()
+
+
 def _irq_targets(binding) -> dict[int, frozenset[int]]:
     """IRQ -> the CPUs the irq step set it to (only writes that succeeded)."""
     return {w.irq: w.cpus for w in binding.irqs if w.pinned}
@@ -133,7 +136,8 @@ class Reconciler:
                 if h is None or h is not held[pid]:
                     continue
                 obs = self.observe(h, check_identity=pid in maybe_gone, events=events)
-                dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
+                if obs != _NOTHING:  # a look that saw nothing calls for nothing (lifecycle's rule)
+                    dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
         if dirty:
             d.save()
         self._memory_locality()
