@@ -247,13 +247,23 @@ def main(argv=None) -> int:
                     help="also run a daemon from the checkout DIR (its ascendbind package), side by side")
     ap.add_argument("--listing", action="store_true",
                     help="also run this checkout with thread_events off (the listing fallback), side by side")
+    ap.add_argument("--first", metavar="NAME",
+                    help="start this variant (this, listing, before) first; on a virtual machine a pass that "
+                         "follows another daemon's within seconds finds warm caches, so swap the order between runs")
+    ap.add_argument("--only", metavar="NAME", help="run only this variant (this, listing, before)")
     args = ap.parse_args(argv)
     periods = [float(x) for x in args.reconcile.split(",")]
     variants = [("this", None, {})]
-    if args.listing:
+    if args.listing or args.only == "listing":
         variants.append(("listing", None, {"ASCENDBIND_THREAD_EVENTS": "false"}))
     if args.before:
         variants.append(("before", os.path.abspath(args.before), {}))
+    if args.first:
+        variants.sort(key=lambda v: v[0] != args.first)
+    if args.only:
+        variants = [v for v in variants if v[0] == args.only]
+        if not variants:
+            ap.error(f"--only {args.only}: no such variant (name --before DIR for 'before')")
     print(f"idle daemon, {args.seconds:g} s window per point; CPU from schedstat, pass time from the daemon's "
           f"{HIST}")
     hdr = (f"{'daemon':>8} {'workers':>7} {'thr/w':>5} {'threads':>7} {'period':>6}  {'cpu %':>7}  {'rss MB':>6}  "
