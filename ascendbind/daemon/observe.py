@@ -205,12 +205,15 @@ def observe_marked(
         if role is not None:
             to_pin.append((tid, role))
             moving.add(tid)
-    tids = [t for t in threads if t not in moving] if moving else list(threads)
+    if moving:
+        tids = [t for t in threads if t not in moving]
+        seen = [threads[t] for t in tids]
+    else:  # the usual pass: both straight from the dict, in its order, no loop in the interpreter
+        tids, seen = list(threads), list(threads.values())
     try:
         masks = list(map(os.sched_getaffinity, tids))
     except OSError:  # a thread exited since the events were read: its exit is in the next batch
         masks = [_mask_or_none(t) for t in tids]
-    seen = [threads[t] for t in tids]
     drifted: list[int] = []
     if masks != list(map(_mask, seen)):
         for tid, mask, s in zip(tids, masks, seen):
