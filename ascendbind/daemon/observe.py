@@ -182,22 +182,19 @@ def observe_marked(
     threads: dict[int, SeenThread],
     role_cpus: Mapping[str, frozenset[int]],
     look: Iterable[int] = (),
-    gone: Iterable[int] = (),
     *,
     proc_root: str = "/proc",
 ) -> Look:
     """The look when the kernel's process events say which threads changed: ``look``
-    (born or renamed since the last look) have their name and mask read, ``gone`` are
-    forgotten, and every other known thread costs one ``sched_getaffinity``, compared
-    in one sweep. No listing and no other name is read.
+    (born, renamed or exited since the last look) have their name and mask read (one
+    that is gone is forgotten), and every other known thread costs one
+    ``sched_getaffinity``, compared in one sweep. No listing and no other name is read.
 
     A name is read through ``/proc/<pid>/task/<tid>``, which fails for a tid that is
     not (or no longer) this worker's; so is every thread whose mask differs before
     it counts as drift (its tid may have exited after the events were read and been
     handed to another process). Returns (to_pin, drifted) as ``observe_threads``.
     """
-    for tid in gone:
-        threads.pop(tid, None)
     to_pin: list[tuple[int, str]] = []
     moving: set[int] = set()
     for tid in look:

@@ -207,8 +207,7 @@ class Reconciler:
         changes = events.changes
         if events.reread_all or first or b.pid in changes.resync:
             return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, reread=True)
-        return observe_marked(b.pid, h.threads, roles[1], changes.look.get(b.pid, ()), changes.gone.get(b.pid, ()),
-                              proc_root=proc_root)
+        return observe_marked(b.pid, h.threads, roles[1], changes.look.get(b.pid, ()), proc_root=proc_root)
 
     def _memory_locality(self) -> None:
         """Due locality checks (and at most one memory-step rerun) start in the

@@ -19,10 +19,12 @@ a write to ``/proc/<pid>/task/<tid>/comm``) as COMM with its tgid, an exit as
 EXIT. ``exec`` in a worker kills its other threads and renames the one left
 without a COMM event, so it calls for reading the worker's threads afresh.
 
-Events of one thread reach the socket in the order they happened: FORK is sent
-before the child first runs, and an exiting tid's EXIT before the kernel can
-hand that tid out again. So the last event of a tid in a batch says whether it
-is gone (EXIT) or must be looked at (anything else).
+An event says which thread to look at, not what that thread is now: FORK is
+sent before the child first runs, but EXIT only after the exiting thread's tid
+was released, so a tid handed out again (after pids wrapped) could have its new
+FORK queued before the old EXIT. Every thread named by an event is therefore
+read again (its name through ``/proc/<pid>/task/<tid>``, which fails for a tid
+that is no longer the worker's); none is forgotten on an event's word.
 
 ``socket_filter`` builds a classic BPF program for the socket that keeps only
 the events of the given tgids (and the subscription's answer), so the kernel
@@ -86,11 +88,10 @@ class ProcEvent:
 @dataclass(frozen=True)
 class ThreadChanges:
     """What a batch of events means for the bound workers: per tgid, the threads to look
-    at again (born, renamed) and those gone; the tgids whose threads must all be read
-    afresh (exec); and how many datagrams were not process events at all."""
+    at again (born, renamed or exited); the tgids whose threads must all be read afresh
+    (exec); and how many messages were not process events at all."""
 
     look: dict[int, frozenset[int]] = field(default_factory=dict)
-    gone: dict[int, frozenset[int]] = field(default_factory=dict)
     resync: frozenset[int] = frozenset()
     events: int = 0  # events about the bound workers
     malformed: int = 0
@@ -140,12 +141,10 @@ def _event(data: bytes, off: int, nl_len: int) -> ProcEvent | None:
 
 
 def thread_changes(events: Iterable[ProcEvent | None], bound: Collection[int]) -> ThreadChanges:
-    """Fold ``events`` (in arrival order) into what the bound workers' looks must cover.
-
-    Only events of the tgids in ``bound`` count. A fork whose child is a process of its
-    own (tid == tgid) is not a thread of any worker. The last event of a tid decides:
-    exit -> gone; fork or comm -> look again."""
-    last: dict[tuple[int, int], bool] = {}  # (tgid, tid) -> gone
+    """Fold ``events`` into what the bound workers' looks must cover. Only events of the
+    tgids in ``bound`` count; a fork whose child is a process of its own (tid == tgid) is
+    no thread of any worker."""
+    look: dict[int, set[int]] = {}
     resync: set[int] = set()
     counted = malformed = 0
     for ev in events:
@@ -157,17 +156,9 @@ def thread_changes(events: Iterable[ProcEvent | None], bound: Collection[int]) -
         counted += 1
         if ev.kind == "exec":
             resync.add(ev.tgid)
-        elif ev.kind == "fork":
-            if ev.tid != ev.tgid:
-                last[(ev.tgid, ev.tid)] = False
-        else:
-            last[(ev.tgid, ev.tid)] = ev.kind == "exit"
-    look: dict[int, set[int]] = {}
-    gone: dict[int, set[int]] = {}
-    for (tgid, tid), is_gone in last.items():
-        (gone if is_gone else look).setdefault(tgid, set()).add(tid)
-    return ThreadChanges({k: frozenset(v) for k, v in look.items()}, {k: frozenset(v) for k, v in gone.items()},
-                         frozenset(resync), counted, malformed)
+        elif ev.kind != "fork" or ev.tid != ev.tgid:
+            look.setdefault(ev.tgid, set()).add(ev.tid)
+    return ThreadChanges({k: frozenset(v) for k, v in look.items()}, frozenset(resync), counted, malformed)
 
 
 def listen_message(op: int, ack: int) -> bytes:
