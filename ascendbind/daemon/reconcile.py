@@ -17,8 +17,10 @@ rules decide what it calls for, and the ``Daemon`` does it:
    nodes is measured in the background (locality.py), and the memory step run
    again when the rules say so.
 
-Cost per pass: one O(1) thread count and one sched_getaffinity per thread;
-``comm`` only for the few threads whose name can have changed (observe.py);
+Cost per pass: one sched_getaffinity per thread and, where the kernel's
+process events are had (threadevents.py), ``comm`` only for the threads an
+event named; in listing mode one O(1) thread count per worker more, and
+``comm`` for the few threads whose name can have changed (observe.py);
 whether a worker is still there is one ``poll`` over pidfds held for all of
 them (reading each worker's ``stat`` would walk all its threads in the kernel),
 falling back to the start time where no pidfd can be had or ``proc_root`` is not
