@@ -59,6 +59,7 @@ class Config:
     state_dir: str = "/var/lib/ascendbind"
     metrics_listen: str = "127.0.0.1:9464"
     reconcile_seconds: float = 5.0
+    thread_events: bool = True
     memory_check_seconds: float = 60.0
     memory_local_threshold: float = 0.8
     memory_rerun_seconds: float = 600.0

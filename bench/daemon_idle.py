@@ -127,64 +127,112 @@ def parse_points(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float) -> dict:
+def _daemon(tmp: str, reconcile: float, variant: tuple[str, str | None, dict[str, str]]) -> DaemonProc:
+    """A daemon for one variant: (label, checkout to run it from (None: this one), extra env)."""
+    label, root, extra = variant
+    os.makedirs(f"{tmp}/{label}")
+    env = base_env(f"{tmp}/{label}/s.sock", f"{tmp}/{label}/state", free_port(), ASCENDBIND_ALLOW_SHARED_NPU="true",
+                   ASCENDBIND_RECONCILE_SECONDS=str(reconcile), **extra)
+    argv = None
+    if root is not None:  # another checkout's package first on the path (the cwd would win with -m)
+        argv = [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); from ascendbind.cli import main; "
+                "sys.exit(main(['serve']))"]
+    return DaemonProc(f"{tmp}/{label}", env, argv)
+
+
+def measure(reconcile: float, n_workers: int, n_threads: int, seconds: float,
+            variants=(("this", None, {}),)) -> list[dict]:
+    """One row per variant; all variants' daemons hold the same workers and are measured
+    over the same window, side by side."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        env = base_env(f"{tmp}/s.sock", f"{tmp}/state", free_port(), ASCENDBIND_ALLOW_SHARED_NPU="true",
-                       ASCENDBIND_RECONCILE_SECONDS=str(reconcile))
-        d = DaemonProc(tmp, env).start()
-        stack.callback(d.stop)
-        d.wait_discovered()
+        daemons = []
+        for v in variants:
+            d = _daemon(tmp, reconcile, v).start()
+            stack.callback(d.stop)
+            d.wait_discovered()
+            daemons.append(d)
         total_threads = 0
         for _ in range(n_workers):
             # start_worker adds a main thread and a churner to the named ones
             w = stack.enter_context(start_worker(plain=n_threads - 4, acl=1, release=1))
             total_threads += len(os.listdir(f"/proc/{w.pid}/task"))
-            d.client.bind(pid=w.pid, npu=0)
-        assert wait_for(lambda: len(d.client.workers()["workers"]) == n_workers, 10), d.log()[-2000:]
+            for d in daemons:  # the same plan from each: the masks agree, nobody sees drift
+                d.client.bind(pid=w.pid, npu=0)
+        for d in daemons:
+            assert wait_for(lambda: len(d.client.workers()["workers"]) == n_workers, 10), d.log()[-2000:]
         # settle: one full pass after the last bind, then start the window just after the next
-        # pass ends, and end it half a period after the k-th pass of the window began, so the
-        # window holds exactly k passes whatever the phase
-        wait_pass(d, reconcile)
-        text0 = wait_pass(d, reconcile)
+        # pass of the first daemon ends, and end it half a period after the k-th pass of the
+        # window began, so the window holds k passes of each (whatever the phases)
+        for d in daemons:
+            wait_pass(d, reconcile)
+        texts0 = [d.metrics_text() for d in daemons[1:]]
+        texts0.insert(0, wait_pass(daemons[0], reconcile))
         k = max(1, round(seconds / reconcile))
-        c0, p0, t0 = run_ns(d.pid), process_ticks(d.pid), time.monotonic()
+        c0 = [run_ns(d.pid) for d in daemons]
+        p0 = [process_ticks(d.pid) for d in daemons]
+        t0 = time.monotonic()
         time.sleep((k + 0.5) * reconcile)  # the window itself: an idle daemon is what is measured
-        c1, p1, t1 = run_ns(d.pid), process_ticks(d.pid), time.monotonic()
-        text1 = d.metrics_text()
-        passes = (metric_value(text1, f"{HIST}_count") or 0) - (metric_value(text0, f"{HIST}_count") or 0)
-        pass_s = (metric_value(text1, f"{HIST}_sum") or 0) - (metric_value(text0, f"{HIST}_sum") or 0)
-        has_cpu = metric_value(text1, f"{CPU_HIST}_sum") is not None
-        pass_cpu_s = (metric_value(text1, f"{CPU_HIST}_sum") or 0) - (metric_value(text0, f"{CPU_HIST}_sum") or 0)
-        split = cpu_by_thread(c0, c1)
-        cpu_s = sum(split.values()) / 1e9
-        mean_pass = pass_s / passes if passes else float("nan")
-        # charged to `passes` periods, not the longer window: the half period of pure
-        # sleep at the end only inflates the figure, never hides a pass
-        cycles = max(passes, 1) * reconcile
-        return {
-            "workers": n_workers,
-            "threads_per_worker": n_threads,
-            "threads_total": total_threads,
-            "reconcile_seconds": reconcile,
-            "window_s": t1 - t0,
-            "cpu_percent": 100 * cpu_s / cycles,
-            # the same from the process's own tick counters (10 ms grain), which also hold the
-            # time of threads that ended inside the window: a cross-check on the figure above
-            "cpu_percent_ticks": 100 * (p1 - p0) / os.sysconf("SC_CLK_TCK") / cycles,
-            # per thread name, same units: where the idle CPU goes
-            "cpu_percent_by_thread": {name: 100 * ns / 1e9 / cycles
-                                      for name, ns in sorted(split.items(), key=lambda kv: -kv[1])},
-            "loadavg": [round(x, 2) for x in os.getloadavg()],
-            "rss_mb": status_kb(d.pid, "VmRSS") / 1024,
-            "daemon_threads": status_kb(d.pid, "Threads"),
-            "passes": passes,
-            "pass_ms": mean_pass * 1e3,
-            "pass_us_per_thread": mean_pass * 1e6 / total_threads,
-            "pass_cpu_us_per_thread": (pass_cpu_s * 1e6 / passes / total_threads
-                                       if passes and has_cpu else float("nan")),
-            "cpu_ms_per_pass": cpu_s * 1e3 / passes if passes else float("nan"),
-            "cpu_us_per_thread": cpu_s * 1e6 / passes / total_threads if passes else float("nan"),
-        }
+        c1 = [run_ns(d.pid) for d in daemons]
+        p1 = [process_ticks(d.pid) for d in daemons]
+        t1 = time.monotonic()
+        load = [round(x, 2) for x in os.getloadavg()]
+        rows = []
+        for i, (d, (label, _root, _extra)) in enumerate(zip(daemons, variants)):
+            text0, text1 = texts0[i], d.metrics_text()
+            passes = (metric_value(text1, f"{HIST}_count") or 0) - (metric_value(text0, f"{HIST}_count") or 0)
+            pass_s = (metric_value(text1, f"{HIST}_sum") or 0) - (metric_value(text0, f"{HIST}_sum") or 0)
+            has_cpu = metric_value(text1, f"{CPU_HIST}_sum") is not None
+            pass_cpu_s = (metric_value(text1, f"{CPU_HIST}_sum") or 0) - (metric_value(text0, f"{CPU_HIST}_sum") or 0)
+            split = cpu_by_thread(c0[i], c1[i])
+            cpu_s = sum(split.values()) / 1e9
+            mean_pass = pass_s / passes if passes else float("nan")
+            # charged to `passes` periods, not the longer window: the half period of pure
+            # sleep at the end only inflates the figure, never hides a pass
+            cycles = max(passes, 1) * reconcile
+            mode = next((m for m in ("events", "listing") if any(
+                metric_value(text1, "ascendbind_reconcile_mode", mode=m, reason=r) == 1
+                for r in ("", "off", "unsupported", "permission", "namespace", "no_ack", "overflow", "error"))),
+                "listing")
+            rows.append({
+                "variant": label,
+                "reconcile_mode": mode,
+                "workers": n_workers,
+                "threads_per_worker": n_threads,
+                "threads_total": total_threads,
+                "reconcile_seconds": reconcile,
+                "window_s": t1 - t0,
+                "cpu_percent": 100 * cpu_s / cycles,
+                # the same from the process's own tick counters (10 ms grain), which also hold the
+                # time of threads that ended inside the window: a cross-check on the figure above
+                "cpu_percent_ticks": 100 * (p1[i] - p0[i]) / os.sysconf("SC_CLK_TCK") / cycles,
+                # per thread name, same units: where the idle CPU goes
+                "cpu_percent_by_thread": {name: 100 * ns / 1e9 / cycles
+                                          for name, ns in sorted(split.items(), key=lambda kv: -kv[1])},
+                "loadavg": load,
+                "rss_mb": status_kb(d.pid, "VmRSS") / 1024,
+                "daemon_threads": status_kb(d.pid, "Threads"),
+                "passes": passes,
+                "pass_ms": mean_pass * 1e3,
+                "pass_us_per_thread": mean_pass * 1e6 / total_threads,
+                "pass_cpu_us_per_thread": (pass_cpu_s * 1e6 / passes / total_threads
+                                           if passes and has_cpu else float("nan")),
+                "cpu_ms_per_pass": cpu_s * 1e3 / passes if passes else float("nan"),
+                "cpu_us_per_thread": cpu_s * 1e6 / passes / total_threads if passes else float("nan"),
+            })
+        return rows
+
+
+def _print_row(r: dict) -> None:
+    print(f"{r['variant']:>8} {r['workers']:>7} {r['threads_per_worker']:>5} {r['threads_total']:>7} "
+          f"{r['reconcile_seconds']:>6g}  {r['cpu_percent']:>7.3f}  {r['rss_mb']:>6.1f}  {r['daemon_threads']:>3}  "
+          f"{r['passes']:>6g}  {r['pass_ms']:>7.2f}  {r['pass_us_per_thread']:>9.2f}  "
+          f"{r['pass_cpu_us_per_thread']:>15.2f}  {r['cpu_ms_per_pass']:>11.2f}  {r['cpu_us_per_thread']:>13.2f}",
+          flush=True)
+    print(f"        {r['reconcile_mode']} mode; per thread (% of one CPU): " + ", ".join(
+        f"{name} {pct:.3f}" for name, pct in r["cpu_percent_by_thread"].items() if pct >= 0.0005)
+        + f"; whole process from its tick counters {r['cpu_percent_ticks']:.3f} "
+        f"(10 ms grain, counts threads that ended too); load average {r['loadavg'][0]:.2f} over 1 min",
+        flush=True)
 
 
 def main(argv=None) -> int:
@@ -195,33 +243,43 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=60,
                     help="measurement window per point (default 60: one memory locality check falls inside)")
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
+    ap.add_argument("--before", metavar="DIR",
+                    help="also run a daemon from the checkout DIR (its ascendbind package), side by side")
+    ap.add_argument("--listing", action="store_true",
+                    help="also run this checkout with thread_events off (the listing fallback), side by side")
+    ap.add_argument("--first", metavar="NAME",
+                    help="start this variant (this, listing, before) first; on a virtual machine a pass that "
+                         "follows another daemon's within seconds finds warm caches, so swap the order between runs")
+    ap.add_argument("--only", metavar="NAME", help="run only this variant (this, listing, before)")
     args = ap.parse_args(argv)
     periods = [float(x) for x in args.reconcile.split(",")]
+    variants = [("this", None, {})]
+    if args.listing or args.only == "listing":
+        variants.append(("listing", None, {"ASCENDBIND_THREAD_EVENTS": "false"}))
+    if args.before:
+        variants.append(("before", os.path.abspath(args.before), {}))
+    if args.first:
+        variants.sort(key=lambda v: v[0] != args.first)
+    if args.only:
+        variants = [v for v in variants if v[0] == args.only]
+        if not variants:
+            ap.error(f"--only {args.only}: no such variant (name --before DIR for 'before')")
     print(f"idle daemon, {args.seconds:g} s window per point; CPU from schedstat, pass time from the daemon's "
           f"{HIST}")
-    hdr = (f"{'workers':>7} {'thr/w':>5} {'threads':>7} {'period':>6}  {'cpu %':>7}  {'rss MB':>6}  {'thr':>3}  "
-           f"{'passes':>6}  {'pass ms':>7}  {'us/thread':>9}  {'pass cpu us/thr':>15}  {'cpu ms/pass':>11}  "
+    hdr = (f"{'daemon':>8} {'workers':>7} {'thr/w':>5} {'threads':>7} {'period':>6}  {'cpu %':>7}  {'rss MB':>6}  "
+           f"{'thr':>3}  {'passes':>6}  {'pass ms':>7}  {'us/thread':>9}  {'pass cpu us/thr':>15}  {'cpu ms/pass':>11}  "
            f"{'cpu us/thread':>13}")
     print(hdr)
     rows = []
     for w, t in args.points:
         for period in periods:
-            r = measure(period, w, t, args.seconds)
-            rows.append(r)
-            print(f"{w:>7} {t:>5} {r['threads_total']:>7} {period:>6g}  {r['cpu_percent']:>7.3f}  "
-                  f"{r['rss_mb']:>6.1f}  {r['daemon_threads']:>3}  {r['passes']:>6g}  {r['pass_ms']:>7.2f}  "
-                  f"{r['pass_us_per_thread']:>9.2f}  {r['pass_cpu_us_per_thread']:>15.2f}  "
-                  f"{r['cpu_ms_per_pass']:>11.2f}  {r['cpu_us_per_thread']:>13.2f}",
-                  flush=True)
-            print("        per thread (% of one CPU): " + ", ".join(
-                f"{name} {pct:.3f}" for name, pct in r["cpu_percent_by_thread"].items() if pct >= 0.0005)
-                + f"; whole process from its tick counters {r['cpu_percent_ticks']:.3f} "
-                f"(10 ms grain, counts threads that ended too); load average {r['loadavg'][0]:.2f} over 1 min",
-                flush=True)
+            for r in measure(period, w, t, args.seconds, variants):
+                rows.append(r)
+                _print_row(r)
     goal = [r for r in rows if (r["workers"], r["threads_per_worker"], r["reconcile_seconds"]) == GOAL_POINT]
     for r in goal:
         cpu_ok, rss_ok = r["cpu_percent"] < GOAL_CPU_PERCENT, r["rss_mb"] < GOAL_RSS_MB
-        print(f"16 x 200 threads, reconcile 5 s: idle CPU {r['cpu_percent']:.3f} % of one CPU "
+        print(f"{r['variant']}: 16 x 200 threads, reconcile 5 s ({r['reconcile_mode']} mode): idle CPU {r['cpu_percent']:.3f} % of one CPU "
               f"(goal < {GOAL_CPU_PERCENT} %: {'met' if cpu_ok else 'MISSED'}), RSS {r['rss_mb']:.1f} MB "
               f"(goal < {GOAL_RSS_MB:.0f} MB: {'met' if rss_ok else 'MISSED'}); one pass "
               f"{r['pass_ms']:.1f} ms wall = {r['pass_us_per_thread']:.2f} us per thread "

@@ -6,11 +6,14 @@ Starts W real workers of T named threads (tests/workers.py), then alternates,
 pass after pass, two looks over all of them, each timed with the calling
 thread's CPU clock (``time.thread_time``):
 
-* **cached** (what the daemon runs: daemon/observe.py): per worker one ``stat``
+* **cached** (the daemon's look in listing mode: daemon/observe.py): per worker one ``stat``
   of its task directory (the thread count), per thread one ``sched_getaffinity``,
   ``comm`` only for the threads whose name can have news, the task list only
   when the count says the set changed (the daemon's liveness check, a pidfd
   poll, is not part of the look);
+* **events** (what the daemon runs with the kernel's process events, on a pass
+  that brought none: observe_marked): one ``sched_getaffinity`` per thread,
+  no thread count, no listing, no name;
 * **listed** (the reference: a look without any cache): per worker one
   listing of ``/proc/<pid>/task``, per thread its ``comm`` and its mask
   (applier/affinity.py ``thread_masks``), each mask compared with the one known.
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascendbind.applier.affinity import role_of, thread_masks  # noqa: E402
 from ascendbind.daemon.held import SeenThread  # noqa: E402
-from ascendbind.daemon.observe import observe_threads  # noqa: E402
+from ascendbind.daemon.observe import observe_marked, observe_threads  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 
@@ -67,23 +70,28 @@ def measure(n_workers: int, n_threads: int, passes: int, sleep: float) -> dict:
         total = sum(len(c) for c in caches)
         cached_s: list[float] = []
         listed_s: list[float] = []
+        events_s: list[float] = []
         for k in range(passes):
-            for label, out in (("cached", cached_s), ("listed", listed_s)):
+            for label, out in (("cached", cached_s), ("events", events_s), ("listed", listed_s)):
                 if sleep:
                     time.sleep(sleep)
                 c0 = time.thread_time()
                 if label == "cached":
                     for w, cache in zip(workers, caches):
                         observe_threads(w.pid, cache, roles, k)
+                elif label == "events":  # a quiet pass with process events: no event, no listing, no name
+                    for w, cache in zip(workers, caches):
+                        observe_marked(w.pid, cache, roles)
                 else:
                     for w, known in zip(workers, knowns):
                         listed_look(w.pid, known)
                 out.append(time.thread_time() - c0)
-    cached, listed = statistics.median(cached_s), statistics.median(listed_s)
+    cached, listed, events = statistics.median(cached_s), statistics.median(listed_s), statistics.median(events_s)
     period = sleep or 5.0
     return {
         "workers": n_workers, "threads_per_worker": n_threads, "threads_total": total, "passes": passes,
-        "sleep_s": sleep, "cached_ms": cached * 1e3, "listed_ms": listed * 1e3,
+        "sleep_s": sleep, "cached_ms": cached * 1e3, "listed_ms": listed * 1e3, "events_ms": events * 1e3,
+        "events_us_per_thread": events * 1e6 / total, "events_ratio": cached / events if events else float("nan"),
         "cached_us_per_thread": cached * 1e6 / total, "listed_us_per_thread": listed * 1e6 / total,
         "ratio": listed / cached if cached else float("nan"),
         "cached_cpu_percent": 100 * cached / period, "period_s": period,
@@ -107,6 +115,8 @@ def main(argv=None) -> int:
     print(f"cached look: {r['cached_ms']:.2f} ms CPU ({r['cached_us_per_thread']:.2f} us per thread) = "
           f"{r['cached_cpu_percent']:.3f} % of one CPU at a {r['period_s']:g} s period "
           f"(goal < {GOAL_CPU_PERCENT} %: {'met' if cpu_ok else 'MISSED'})")
+    print(f"events look: {r['events_ms']:.2f} ms CPU ({r['events_us_per_thread']:.2f} us per thread); "
+          f"cached / events = {r['events_ratio']:.2f}x")
     print(f"listed look: {r['listed_ms']:.2f} ms CPU ({r['listed_us_per_thread']:.2f} us per thread); "
           f"listed / cached = {r['ratio']:.2f}x (goal >= {GOAL_RATIO:g}x: {'met' if ratio_ok else 'MISSED'})")
     write_json(args.json, {"bench": "reconcile_pass", "machine": machine(), "params": vars(args), "rows": [r]})

@@ -388,6 +388,11 @@ _NOT_ANSWERED = {
     "state_dir_untrusted": "serve refuses to start (exit 2) before the socket opens",
     "bad_policy": "the API checks the policy first and answers bad_request",
     "too_large": "a numa_maps over its read limit: a locality check result, never an answer",
+    # why the reconcile loop has no process events: a reason on ascendbind_reconcile_mode, never an answer
+    "permission": "the kernel refused the process-events subscription",
+    "namespace": "the process-events connector lives in the initial network namespace only",
+    "no_ack": "the kernel ignored the process-events subscription (another pid or user namespace)",
+    "error": "the process-events socket failed otherwise",
 }
 
 

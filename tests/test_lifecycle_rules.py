@@ -126,6 +126,15 @@ def test_a_look_reads_nothing_that_is_left_alone(record, looks):
     assert wanted(record) == looks
 
 
+@pytest.mark.parametrize("record", [
+    R, Record(42, threads_left_alone=True, irqs_left_alone=True), Record(42, reasserts=(1.0, 2.0, 3.0)),
+    Record(42, memory_ratio=0.1, memory_last_run=0.0), Record(42, memory_futile=5, irq_reasserts=(9.0,)),
+])
+def test_a_look_that_saw_nothing_calls_for_nothing(record):
+    # the reconcile shell skips asking when a look saw nothing; this is what lets it
+    assert decide(record, Observation(), 1e9, Limits(memory_local_threshold=0.9)) == ()
+
+
 def test_a_limit_of_one_leaves_alone_at_the_second_drift():
     one = Limits(reassert_limit=1, window=10.0)
     first = decide(R, Observation(drifted=(8,)), NOW, one)

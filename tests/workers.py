@@ -8,6 +8,7 @@
         w.rename(tid, "acl_thread")  # rename a thread of the worker afterwards (as a runtime can)
         w.stop(tid)                # make that thread exit (returns once /proc no longer lists it)
         w.churn(True)              # keep creating short-lived threads until churn(False)
+        w.exec_as(path)            # replace its image (same pid), named after ``path``
         w.cpus_allowed()           # {tid: frozenset} from /proc/<pid>/task/*/status
     # leaving the block always kills and reaps the child
 
@@ -98,6 +99,11 @@ for line in sys.stdin:
                 cond.wait_for(lambda: not busy)
         # the threads every later listing must show: this one, the churner, the named ones
         out.write(f"{threading.active_count()}\n")
+    elif cmd == "exec":
+        # replace the image, as a launcher that execs its runtime does: same pid and start
+        # time, one thread left, named after the new executable (no rename event)
+        out.write("ok\n"); out.flush()
+        os.execv(arg, [arg, "-c", "import sys; sys.stdin.read()"])
     elif cmd == "quit":
         break
     else:
@@ -185,6 +191,22 @@ class Worker:
         self._ask(f"stop {tid}")
         if not _wait(lambda: not os.path.exists(f"/proc/{self.pid}/task/{tid}")):
             raise RuntimeError(f"thread {tid} of worker {self.pid} still listed after it exited")
+
+    def exec_as(self, path: str) -> None:
+        """The worker execs ``path`` (a Python interpreter, perhaps under another name) and
+        waits on stdin; returns once the kernel shows it single-threaded under the new name."""
+        self._ask(f"exec {path}")
+        name = os.path.basename(path)[:15]
+
+        def done() -> bool:
+            try:
+                with open(f"/proc/{self.pid}/comm") as fh:
+                    return fh.read().strip() == name and len(os.listdir(f"/proc/{self.pid}/task")) == 1
+            except OSError:
+                return False
+
+        if not _wait(done):
+            raise RuntimeError(f"worker {self.pid} did not exec {path}")
 
     def churn(self, on: bool) -> None:
         """Start/stop a loop creating short-lived threads (8 at a time, ~2 ms each).

@@ -18,6 +18,8 @@ Invariants ``decide`` keeps:
   and the shell does not even look at them (``wanted``); the same holds, on its
   own, for its IRQ masks. Being left alone ends only with the binding (a new
   bind, a release).
+* A look that saw nothing (``Observation()``) calls for no action, whatever
+  the record says: the shell may skip asking.
 * Every drift seen counts as one drift event and gets a culprit from evidence
   only (blame.py): ``self``, ``env`` or ``external`` for threads,
   ``irqbalance`` or ``external`` for IRQ masks.

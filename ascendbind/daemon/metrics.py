@@ -23,7 +23,8 @@ from .listener import Conn, Limits, Listener
 from .wire import Request, Response, WireError, json_response
 
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
-           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS"]
+           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "RECONCILE_MODES",
+           "LISTING_REASONS"]
 
 # `_created` series double every counter for no operator value
 prometheus_client.disable_created_metrics()
@@ -38,6 +39,10 @@ HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", 
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
 HTTP_CODES = ("200", "400", "403", "404", "405", "408", "409", "411", "413", "422", "503", "505")
 LISTENERS = ("api", "metrics")
+# how the reconcile loop learns of new, renamed and exited threads (daemon/threadevents.py):
+# from the kernel's process events, or by listing and re-reading names; and why not events
+RECONCILE_MODES = ("events", "listing")
+LISTING_REASONS = ("off", "unsupported", "permission", "namespace", "no_ack", "overflow", "error")
 
 # the planner's fixed alignment-failure set, plus "other" for anything unforeseen
 ALIGNMENT_REASONS = (*ALIGNMENT_FAILURE_REASONS, "other")
@@ -98,6 +103,21 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=r,
         )
+        self.reconcile_mode = Gauge(
+            "ascendbind_reconcile_mode",
+            "1 for the way the reconcile loop learns of thread changes now: events (the kernel's process "
+            "events) or listing (task lists and a staggered name sweep), with the reason events are off",
+            ["mode", "reason"], registry=r,
+        )
+        self.thread_events = Counter(
+            "ascendbind_thread_events", "Process events about bound workers' threads read by the reconcile loop",
+            registry=r,
+        )
+        self.thread_event_losses = Counter(
+            "ascendbind_thread_event_losses",
+            "Reconcile passes that found process events lost (queue overflow), each followed by a full re-read",
+            registry=r,
+        )
         self.dropped = Counter(
             "ascendbind_workers_dropped", "Workers no longer held, by reason", ["reason"], registry=r
         )
@@ -147,6 +167,9 @@ class Metrics:
             self.memory_checks.labels(c)
         for o in STEP_OUTCOMES:
             self.memory_reruns.labels(o)
+        self.reconcile_mode.labels("events", "")
+        for reason in LISTING_REASONS:
+            self.reconcile_mode.labels("listing", reason)
 
     # ------------------------------------------------------------ recorders
 
@@ -188,6 +211,13 @@ class Metrics:
     def memory_rerun(self, outcome: str) -> None:
         if outcome in STEP_OUTCOMES:
             self.memory_reruns.labels(outcome).inc()
+
+    def set_reconcile_mode(self, mode: str, reason: str = "") -> None:
+        """Exactly one series at 1: ("events", "") or ("listing", a reason from LISTING_REASONS)."""
+        want = ("events", "") if mode == "events" else ("listing", reason if reason in LISTING_REASONS else "error")
+        self.reconcile_mode.labels("events", "").set(want == ("events", ""))
+        for r in LISTING_REASONS:
+            self.reconcile_mode.labels("listing", r).set(want == ("listing", r))
 
     def http_request(self, path: str, code: int) -> None:
         p = path if path in HTTP_PATHS else "other"

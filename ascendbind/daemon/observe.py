@@ -44,7 +44,7 @@ that need the applier are returned for the daemon to act on.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from operator import attrgetter
 
 from ..applier.affinity import ROLES, cpus_for_role, role_of
@@ -53,7 +53,8 @@ from ..discovery.tasks import list_tids, task_comm, thread_count
 from ..model import Plan
 from .held import YOUNG_PASSES, SeenThread
 
-__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "role_cpus", "thread_count"]
+__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "observe_marked", "role_cpus",
+           "thread_count"]
 
 COMM_SWEEP_PASSES = 30
 
@@ -83,6 +84,7 @@ def observe_threads(
     *,
     proc_root: str = "/proc",
     sweep: int = COMM_SWEEP_PASSES,
+    reread: bool = False,
 ) -> Look | None:
     """Look at every thread of ``pid`` once.
 
@@ -90,8 +92,13 @@ def observe_threads(
     or renamed into another role and not on that role's CPUs; ``drifted`` the known
     threads whose mask differs from the one we set. None when the task list cannot
     be read (the process is gone). New or renamed threads already on their role's
-    CPUs are accepted into ``threads`` here.
+    CPUs are accepted into ``threads`` here. ``reread``: list, and read every
+    thread's name afresh (the thread events since the last look are not known).
     """
+    if reread:
+        for seen in threads.values():
+            seen.young = max(seen.young, 1)
+        return _look_listed(pid, threads, role_cpus, pass_no, proc_root=proc_root, sweep=sweep)
     if threads and thread_count(pid, proc_root) == len(threads):
         known = _look_known(pid, threads, pass_no, proc_root=proc_root, sweep=sweep)
         if known is not None:
@@ -168,3 +175,81 @@ def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[st
         for tid in [t for t in threads if t not in listed]:
             del threads[tid]
     return to_pin, drifted
+
+
+def observe_marked(
+    pid: int,
+    threads: dict[int, SeenThread],
+    role_cpus: Mapping[str, frozenset[int]],
+    look: Iterable[int] = (),
+    *,
+    proc_root: str = "/proc",
+) -> Look:
+    """The look when the kernel's process events say which threads changed: ``look``
+    (born, renamed or exited since the last look) have their name and mask read (one
+    that is gone is forgotten), and every other known thread costs one
+    ``sched_getaffinity``, compared in one sweep. No listing and no other name is read.
+
+    A name is read through ``/proc/<pid>/task/<tid>``, which fails for a tid that is
+    not (or no longer) this worker's; so is every thread whose mask differs before
+    it counts as drift (its tid may have exited after the events were read and been
+    handed to another process). Returns (to_pin, drifted) as ``observe_threads``.
+    """
+    to_pin: list[tuple[int, str]] = []
+    moving: set[int] = set()
+    for tid in look:
+        role = _named(pid, tid, threads, role_cpus, proc_root)
+        if role is not None:
+            to_pin.append((tid, role))
+            moving.add(tid)
+    if moving:
+        tids = [t for t in threads if t not in moving]
+        seen = [threads[t] for t in tids]
+    else:  # the usual pass: both straight from the dict, in its order, no loop in the interpreter
+        tids, seen = list(threads), list(threads.values())
+    try:
+        masks = list(map(os.sched_getaffinity, tids))
+    except OSError:  # a thread exited since the events were read: its exit is in the next batch
+        masks = [_mask_or_none(t) for t in tids]
+    drifted: list[int] = []
+    if masks != list(map(_mask, seen)):
+        for tid, mask, s in zip(tids, masks, seen):
+            if mask == s.mask:
+                continue
+            if mask is None:
+                del threads[tid]
+                continue
+            role = _named(pid, tid, threads, role_cpus, proc_root)
+            if role is not None:
+                to_pin.append((tid, role))  # renamed too: its role's CPUs, not the old mask
+            elif tid in threads and threads[tid] is s:
+                drifted.append(tid)
+    return to_pin, drifted
+
+
+def _mask_or_none(tid: int) -> frozenset[int] | None:
+    try:
+        return frozenset(os.sched_getaffinity(tid))
+    except OSError:
+        return None
+
+
+def _named(pid: int, tid: int, threads: dict[int, SeenThread], role_cpus: Mapping[str, frozenset[int]],
+           proc_root: str) -> str | None:
+    """Read ``tid``'s name (and mask): the role it must be pinned to when it is new or
+    renamed into another role and not on that role's CPUs, else None. A new or renamed
+    thread already on its role's CPUs is accepted into ``threads``; one that is not
+    this worker's any more is forgotten."""
+    comm = task_comm(pid, tid, proc_root)
+    mask = _mask_or_none(tid) if comm is not None else None
+    if mask is None:
+        threads.pop(tid, None)
+        return None
+    role = role_of(comm)
+    seen = threads.get(tid)
+    if seen is not None and seen.role == role:
+        return None  # not renamed into another role: its mask is the sweep's business
+    if mask == role_cpus[role]:
+        threads[tid] = SeenThread(mask, role, young=0)
+        return None
+    return role

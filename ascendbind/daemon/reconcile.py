@@ -17,8 +17,10 @@ rules decide what it calls for, and the ``Daemon`` does it:
    nodes is measured in the background (locality.py), and the memory step run
    again when the rules say so.
 
-Cost per pass: one O(1) thread count and one sched_getaffinity per thread;
-``comm`` only for the few threads whose name can have changed (observe.py);
+Cost per pass: one sched_getaffinity per thread and, where the kernel's
+process events are had (threadevents.py), ``comm`` only for the threads an
+event named; in listing mode one O(1) thread count per worker more, and
+``comm`` for the few threads whose name can have changed (observe.py);
 whether a worker is still there is one ``poll`` over pidfds held for all of
 them (reading each worker's ``stat`` would walk all its threads in the kernel),
 falling back to the start time where no pidfd can be had or ``proc_root`` is not
@@ -44,12 +46,16 @@ from ..errors import ProcessGone
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
 from .locality import MemoryLocality
-from .observe import observe_threads, role_cpus
+from .observe import observe_marked, observe_threads, role_cpus
+from .threadevents import EventLook, ThreadEvents
 from .threadname import name_os_thread
 
 __all__ = ["Reconciler", "REASSERT_LIMIT"]
 
 log = structlog.get_logger("ascendbind.reconcile")
+
+
+_NOTHING = Observation()
 
 
 def _irq_targets(binding) -> dict[int, frozenset[int]]:
@@ -68,6 +74,9 @@ class Reconciler:
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
         self._pidfds: dict[int, tuple[int, int]] = {}  # pid -> (start time, pidfd) of the held workers
         self._unchecked: set[int] = set()  # pidfds opened this pass: their identity is read once
+        self.thread_events = ThreadEvents(daemon.metrics)
+        self._looked: dict[int, dict] = {}  # pid -> the thread cache its last look kept (new cache: new binding)
+        self._roles: dict[int, tuple] = {}  # pid -> (plan, role_cpus(plan)): plans change only on a (re)bind
         self.locality = MemoryLocality(daemon)
 
     @property
@@ -116,6 +125,10 @@ class Reconciler:
         self.passes += 1
         with d.lock:
             held = dict(d.held)
+        events = self.thread_events.events(self.passes, held, d.config.thread_events)
+        for pid in [p for p in self._looked if p not in held]:
+            del self._looked[pid]
+            self._roles.pop(pid, None)
         maybe_gone = self._maybe_gone(held)
         limits = self.limits
         dirty = False
@@ -124,8 +137,9 @@ class Reconciler:
                 h = d.held.get(pid)
                 if h is None or h is not held[pid]:
                     continue
-                obs = self.observe(h, check_identity=pid in maybe_gone)
-                dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
+                obs = self.observe(h, check_identity=pid in maybe_gone, events=events)
+                if obs != _NOTHING:  # a look that saw nothing calls for nothing (lifecycle's rule)
+                    dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
         if dirty:
             d.save()
         self._memory_locality()
@@ -153,12 +167,14 @@ class Reconciler:
         return {pid for pid in held if pid not in self._pidfds} | exited | unchecked
 
     def close(self) -> None:
+        self.thread_events.close()
         for _start, fd in self._pidfds.values():
             os.close(fd)
         self._pidfds.clear()
 
-    def observe(self, h, *, check_identity: bool = True) -> Observation:
-        """One look at ``h`` (under the daemon lock): what the rules need, no more."""
+    def observe(self, h, *, check_identity: bool = True, events: EventLook | None = None) -> Observation:
+        """One look at ``h`` (under the daemon lock): what the rules need, no more.
+        ``events``: this pass's process events (None: the loop runs in listing mode)."""
         d, b = self.daemon, h.binding
         proc_root = d.config.proc_root
         if check_identity:
@@ -170,7 +186,7 @@ class Reconciler:
         to_pin: list[tuple[int, str]] = []
         drifted: list[int] = []
         if looks.threads:
-            seen = observe_threads(b.pid, h.threads, role_cpus(b.plan), self.passes, proc_root=proc_root)
+            seen = self._look_at_threads(h, events)
             if seen is not None:  # None: the task list vanished; the next pass drops the worker
                 to_pin, drifted = seen
         moved = self._moved_irqs(h) if looks.irqs else []
@@ -180,6 +196,20 @@ class Reconciler:
             moved_irqs=tuple(moved),
             irqbalance_running=bool(moved) and bool(irqbalance_pids(proc_root)),
         )
+
+    def _look_at_threads(self, h, events: EventLook | None):
+        b, proc_root = h.binding, self.daemon.config.proc_root
+        roles = self._roles.get(b.pid)
+        if roles is None or roles[0] is not b.plan:
+            roles = self._roles[b.pid] = (b.plan, role_cpus(b.plan))
+        first = self._looked.get(b.pid) is not h.threads  # bound (again) since the last look
+        self._looked[b.pid] = h.threads
+        if events is None:
+            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root)
+        changes = events.changes
+        if events.reread_all or first or b.pid in changes.resync:
+            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, reread=True)
+        return observe_marked(b.pid, h.threads, roles[1], changes.look.get(b.pid, ()), proc_root=proc_root)
 
     def _memory_locality(self) -> None:
         """Due locality checks (and at most one memory-step rerun) start in the

@@ -1,0 +1,134 @@
+"""Where the reconcile loop learns of thread changes: the kernel's process events, or nothing.
+
+In *events* mode a pass reads, before it looks at anybody, the process events
+queued since the last pass (discovery/proc_connector.py; the socket keeps
+only the bound workers' events, the rest of the host's churn is dropped in the
+kernel), and folds them into the threads each worker's look must read again
+(discovery/proc_events.py). The look then needs no listing and no name sweep:
+one mask read per thread, and a name read only for a thread born or renamed.
+
+In *listing* mode (``events`` returns None) the looks count, list and sweep
+names as observe.py describes. The loop runs in listing mode when
+``thread_events`` is off, when the connector cannot be had (the reason is
+exported: ``ascendbind_reconcile_mode{mode,reason}``, and logged once), and for
+``RETRY_PASSES`` passes after events were lost ``LOSS_LIMIT`` passes in a row.
+
+What keeps events mode exact:
+
+* Events can be lost (ENOBUFS: the queue outgrew its buffer) or unknown (the
+  loop just entered events mode: renames a name sweep had not reached yet).
+  The pass then re-reads everything once (``EventLook.reread_all``): every
+  worker's task list and every thread's name.
+* A worker bound since the last pass had no events kept for it until the
+  filter named it; its first look lists and reads the names the bind read
+  (the reconcile loop tracks which workers it has looked at).
+* A worker that calls ``exec`` loses its other threads and its name without
+  a rename event: its threads are read afresh (``ThreadChanges.resync``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import structlog
+
+from ..discovery.proc_connector import ProcEventSocket
+from ..discovery.proc_events import ThreadChanges, parse_events, thread_changes
+from ..errors import DiscoveryError
+
+__all__ = ["ThreadEvents", "EventLook", "LOSS_LIMIT", "RETRY_PASSES"]
+
+log = structlog.get_logger("ascendbind.reconcile")
+
+LOSS_LIMIT = 3  # passes in a row that lost events before the loop falls back to listing
+RETRY_PASSES = 60  # passes in listing mode after that, before events are tried again
+_RETRIED = ("overflow", "error")  # reasons that may pass; the others hold until the config changes
+
+
+@dataclass(frozen=True)
+class EventLook:
+    """What one pass learnt from the events: the changes, or that everything is to be read afresh."""
+
+    changes: ThreadChanges
+    reread_all: bool = False
+
+
+class ThreadEvents:
+    """The process-events source of one reconcile loop, and its mode."""
+
+    def __init__(self, metrics, *, opener=ProcEventSocket.open) -> None:
+        self.metrics = metrics
+        self.opener = opener
+        self.mode = "listing"
+        self.reason = ""
+        self._src: ProcEventSocket | None = None
+        self._tgids: frozenset[int] | None = None
+        self._retry_at: float = 0
+        self._losses = 0
+
+    def events(self, pass_no: int, bound: Collection[int], enabled: bool) -> EventLook | None:
+        """This pass's events for the ``bound`` workers; None: look by listing this pass."""
+        if not enabled:
+            self.close()
+            self._retry_at = 0
+            self._listing("off")
+            return None
+        if self._src is None:
+            if pass_no < self._retry_at:
+                return None
+            try:
+                self._src = self.opener()
+            except DiscoveryError as exc:
+                self._retry_at = pass_no + RETRY_PASSES if exc.code in _RETRIED else float("inf")
+                self._listing(exc.code, str(exc))
+                return None
+            self._tgids, self._losses = None, 0
+            self.mode, self.reason = "events", ""
+            self.metrics.set_reconcile_mode("events")
+            log.info("reconcile learns of thread changes from process events",
+                     kernel_filter=self._filter(bound))
+            return EventLook(ThreadChanges(), reread_all=True)
+        self._filter(bound)
+        try:
+            datagrams, lost = self._src.read()
+        except OSError as exc:
+            self._give_up(pass_no, "error", f"reading process events failed: {exc}")
+            return EventLook(ThreadChanges(), reread_all=True)
+        changes = thread_changes((ev for d in datagrams for ev in parse_events(d)), bound)
+        if changes.events:
+            self.metrics.thread_events.inc(changes.events)
+        if not lost:
+            self._losses = 0
+            return EventLook(changes)
+        self.metrics.thread_event_losses.inc()
+        self._losses += 1
+        log.warning("process events were lost; every bound thread is read afresh", passes_in_a_row=self._losses)
+        if self._losses >= LOSS_LIMIT:
+            self._give_up(pass_no, "overflow", f"process events lost {self._losses} passes in a row")
+        return EventLook(changes, reread_all=True)
+
+    def _filter(self, bound: Collection[int]) -> bool:
+        tgids = frozenset(bound)
+        if self._src is not None and tgids != self._tgids:
+            self._src.set_filter(tgids)
+            self._tgids = tgids
+        return self._src is not None and self._src.filtered
+
+    def _give_up(self, pass_no: int, reason: str, why: str) -> None:
+        self.close()
+        self._retry_at = pass_no + RETRY_PASSES
+        self._listing(reason, why)
+
+    def _listing(self, reason: str, why: str = "") -> None:
+        if (self.mode, self.reason) == ("listing", reason):
+            return
+        self.mode, self.reason = "listing", reason
+        self.metrics.set_reconcile_mode("listing", reason)
+        if reason != "off":
+            log.warning("reconcile learns of thread changes by listing", reason=reason, why=why)
+
+    def close(self) -> None:
+        if self._src is not None:
+            self._src.close()
+            self._src = None
