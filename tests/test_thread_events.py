@@ -260,6 +260,8 @@ def _events_or_skip(d: Daemon, rec: Reconciler) -> None:
     rec.pass_once()
     if _mode(d) != ("events", ""):
         pytest.skip(f"no process events here: the loop runs in {_mode(d)}")
+    # /healthz says the same as the metric
+    assert rec.thread_events.describe() == {"mode": "events", "reason": None}
 
 
 @two_cpus
@@ -424,6 +426,7 @@ def test_a_daemon_in_its_own_network_namespace_falls_back_to_listing_and_says_wh
 
         assert wait_for(lambda: metric("ascendbind_reconcile_mode", mode="listing", reason="namespace") == 1,
                         30), d.log()[-3000:]
+        assert d.client.health()["reconcile"] == {"mode": "listing", "reason": "namespace"}
         with start_worker(plain=1, acl=0, release=0) as w:
             plan = d.client.bind(w.pid, 0)["plan"]["npus"]["0"]
             main, acl, release = (frozenset(plan[r]) for r in ("main", "acl", "release"))

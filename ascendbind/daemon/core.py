@@ -85,6 +85,8 @@ class Daemon(Ownership):
         self.hotplug_status = "off"
         # set by the service to its hot-plug debouncer: a burst of uevents not yet acted upon
         self.rediscovery_pending: Callable[[], bool] = lambda: False
+        # set by the service to its reconcile loop's thread-events source: how the loop learns of threads
+        self.reconcile_mode: Callable[[], dict[str, str | None]] = lambda: {"mode": "listing", "reason": "not_started"}
         self.pid = os.getpid()
 
     # ---------------------------------------------------------- state
@@ -350,6 +352,7 @@ class Daemon(Ownership):
             "workers": n,
             "hotplug": self.hotplug_status,
             "rediscovery_pending": self.rediscovery_pending(),
+            "reconcile": self.reconcile_mode(),
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 

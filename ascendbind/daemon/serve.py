@@ -101,6 +101,7 @@ class _Service:
         self.reconciler.start()
         self.daemon.hotplug_status = self.hotplug.start()
         self.daemon.rediscovery_pending = self.hotplug.debouncer.pending
+        self.daemon.reconcile_mode = self.reconciler.thread_events.describe
         if cfg.auto_bind:
             self.autobind = AutoBinder(self.daemon)
             self.autobind.start()
