@@ -206,13 +206,22 @@ def test_the_mask_held_after_a_write_is_ours_or_the_kernels_narrowing_of_it(read
     assert accepted(read_back, frozenset(wanted)) == frozenset(held)
 
 
+def _split_roles() -> dict[str, frozenset[int]]:
+    """main on every CPU but the last; acl and release on the last."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {"main": frozenset(cpus[:-1]), "acl": frozenset(cpus[-1:]), "release": frozenset(cpus[-1:])}
+
+
+def _all_on(w, cpus: frozenset[int]) -> None:
+    for tid in list(w.threads()):
+        os.sched_setaffinity(tid, cpus)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="roles only separate with 2+ CPUs")
 def test_a_real_thread_renamed_after_its_young_passes_is_caught_in_its_sweep_slot():
-    cpus = sorted(os.sched_getaffinity(0))
-    roles = {"main": frozenset(cpus[:-1]), "acl": frozenset(cpus[-1:]), "release": frozenset(cpus[-1:])}
+    roles = _split_roles()
     with start_worker(plain=1, acl=0, release=0) as w:
-        for tid in list(w.threads()):
-            os.sched_setaffinity(tid, roles["main"])
+        _all_on(w, roles["main"])
         cache: dict[int, SeenThread] = {}
         pass_no = 1
         assert observe_threads(w.pid, cache, roles, pass_no) == ([], [])  # all on main: accepted
@@ -238,11 +247,9 @@ def test_a_real_thread_renamed_after_its_young_passes_is_caught_in_its_sweep_slo
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="roles only separate with 2+ CPUs")
 def test_a_real_thread_named_after_the_look_that_first_saw_it_is_caught_while_young():
-    cpus = sorted(os.sched_getaffinity(0))
-    roles = {"main": frozenset(cpus[:-1]), "acl": frozenset(cpus[-1:]), "release": frozenset(cpus[-1:])}
+    roles = _split_roles()
     with start_worker(plain=1, acl=0, release=0) as w:
-        for tid in list(w.threads()):
-            os.sched_setaffinity(tid, roles["main"])
+        _all_on(w, roles["main"])
         cache: dict[int, SeenThread] = {}
         pass_no = 7
         observe_threads(w.pid, cache, roles, pass_no)
@@ -256,7 +263,7 @@ def test_a_real_thread_named_after_the_look_that_first_saw_it_is_caught_while_yo
         assert observe_threads(w.pid, cache, roles, pass_no) == ([(late, "acl")], [])
         # a mask someone else changed is drift; the look reads the kernel, never the cache
         other = next(t for t in w.threads() if t != late)
-        os.sched_setaffinity(other, set(cpus))
+        os.sched_setaffinity(other, os.sched_getaffinity(0))
         assert observe_threads(w.pid, cache, roles, pass_no + 1)[1] == [other]
     assert observe_threads(w.pid, cache, roles, pass_no + 2) is None  # reaped: no task list
 
@@ -297,11 +304,10 @@ def test_a_look_walks_the_cache_without_listing_while_the_thread_count_holds(tmp
 
 
 def test_a_thread_born_as_another_exits_keeps_the_count_and_is_still_found():
-    cpus = sorted(os.sched_getaffinity(0))
-    roles = {"main": frozenset(cpus), "acl": frozenset(cpus), "release": frozenset(cpus)}
+    every = frozenset(os.sched_getaffinity(0))
+    roles = {"main": every, "acl": every, "release": every}
     with start_worker(plain=1, acl=0, release=0) as w:
-        for tid in w.threads():
-            os.sched_setaffinity(tid, roles["main"])
+        _all_on(w, roles["main"])
         old = w.spawn("worker_old")
         cache: dict[int, SeenThread] = {}
         observe_threads(w.pid, cache, roles, 1)
