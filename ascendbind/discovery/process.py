@@ -30,7 +30,7 @@ from typing import NamedTuple
 from ..errors import ParseError, ProcessGone, UsageError
 from ..model import ProcessIdentity, ThreadInfo, frozen_map
 from .procfs import CgroupEntry, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
-from .sources import HostSource, ProcDir, path_proc_dir
+from .sources import HostSource, ProcDir, path_proc_dir, read_once
 
 __all__ = [
     "ProcessView",
@@ -260,17 +260,7 @@ def identity_of(source: HostSource, pid: int) -> ProcessIdentity | None:
 # ------------------------------------------------------------ the small reads, by proc_root
 
 def _read(path: str, limit: int = 16384, dir_fd: int | None = None) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        # ESRCH: the task exited between open and read
-        return None
-    finally:
-        os.close(fd)
+    return read_once(path, limit, dir_fd)
 
 
 def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:

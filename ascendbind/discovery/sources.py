@@ -54,6 +54,21 @@ class HostSource(Protocol):
     def listdir(self, path: str) -> list[str] | None: ...
 
 
+def read_once(path: str, limit: int, dir_fd: int | None = None) -> str | None:
+    """One read of at most ``limit`` bytes of a small /proc file, or None when it cannot be
+    opened or read (ESRCH: the task exited between open and read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class ProcDir(Protocol):
     """One process's ``/proc/<key>``: names are relative to it (``stat``, ``task/12/comm``).
     ``pinned``: every read is of the process the directory was opened on."""
@@ -98,16 +113,7 @@ class LiveProcDir:
 
     def read_small(self, name: str, size: int) -> str | None:
         """One read of at most ``size`` bytes (a thread's comm): the per-thread hot path."""
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        try:
-            return os.read(fd, size).decode("utf-8", "replace")
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
+        return read_once(name, size, dir_fd=self.fd)
 
     def task_comms(self) -> list[tuple[int, str]] | None:
         """(tid, comm) of every thread under ``task/`` (one listing, one read per thread; a
