@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ..errors import ParseError
 from ..model import HostFacts, NpuIrqs
 from .irqs import npu_irqs_from, parse_interrupts
-from .sources import HostSource
+from .sources import HostSource, read_once
 
 __all__ = ["discover_npu_irqs", "NpuIrqLookup", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
            "irqbalance_pids", "irqbalance_socket_dir", "socket_in_dir_fd", "INTERRUPTS"]
@@ -85,16 +85,8 @@ def irq_mask_path(irq: int, proc_root: str = "/proc") -> str:
 
 def read_irq_mask(irq: int, *, proc_root: str = "/proc") -> str | None:
     """The mask text of ``<proc>/irq/<irq>/smp_affinity`` (stripped), or None when unreadable."""
-    try:
-        fd = os.open(irq_mask_path(irq, proc_root), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    text = read_once(irq_mask_path(irq, proc_root), 4096)
+    return None if text is None else text.strip()
 
 
 def irq_masks_writable(proc_root: str = "/proc") -> tuple[bool, str]:
@@ -113,17 +105,9 @@ def irqbalance_pids(proc_root: str = "/proc") -> list[int]:
     for name in entries:
         if not name.isdigit():
             continue
-        try:
-            fd = os.open(f"{proc_root}/{name}/comm", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            if os.read(fd, 64).strip() == b"irqbalance":
-                found.append(int(name))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        comm = read_once(f"{proc_root}/{name}/comm", 64)
+        if comm is not None and comm.strip() == "irqbalance":
+            found.append(int(name))
     return sorted(found)
 
 
