@@ -60,6 +60,7 @@ class Config:
     metrics_listen: str = "127.0.0.1:9464"
     reconcile_seconds: float = 5.0
     thread_events: bool = True
+    drift_sweep_passes: int = 4
     memory_check_seconds: float = 60.0
     memory_local_threshold: float = 0.8
     memory_rerun_seconds: float = 600.0
@@ -176,6 +177,8 @@ def coerce(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: key {key!r} must be one of {', '.join(choices)}; got {out!r}")
     if key == "memory_local_threshold" and out > 1:
         raise ConfigError(f"{where}: key 'memory_local_threshold' is a share, from 0 to 1; got {out:g}")
+    if key == "drift_sweep_passes" and not 1 <= out <= 1000:
+        raise ConfigError(f"{where}: key 'drift_sweep_passes' must be from 1 to 1000; got {out}")
     if key == "max_numa_nodes" and out < 1:
         raise ConfigError(f"{where}: key 'max_numa_nodes' must be at least 1; got {out}")
     if key == "metrics_listen" and out and out.rpartition(":")[1] != ":":

@@ -10,8 +10,11 @@ fallback by namespace runs a real ``ascendbind serve`` under ``unshare -n``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import os
+import select
 import shutil
 import struct
 import subprocess
@@ -22,16 +25,20 @@ import pytest
 
 from ascendbind.applier.affinity import bind_tasks
 from ascendbind.applier.identity import start_time
+from ascendbind.applier.irq import read_irq_mask, set_irq_affinity
 from ascendbind.config import Config
 from ascendbind.daemon.core import Daemon, Held
-from ascendbind.daemon.observe import COMM_SWEEP_PASSES, role_cpus
+from ascendbind.daemon.held import SeenThread
+from ascendbind.daemon.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.daemon.threadevents import LOSS_LIMIT, ThreadEvents
 from ascendbind.discovery.proc_connector import ProcEventSocket
 from ascendbind.discovery.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
                                               listen_message, parse_events, socket_filter, thread_changes)
 from ascendbind.errors import DiscoveryError
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan, frozen_map
+from ascendbind.cpulist import parse_mask
+from ascendbind.model import Binding, DeviceType, IrqBinding, Mode, NpuPlan, Plan, frozen_map
+from tests.audit import Reads
 from tests.daemon_harness import ROOT, DaemonProc, base_env, metric_value, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 
@@ -242,6 +249,11 @@ def _mode(d: Daemon) -> tuple[str, str] | None:
     return None
 
 
+def _events_queued(rec: Reconciler, timeout: float = 10.0) -> bool:
+    """Wait until the loop's events socket has something queued (False at the deadline)."""
+    return bool(select.select([rec.thread_events.fileno()], [], [], timeout)[0])
+
+
 @pytest.fixture
 def loop(tmp_path):
     def make(**cfg) -> tuple[Daemon, Reconciler]:
@@ -281,6 +293,9 @@ def test_with_events_a_thread_born_after_the_bind_is_pinned_by_the_next_pass(loo
         rec.pass_once()
         assert cpus_allowed_of(w.pid, plain) == main and h.late_threads == 1 and plain in h.threads
         w.stop(plain)
+        # the kernel queues a thread's exit event just after it drops the thread from
+        # /proc, which stop() waits for: wait for the event itself
+        assert _events_queued(rec)
         rec.pass_once()
         assert plain not in h.threads  # its exit event: forgotten, its tid free to be a new thread
     assert metric_value(d.metrics.render().decode(), "ascendbind_thread_events_total") >= 4
@@ -304,19 +319,163 @@ def test_with_events_a_thread_renamed_long_after_birth_moves_in_the_next_pass_no
         assert h.drift_events == 0  # a rename is no drift
 
 
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_the_mask_sweep_reads_each_thread_once_in_k_passes_and_the_main_and_role_threads_every_pass(k):
+    pid = 1000
+    threads = {pid: SeenThread(frozenset({0}), "main")}
+    threads.update({t: SeenThread(frozenset({0}), "main") for t in range(1001, 1201)})
+    threads.update({1300: SeenThread(frozenset({1}), "acl"), 1301: SeenThread(frozenset({1}), "release")})
+    slots = sweep_slots(pid, threads, k)
+    assert len(slots) == k
+    for tids, want in slots:
+        assert {pid, 1300, 1301} <= set(tids) and len(tids) == len(set(tids))
+        assert want == [threads[t].mask for t in tids]  # each tid beside the mask it must have
+    plain = [t for tids, _ in slots for t in tids if t not in (pid, 1300, 1301)]
+    assert sorted(plain) == list(range(1001, 1201))  # every other thread in exactly one share
+    sizes = [len(tids) for tids, _ in slots]
+    assert max(sizes) - min(sizes) <= 1  # consecutive tids spread evenly
+
+
 @two_cpus
-def test_with_events_drift_is_still_set_back_and_blamed(loop):
+def test_with_events_a_quiet_pass_opens_no_file_and_the_next_event_makes_the_pass_look(loop):
+    d, rec = loop(memory_check_seconds=0)  # the locality check reads numa_maps on a thread of its own
+    _events_or_skip(d, rec)
+    acl = frozenset(CPUS[-1:])
+    with start_worker(plain=4, acl=1, release=1) as w:
+        h = _bind(d, w.pid)
+        rec.pass_once()  # its first look reads it whole
+        quiet_runs = "ascendbind_reconcile_quiet_runs_total"
+        before = metric_value(d.metrics.render().decode(), quiet_runs)
+        with Reads() as quiet:
+            for _ in range(d.config.drift_sweep_passes):
+                rec.pass_once()
+        assert quiet.events == []  # no name, no task list, no start time: masks and one poll
+        assert metric_value(d.metrics.render().decode(), quiet_runs) == before + d.config.drift_sweep_passes
+        late = w.spawn("acl_thread_2")  # a fork and a rename: the events socket is readable
+        with Reads() as looked:
+            rec.pass_once()
+        assert looked.comm_reads([late])[late] >= 1
+        assert metric_value(d.metrics.render().decode(), quiet_runs) == before + d.config.drift_sweep_passes
+        assert cpus_allowed_of(w.pid, late) == acl and h.late_threads == 1
+
+
+@two_cpus
+def test_with_events_a_worker_that_exits_between_quiet_passes_is_dropped_by_the_next(loop):
+    d, rec = loop(memory_check_seconds=0)
+    _events_or_skip(d, rec)
+    with start_worker(plain=2, acl=1, release=1) as w:
+        _bind(d, w.pid)
+        rec.pass_once()
+        rec.pass_once()
+        assert metric_value(d.metrics.render().decode(), "ascendbind_reconcile_quiet_runs_total") >= 1
+        pid = w.pid
+    # the worker is reaped: its pidfd polls readable
+    rec.pass_once()
+    assert pid not in d.held
+
+
+@contextlib.contextmanager
+def _movable_irq():
+    """An IRQ of this machine whose mask takes CPU 0 alone, and its original mask, put
+    back afterwards whatever happened (tests leave the host's IRQs as they found them)."""
+    for irq in sorted(int(n) for n in os.listdir("/proc/irq") if n.isdigit()):
+        original = read_irq_mask(irq)
+        if original is None:
+            continue
+        try:
+            if set_irq_affinity(irq, {CPUS[0]}).status == "ok":
+                yield irq, original
+                return
+        finally:
+            with contextlib.suppress(OSError):
+                fd = os.open(f"/proc/irq/{irq}/smp_affinity", os.O_WRONLY)
+                try:
+                    os.write(fd, original.encode())
+                finally:
+                    os.close(fd)
+    pytest.skip("no IRQ on this machine takes a mask of CPU 0 alone")
+
+
+@two_cpus
+@pytest.mark.skipif(not os.access("/proc/irq", os.W_OK), reason="/proc/irq is not writable here")
+def test_with_events_an_irq_mask_moved_between_quiet_passes_is_set_back_by_the_next(loop):
+    d, rec = loop(memory_check_seconds=0)
+    _events_or_skip(d, rec)
+    with _movable_irq() as (irq, original), start_worker(plain=2, acl=1, release=1) as w:
+        h = _bind(d, w.pid)
+        pinned = (IrqBinding(0, irq, frozenset({CPUS[0]}), original, "ok"),)
+        h.binding = dataclasses.replace(h.binding, irqs=pinned)
+        rec.pass_once()
+        rec.pass_once()
+        quiet_runs = metric_value(d.metrics.render().decode(), "ascendbind_reconcile_quiet_runs_total")
+        assert quiet_runs >= 1  # the IRQ mask is where the binding set it: the pass stays quiet
+        set_irq_affinity(irq, set(CPUS))  # someone else moves it
+        rec.pass_once()
+        assert parse_mask(read_irq_mask(irq)) == {CPUS[0]} and h.irq_culprit is not None
+        assert metric_value(d.metrics.render().decode(), "ascendbind_reconcile_quiet_runs_total") == quiet_runs
+
+
+def _before_slot(rec: Reconciler, tid: int, k: int) -> None:
+    """Number the passes so that the k-th pass from now is the first whose share of the
+    mask sweep holds ``tid`` by its number (observe.sweep_slots): the next k - 1 skip it."""
+    while (rec.passes + k) % k != tid % k:
+        rec.passes += 1
+
+
+@two_cpus
+def test_with_events_drift_of_a_plain_thread_is_set_back_by_its_share_of_the_sweep(loop):
     d, rec = loop()
     _events_or_skip(d, rec)
+    k = d.config.drift_sweep_passes
+    assert k > 1  # the default spreads the sweep
     main = frozenset(CPUS[:-1])
     with start_worker(plain=2, acl=0, release=0) as w:
         h = _bind(d, w.pid)
         rec.pass_once()
         tid = next(t for t, name in w.threads().items() if name == "worker_1")
+        _before_slot(rec, tid, k)
         os.sched_setaffinity(tid, set(CPUS))  # someone else moves it, as taskset would
-        rec.pass_once()
+        for _ in range(k - 1):  # passes whose share does not hold it: its mask is not read
+            rec.pass_once()
+            assert cpus_allowed_of(w.pid, tid) == frozenset(CPUS) and h.drift_events == 0
+        rec.pass_once()  # the k-th: its share
         assert cpus_allowed_of(w.pid, tid) == main
         assert h.drift_events == 1 and h.culprit == "external"
+
+
+@two_cpus
+def test_with_events_one_sweep_pass_checks_every_thread_every_pass(loop):
+    d, rec = loop(drift_sweep_passes=1)
+    _events_or_skip(d, rec)
+    main = frozenset(CPUS[:-1])
+    with start_worker(plain=2, acl=0, release=0) as w:
+        h = _bind(d, w.pid)
+        rec.pass_once()
+        for name in ("worker_0", "worker_1"):
+            tid = next(t for t, n in w.threads().items() if n == name)
+            os.sched_setaffinity(tid, set(CPUS))
+            rec.pass_once()
+            assert cpus_allowed_of(w.pid, tid) == main
+        assert h.drift_events == 2
+
+
+@two_cpus
+@pytest.mark.parametrize("moved", ["main thread", "acl_thread", "release_thread"])
+def test_with_events_a_moved_main_acl_or_release_thread_is_set_back_by_the_next_pass(loop, moved):
+    # a whole process moved (taskset -a, a cpuset change) moves its main thread: seen at once
+    d, rec = loop()
+    _events_or_skip(d, rec)
+    k = d.config.drift_sweep_passes
+    want = {"main thread": frozenset(CPUS[:-1])}.get(moved, frozenset(CPUS[-1:]))
+    with start_worker(plain=2, acl=1, release=1) as w:
+        h = _bind(d, w.pid)
+        rec.pass_once()
+        tid = w.pid if moved == "main thread" else next(t for t, n in w.threads().items() if n == moved)
+        _before_slot(rec, tid, k)  # the next pass is not the one its number falls in
+        os.sched_setaffinity(tid, set(CPUS))
+        rec.pass_once()
+        assert cpus_allowed_of(w.pid, tid) == want
+        assert h.drift_events == 1
 
 
 @two_cpus

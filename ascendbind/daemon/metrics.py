@@ -91,6 +91,12 @@ class Metrics:
             "ascendbind_late_threads_pinned", "Threads created after binding and pinned by role", registry=r
         )
         self.reconcile_runs = Counter("ascendbind_reconcile_runs", "Reconcile passes", registry=r)
+        self.reconcile_quiet_runs = Counter(
+            "ascendbind_reconcile_quiet_runs",
+            "Reconcile passes that ended after one poll and their share of the mask sweep: no thread event "
+            "queued, no worker exited, no mask read had moved",
+            registry=r,
+        )
         self.reconcile_duration = Histogram(
             "ascendbind_reconcile_duration_seconds",
             "Wall time of one reconcile pass over all bound workers (includes time preempted)",

@@ -54,7 +54,7 @@ from ..model import Plan
 from .held import YOUNG_PASSES, SeenThread
 
 __all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "observe_marked", "role_cpus",
-           "thread_count"]
+           "thread_count", "sweep_slots", "slot_quiet", "Slot"]
 
 COMM_SWEEP_PASSES = 30
 
@@ -74,6 +74,35 @@ def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
 
 
 Look = tuple[list[tuple[int, str]], list[int]]
+Slot = tuple[list[int], list[frozenset[int]]]  # (tids, the mask each must have), checked in one sweep
+
+
+def sweep_slots(pid: int, threads: Mapping[int, SeenThread], passes: int) -> tuple[Slot, ...]:
+    """The mask sweep spread over ``passes`` passes: slot ``j`` holds the worker's main
+    thread (tid == pid) and its ACL and release threads, which every pass checks,
+    and the other threads whose tid is ``j`` modulo ``passes``, so each thread's mask
+    is read once in ``passes`` passes. Moving a whole process (``taskset -a``, a
+    cpuset change, a runtime re-pinning itself) moves its main thread: the next
+    pass sees it whatever the slot."""
+    passes = max(1, passes)
+    always: list[tuple[int, SeenThread]] = []
+    parts: list[list[tuple[int, SeenThread]]] = [[] for _ in range(passes)]
+    for tid, seen in threads.items():
+        if tid == pid or seen.role != "main":
+            always.append((tid, seen))
+        else:
+            parts[tid % passes].append((tid, seen))
+    return tuple(([t for t, _ in always + part], [s.mask for _, s in always + part]) for part in parts)
+
+
+def slot_quiet(slot: Slot) -> bool:
+    """Whether every thread of ``slot`` still has its mask (one ``sched_getaffinity``
+    each, compared in one sweep); False when one moved or is gone."""
+    tids, want = slot
+    try:
+        return list(map(os.sched_getaffinity, tids)) == want
+    except OSError:  # ESRCH: exited since the events were read; the full look forgets it
+        return False
 
 
 def observe_threads(

@@ -1,7 +1,7 @@
 """The reconcile loop: keep bound workers bound. A thin shell around lifecycle.py.
 
-Every ``reconcile_seconds`` (a ``threading.Event.wait``, so an idle daemon
-sleeps; ``stop()`` wakes it at once), each held worker gets one look, the
+Every ``reconcile_seconds`` (a ``poll`` on a stop flag, stopflag.py, so an idle
+daemon sleeps; ``stop()`` wakes it at once), each held worker gets one look, the
 rules decide what it calls for, and the ``Daemon`` does it:
 
 1. gone? (absent, zombie, or the pid now names another process) -> dropped;
@@ -33,6 +33,7 @@ goes, where its ``stat`` alone would already say zombie.) The pass's CPU time is
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 
@@ -46,7 +47,8 @@ from ..errors import ProcessGone
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
 from .locality import MemoryLocality
-from .observe import observe_marked, observe_threads, role_cpus
+from .observe import Slot, observe_marked, observe_threads, role_cpus, slot_quiet, sweep_slots
+from .stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
 from .threadname import name_os_thread
 
@@ -68,7 +70,7 @@ class Reconciler:
         self.daemon = daemon
         self.reassert_limit = reassert_limit
         self._window = window
-        self._stop = threading.Event()
+        self._stop = StopFlag()
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
@@ -77,6 +79,10 @@ class Reconciler:
         self.thread_events = ThreadEvents(daemon.metrics)
         self._looked: dict[int, dict] = {}  # pid -> the thread cache its last look kept (new cache: new binding)
         self._roles: dict[int, tuple] = {}  # pid -> (plan, role_cpus(plan)): plans change only on a (re)bind
+        # pid -> (thread cache, its size, sweep_slots of it): kept while only quiet looks ran
+        self._slots: dict[int, tuple[dict, int, tuple[Slot, ...]]] = {}
+        self._quiet_poll = None  # select.poll over the events socket and the pidfds (_arm_quiet)
+        self._quiet_pids: frozenset[int] = frozenset()
         self.locality = MemoryLocality(daemon)
 
     @property
@@ -125,10 +131,46 @@ class Reconciler:
         self.passes += 1
         with d.lock:
             held = dict(d.held)
+        if self._quiet(held):
+            d.metrics.reconcile_quiet_runs.inc()
+        else:
+            self._look(held)
+        self._memory_locality()
+        d.metrics.reconcile_runs.inc()
+        d.metrics.reconcile_duration.observe(time.monotonic() - t0)
+        d.metrics.reconcile_cpu.observe(time.thread_time() - c0)
+
+    def _quiet(self, held) -> bool:
+        """Whether this pass can tell, cheaply, that looking at every worker would find
+        nothing: in events mode, one ``poll`` over the events socket and every worker's
+        pidfd says no event is queued and nobody exited, every worker has had its first
+        look, and each one's share of the mask sweep and its IRQ masks are where we set
+        them. Anything else (or a worker bound, released or without a pidfd since the
+        last full pass) and the pass looks at everyone (``_look``). An idle daemon's
+        passes are nearly all quiet, and each wakes on cold caches: the less code and
+        memory it touches, the less it costs."""
+        poller = self._quiet_poll
+        if poller is None or held.keys() != self._quiet_pids or not self.daemon.config.thread_events:
+            return False
+        if poller.poll(0):
+            return False  # events queued (or the socket's error: lost events), or a worker exited
+        for pid, h in held.items():
+            looks = wanted(h.record())
+            if looks.threads and (self._looked.get(pid) is not h.threads  # bound (again) since its last look
+                                  or not slot_quiet(self._slot(h))):
+                return False
+            if looks.irqs and self._moved_irqs(h):
+                return False
+        return True
+
+    def _look(self, held) -> None:
+        """One look at every held worker, and the actions they call for."""
+        d = self.daemon
         events = self.thread_events.events(self.passes, held, d.config.thread_events)
         for pid in [p for p in self._looked if p not in held]:
             del self._looked[pid]
             self._roles.pop(pid, None)
+            self._slots.pop(pid, None)
         maybe_gone = self._maybe_gone(held)
         limits = self.limits
         dirty = False
@@ -142,10 +184,19 @@ class Reconciler:
                     dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
         if dirty:
             d.save()
-        self._memory_locality()
-        d.metrics.reconcile_runs.inc()
-        d.metrics.reconcile_duration.observe(time.monotonic() - t0)
-        d.metrics.reconcile_cpu.observe(time.thread_time() - c0)
+        self._arm_quiet(held, events)
+
+    def _arm_quiet(self, held, events: EventLook | None) -> None:
+        """After a full pass: the poll set ``_quiet`` watches until the held set changes."""
+        self._quiet_poll, self._quiet_pids = None, frozenset()
+        fd = self.thread_events.fileno()
+        if events is None or fd is None or self._unchecked or any(pid not in self._pidfds for pid in held):
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        for _start, pidfd in self._pidfds.values():
+            poller.register(pidfd, select.POLLIN)
+        self._quiet_poll, self._quiet_pids = poller, frozenset(held)
 
     def _maybe_gone(self, held) -> set[int]:
         """The pids whose identity must be read this pass: those whose pidfd says the
@@ -167,6 +218,7 @@ class Reconciler:
         return {pid for pid in held if pid not in self._pidfds} | exited | unchecked
 
     def close(self) -> None:
+        self._stop.close()
         self.thread_events.close()
         for _start, fd in self._pidfds.values():
             os.close(fd)
@@ -208,8 +260,22 @@ class Reconciler:
             return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root)
         changes = events.changes
         if events.reread_all or first or b.pid in changes.resync:
+            self._slots.pop(b.pid, None)
             return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, reread=True)
-        return observe_marked(b.pid, h.threads, roles[1], changes.look.get(b.pid, ()), proc_root=proc_root)
+        look = changes.look.get(b.pid, ())
+        if not look and slot_quiet(self._slot(h)):
+            return [], []  # no news, and this pass's share of the masks is where we set it
+        self._slots.pop(b.pid, None)  # the full look below may change the thread cache
+        return observe_marked(b.pid, h.threads, roles[1], look, proc_root=proc_root)
+
+    def _slot(self, h) -> Slot:
+        """This pass's share of ``h``'s threads to check (observe.sweep_slots), from the
+        slots kept since the thread cache last changed."""
+        threads, passes = h.threads, self.daemon.config.drift_sweep_passes
+        kept = self._slots.get(h.binding.pid)
+        if kept is None or kept[0] is not threads or kept[1] != len(threads) or len(kept[2]) != passes:
+            kept = self._slots[h.binding.pid] = (threads, len(threads), sweep_slots(h.binding.pid, threads, passes))
+        return kept[2][self.passes % passes]
 
     def _memory_locality(self) -> None:
         """Due locality checks (and at most one memory-step rerun) start in the

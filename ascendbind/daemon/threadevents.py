@@ -128,6 +128,10 @@ class ThreadEvents:
         if reason != "off":
             log.warning("reconcile learns of thread changes by listing", reason=reason, why=why)
 
+    def fileno(self) -> int | None:
+        """The events socket while in events mode (readable: events are queued), else None."""
+        return self._src.fileno() if self._src is not None else None
+
     def describe(self) -> dict[str, str | None]:
         """The mode for /healthz: ``events``, or ``listing`` with the reason (``off`` when configured so)."""
         return {"mode": self.mode, "reason": self.reason or None}
