@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -93,15 +93,22 @@ class MemoryLocality:
         with self._cond:
             return self._queued is not None or self._running
 
-    def tick(self, now: float | None = None) -> bool:
+    def tick(self, now: float | None = None, held: Mapping[int, Any] | None = None) -> bool:
         """From the reconcile pass: start a background round over the workers whose
-        check is due, unless one still runs. True when a round was started."""
-        if self.daemon.config.memory_check_seconds <= 0:
+        check is due, unless one still runs. True when a round was started. ``held``:
+        the pass's copy of the held table, to tell without the lock that none is due
+        (the usual answer: a worker is due once every few minutes)."""
+        interval = self.daemon.config.memory_check_seconds
+        if interval <= 0:
             self._forget()
+            return False
+        now = time.monotonic() if now is None else now
+        if held is not None and not any(h.memory_checked_at is None or now - h.memory_checked_at >= interval
+                                        for h in held.values()):
             return False
         if self.busy():
             return False
-        due = self.due(time.monotonic() if now is None else now)
+        due = self.due(now)
         if not due:
             return False
         with self._cond:

@@ -135,7 +135,7 @@ class Reconciler:
             d.metrics.reconcile_quiet_runs.inc()
         else:
             self._look(held)
-        self._memory_locality()
+        self._memory_locality(held)
         d.metrics.reconcile_runs.inc()
         d.metrics.reconcile_duration.observe(time.monotonic() - t0)
         d.metrics.reconcile_cpu.observe(time.thread_time() - c0)
@@ -159,7 +159,7 @@ class Reconciler:
             if looks.threads and (self._looked.get(pid) is not h.threads  # bound (again) since its last look
                                   or not slot_quiet(self._slot(h))):
                 return False
-            if looks.irqs and self._moved_irqs(h):
+            if looks.irqs and h.binding.irqs and self._moved_irqs(h):
                 return False
         return True
 
@@ -277,10 +277,10 @@ class Reconciler:
             kept = self._slots[h.binding.pid] = (threads, len(threads), sweep_slots(h.binding.pid, threads, passes))
         return kept[2][self.passes % passes]
 
-    def _memory_locality(self) -> None:
+    def _memory_locality(self, held) -> None:
         """Due locality checks (and at most one memory-step rerun) start in the
         background: numa_maps walks and migratepages take seconds, this pass must not."""
-        self.locality.tick()
+        self.locality.tick(held=held)
 
     # ------------------------------------------------------------ IRQs
 
