@@ -61,7 +61,7 @@ class Config:
     reconcile_seconds: float = 5.0
     thread_events: bool = True
     drift_sweep_passes: int = 4
-    memory_check_seconds: float = 60.0
+    memory_check_seconds: float = 300.0
     memory_local_threshold: float = 0.8
     memory_rerun_seconds: float = 600.0
     device_type: str = "auto"

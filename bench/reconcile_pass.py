@@ -3,7 +3,7 @@
     .venv/bin/python bench/reconcile_pass.py [--workers 16] [--threads 200] [--passes 12] [--sleep 5] [--json PATH]
 
 Starts W real workers of T named threads (tests/workers.py), then alternates,
-pass after pass, two looks over all of them, each timed with the calling
+pass after pass, four looks over all of them, each timed with the calling
 thread's CPU clock (``time.thread_time``):
 
 * **cached** (the daemon's look in listing mode: daemon/observe.py): per worker one ``stat``
@@ -11,9 +11,12 @@ thread's CPU clock (``time.thread_time``):
   ``comm`` only for the threads whose name can have news, the task list only
   when the count says the set changed (the daemon's liveness check, a pidfd
   poll, is not part of the look);
-* **events** (what the daemon runs with the kernel's process events, on a pass
-  that brought none: observe_marked): one ``sched_getaffinity`` per thread,
-  no thread count, no listing, no name;
+* **events** (the look at a worker with the kernel's process events, when the
+  pass must look at everyone but this worker had no event: observe_marked): one
+  ``sched_getaffinity`` per thread, no thread count, no listing, no name;
+* **share** (the daemon's quiet pass, when nothing is queued and nobody exited:
+  observe.slot_quiet): the masks of every worker's main, ACL and release
+  threads and of one in ``drift_sweep_passes`` of the others, nothing else;
 * **listed** (the reference: a look without any cache): per worker one
   listing of ``/proc/<pid>/task``, per thread its ``comm`` and its mask
   (applier/affinity.py ``thread_masks``), each mask compared with the one known.
@@ -40,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascendbind.applier.affinity import role_of, thread_masks  # noqa: E402
 from ascendbind.daemon.held import SeenThread  # noqa: E402
-from ascendbind.daemon.observe import observe_marked, observe_threads  # noqa: E402
+from ascendbind.config import Config  # noqa: E402
+from ascendbind.daemon.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 
@@ -68,30 +72,39 @@ def measure(n_workers: int, n_threads: int, passes: int, sleep: float) -> dict:
             caches.append({tid: SeenThread(cpus, role_of(comm), young=0) for tid, (comm, _m) in masks.items()})
             knowns.append({tid: cpus for tid in masks})
         total = sum(len(c) for c in caches)
+        share = Config().drift_sweep_passes
+        slots = [sweep_slots(w.pid, cache, share) for w, cache in zip(workers, caches)]
         cached_s: list[float] = []
         listed_s: list[float] = []
         events_s: list[float] = []
+        share_s: list[float] = []
         for k in range(passes):
-            for label, out in (("cached", cached_s), ("events", events_s), ("listed", listed_s)):
+            for label, out in (("cached", cached_s), ("events", events_s), ("share", share_s), ("listed", listed_s)):
                 if sleep:
                     time.sleep(sleep)
                 c0 = time.thread_time()
                 if label == "cached":
                     for w, cache in zip(workers, caches):
                         observe_threads(w.pid, cache, roles, k)
-                elif label == "events":  # a quiet pass with process events: no event, no listing, no name
+                elif label == "events":  # a pass with process events, none queued: every mask, no listing, no name
                     for w, cache in zip(workers, caches):
                         observe_marked(w.pid, cache, roles)
+                elif label == "share":  # the daemon's quiet pass: this pass's share of the masks
+                    for worker_slots in slots:
+                        slot_quiet(worker_slots[k % share])
                 else:
                     for w, known in zip(workers, knowns):
                         listed_look(w.pid, known)
                 out.append(time.thread_time() - c0)
     cached, listed, events = statistics.median(cached_s), statistics.median(listed_s), statistics.median(events_s)
+    quiet = statistics.median(share_s)
     period = sleep or 5.0
     return {
         "workers": n_workers, "threads_per_worker": n_threads, "threads_total": total, "passes": passes,
         "sleep_s": sleep, "cached_ms": cached * 1e3, "listed_ms": listed * 1e3, "events_ms": events * 1e3,
         "events_us_per_thread": events * 1e6 / total, "events_ratio": cached / events if events else float("nan"),
+        "share_passes": share, "share_ms": quiet * 1e3, "share_us_per_thread": quiet * 1e6 / total,
+        "share_ratio": events / quiet if quiet else float("nan"),
         "cached_us_per_thread": cached * 1e6 / total, "listed_us_per_thread": listed * 1e6 / total,
         "ratio": listed / cached if cached else float("nan"),
         "cached_cpu_percent": 100 * cached / period, "period_s": period,
@@ -117,6 +130,8 @@ def main(argv=None) -> int:
           f"(goal < {GOAL_CPU_PERCENT} %: {'met' if cpu_ok else 'MISSED'})")
     print(f"events look: {r['events_ms']:.2f} ms CPU ({r['events_us_per_thread']:.2f} us per thread); "
           f"cached / events = {r['events_ratio']:.2f}x")
+    print(f"quiet share: {r['share_ms']:.2f} ms CPU ({r['share_us_per_thread']:.2f} us per thread held; main, ACL and "
+          f"release threads and 1 in {r['share_passes']} of the others); events / share = {r['share_ratio']:.2f}x")
     print(f"listed look: {r['listed_ms']:.2f} ms CPU ({r['listed_us_per_thread']:.2f} us per thread); "
           f"listed / cached = {r['ratio']:.2f}x (goal >= {GOAL_RATIO:g}x: {'met' if ratio_ok else 'MISSED'})")
     write_json(args.json, {"bench": "reconcile_pass", "machine": machine(), "params": vars(args), "rows": [r]})

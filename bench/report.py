@@ -265,13 +265,16 @@ def _idle_section(idle: dict) -> list[str]:
     row = idle_goal_row(idle)
     if row:
         lines += ["", f"Goals at 16 x 200 with the default 5 s period: CPU < {GOAL_IDLE_CPU} % of one CPU, "
-                      f"RSS < {GOAL_IDLE_RSS:.0f} MB. Each pass reads, per thread, its mask "
-                      "(sched_getaffinity), and per worker one pidfd poll; with the kernel's process events "
-                      f"({row.get('reconcile_mode', 'events')} mode in this run) a `comm` only for a thread born "
-                      "or renamed since the last pass, in listing mode one thread count per worker and a small "
-                      "staggered share of names. So idle CPU grows with the bound threads: at 5 s, 0.2 % of a "
-                      f"CPU allows 10 ms per pass, about {10e3 / row['threads_total']:.1f} us per thread at "
-                      f"{row['threads_total']} threads, the minute's memory locality check included. On a "
+                      f"RSS < {GOAL_IDLE_RSS:.0f} MB. With the kernel's process events "
+                      f"({row.get('reconcile_mode', 'events')} mode in this run) a pass that finds no event "
+                      "queued and no worker exited (one poll) reads only its share of the masks "
+                      "(sched_getaffinity): every worker's main, ACL and release threads and one in "
+                      "`drift_sweep_passes` of the others; any other pass reads every thread's mask, a `comm` "
+                      "only for a thread born or renamed, and in listing mode one thread count per worker and a "
+                      "small staggered share of names. So idle CPU grows with the bound threads: at 5 s, 0.2 % of "
+                      f"a CPU allows 10 ms per pass, about {10e3 / row['threads_total']:.1f} us per thread at "
+                      f"{row['threads_total']} threads, the memory locality rounds included (amortized over "
+                      "`memory_check_seconds`). On a "
                       "virtual machine the figure swings with the host: `bench/daemon_idle.py --before DIR "
                       "--listing` runs the previous code and the listing fallback beside this one, and "
                       "[daemon.md](daemon.md#what-it-costs) keeps such runs."]

@@ -132,7 +132,8 @@ def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path)
     host = str(tmp_path / "host")
     two_node_host(host)
     config = load_config(None, env={}, overrides={"small_pool": "share", "irq_binding": "false"}).replace(
-        state_dir=str(tmp_path / "state"), memory_rerun_seconds=600.0, memory_local_threshold=0.8)
+        state_dir=str(tmp_path / "state"), memory_rerun_seconds=600.0, memory_local_threshold=0.8,
+        memory_check_seconds=60.0)  # checks every minute: the reruns' own rate limit is what is tested
     daemon = Daemon(config, source=FixtureNumaMaps(host))
     locality = MemoryLocality(daemon)
     root = Peer(pid=os.getpid(), uid=0, gid=0)
