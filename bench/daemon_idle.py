@@ -284,15 +284,20 @@ def main(argv=None) -> int:
                     help="also run a daemon from the checkout DIR (its ascendbind package), side by side")
     ap.add_argument("--listing", action="store_true",
                     help="also run this checkout with thread_events off (the listing fallback), side by side")
+    ap.add_argument("--sweep", type=int, metavar="N", action="append", default=[],
+                    help="also run this checkout with drift_sweep_passes = N (variant 'sweepN'), side by side: "
+                         "1 reads every mask every pass, 1000 about only the main, ACL and release threads")
     ap.add_argument("--first", metavar="NAME",
                     help="start this variant (this, listing, before) first; on a virtual machine a pass that "
                          "follows another daemon's within seconds finds warm caches, so swap the order between runs")
-    ap.add_argument("--only", metavar="NAME", help="run only this variant (this, listing, before)")
+    ap.add_argument("--only", metavar="NAME", help="run only this variant (this, listing, sweepN, before)")
     args = ap.parse_args(argv)
     periods = [float(x) for x in args.reconcile.split(",")]
     variants = [("this", None, {})]
     if args.listing or args.only == "listing":
         variants.append(("listing", None, {"ASCENDBIND_THREAD_EVENTS": "false"}))
+    for n in args.sweep:
+        variants.append((f"sweep{n}", None, {"ASCENDBIND_DRIFT_SWEEP_PASSES": str(n)}))
     if args.before:
         variants.append(("before", os.path.abspath(args.before), {}))
     if args.first:

@@ -36,6 +36,10 @@ def test_a_config_checks_its_values_however_it_is_made():
         Config(reconcile_seconds=float("inf"))
     with pytest.raises(ConfigError, match="explicit names no key: bogus"):
         Config(explicit=frozenset({"bogus"}))
+    for passes in (0, -1, 1001):
+        with pytest.raises(ConfigError, match=f"key 'drift_sweep_passes' must be from 1 to 1000; got {passes}"):
+            Config(drift_sweep_passes=passes)
+    assert load_config(None, env={"ASCENDBIND_DRIFT_SWEEP_PASSES": "1"}).drift_sweep_passes == 1
     # text from any source is typed the way the loaders type it
     cfg = Config(irq_binding="off", max_numa_nodes="4", command_timeout_seconds=2)
     assert cfg.irq_binding is False and cfg.max_numa_nodes == 4 and cfg.command_timeout_seconds == 2.0

@@ -17,9 +17,15 @@ rules decide what it calls for, and the ``Daemon`` does it:
    nodes is measured in the background (locality.py), and the memory step run
    again when the rules say so.
 
-Cost per pass: one sched_getaffinity per thread and, where the kernel's
-process events are had (threadevents.py), ``comm`` only for the threads an
-event named; in listing mode one O(1) thread count per worker more, and
+Cost per pass. Where the kernel's process events are had (threadevents.py),
+a pass first polls the events socket and every worker's pidfd at once; with
+nothing queued and nobody exited it reads only its share of the masks
+(observe.sweep_slots: each worker's main, ACL and release threads, and one in
+``drift_sweep_passes`` of the others) and the IRQ masks it wrote, and if all
+are in place it ends there (``_quiet``): nearly every pass of an idle daemon.
+Otherwise: one sched_getaffinity per thread of a worker with news (the same
+share for one without), ``comm`` only for the threads an
+event named; in listing mode every mask, one O(1) thread count per worker more, and
 ``comm`` for the few threads whose name can have changed (observe.py);
 whether a worker is still there is one ``poll`` over pidfds held for all of
 them (reading each worker's ``stat`` would walk all its threads in the kernel),
@@ -154,13 +160,14 @@ class Reconciler:
             return False
         if poller.poll(0):
             return False  # events queued (or the socket's error: lost events), or a worker exited
-        for pid, h in held.items():
-            looks = wanted(h.record())
-            if looks.threads and (self._looked.get(pid) is not h.threads  # bound (again) since its last look
-                                  or not slot_quiet(self._slot(h))):
-                return False
-            if looks.irqs and h.binding.irqs and self._moved_irqs(h):
-                return False
+        with self.daemon.lock:  # the records as the full look would see them
+            for pid, h in held.items():
+                looks = wanted(h.record())
+                if looks.threads and (self._looked.get(pid) is not h.threads  # bound (again) since its last look
+                                      or not slot_quiet(self._slot(h))):
+                    return False
+                if looks.irqs and h.binding.irqs and self._moved_irqs(h):
+                    return False
         return True
 
     def _look(self, held) -> None:
