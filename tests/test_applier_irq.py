@@ -19,6 +19,7 @@ from ascendbind.cpulist import parse_mask
 from ascendbind.discovery.irqs import parse_interrupts
 from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError
+from tests.irqbalance_harness import restore_irq_masks as put_back_irq_masks
 from tests.planner_hosts import one_npu_host
 from ascendbind.model import (
     DeviceType,
@@ -322,13 +323,7 @@ def test_real_irq_write_back_same_value():
         try:
             res = set_irq_affinity(irq, parse_mask(original))
         finally:
-            # leave the host as found, whatever the write did
-            with contextlib.suppress(OSError):
-                fd = os.open(f"/proc/irq/{irq}/smp_affinity", os.O_WRONLY)
-                try:
-                    os.write(fd, original.encode())
-                finally:
-                    os.close(fd)
+            put_back_irq_masks({irq: original})  # leave the host as found, whatever the write did
         if res.status == "ok":
             assert res.previous == original and parse_mask(res.now) == parse_mask(original)
             return

@@ -40,6 +40,7 @@ from ascendbind.cpulist import parse_mask
 from ascendbind.model import Binding, DeviceType, IrqBinding, Mode, NpuPlan, Plan, frozen_map
 from tests.audit import Reads
 from tests.daemon_harness import ROOT, DaemonProc, base_env, metric_value, wait_for
+from tests.irqbalance_harness import restore_irq_masks
 from tests.workers import cpus_allowed_of, start_worker
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -387,12 +388,7 @@ def _movable_irq():
                 yield irq, original
                 return
         finally:
-            with contextlib.suppress(OSError):
-                fd = os.open(f"/proc/irq/{irq}/smp_affinity", os.O_WRONLY)
-                try:
-                    os.write(fd, original.encode())
-                finally:
-                    os.close(fd)
+            restore_irq_masks({irq: original})
     pytest.skip("no IRQ on this machine takes a mask of CPU 0 alone")
 
 
