@@ -73,6 +73,11 @@ def ratios_by_npu(helds: Iterable[Any]) -> dict[int, float]:
     return out
 
 
+def _check_due(h, now: float, interval: float) -> bool:
+    """Whether held worker ``h`` is due a locality check at ``now``."""
+    return h.memory_checked_at is None or now - h.memory_checked_at >= interval
+
+
 class MemoryLocality:
     """The check and the rerun for one daemon (``daemon.held``, ``daemon.lock``,
     ``daemon.hosts.source``, ``daemon.metrics``, ``daemon.config``)."""
@@ -103,8 +108,7 @@ class MemoryLocality:
             self._forget()
             return False
         now = time.monotonic() if now is None else now
-        if held is not None and not any(h.memory_checked_at is None or now - h.memory_checked_at >= interval
-                                        for h in held.values()):
+        if held is not None and not any(_check_due(h, now, interval) for h in held.values()):
             return False
         if self.busy():
             return False
@@ -149,8 +153,7 @@ class MemoryLocality:
     def due(self, now: float) -> list:
         interval = self.daemon.config.memory_check_seconds
         with self.daemon.lock:
-            return [h for _, h in sorted(self.daemon.held.items())
-                    if h.memory_checked_at is None or now - h.memory_checked_at >= interval]
+            return [h for _, h in sorted(self.daemon.held.items()) if _check_due(h, now, interval)]
 
     def run_round(self, due: list, now: float | None = None) -> StepResult | None:
         """Measure each of ``due``, then rerun the memory step for the worst one that

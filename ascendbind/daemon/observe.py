@@ -92,7 +92,8 @@ def sweep_slots(pid: int, threads: Mapping[int, SeenThread], passes: int) -> tup
             always.append((tid, seen))
         else:
             parts[tid % passes].append((tid, seen))
-    return tuple(([t for t, _ in always + part], [s.mask for _, s in always + part]) for part in parts)
+    shares = (always + part for part in parts)
+    return tuple(([t for t, _ in share], [s.mask for _, s in share]) for share in shares)
 
 
 def slot_quiet(slot: Slot) -> bool:
@@ -101,7 +102,7 @@ def slot_quiet(slot: Slot) -> bool:
     tids, want = slot
     try:
         return list(map(os.sched_getaffinity, tids)) == want
-    except OSError:  # ESRCH: exited since the events were read; the full look forgets it
+    except OSError:  # ESRCH: a thread exited since it was cached; the look that follows forgets it
         return False
 
 
@@ -140,12 +141,8 @@ def _look_known(pid: int, threads: dict[int, SeenThread], pass_no: int, *, proc_
     """The look without a listing, over the cached threads; None (and nothing changed)
     when a listing must decide: a thread gone or not this worker's, or a mask moved."""
     tids = list(threads)
-    try:
-        masks = list(map(os.sched_getaffinity, tids))  # ESRCH: a cached thread is gone
-    except OSError:
-        return None
     seen = list(threads.values())
-    if masks != list(map(_mask, seen)):
+    if not slot_quiet((tids, list(map(_mask, seen)))):  # a cached thread gone (ESRCH), or a mask moved
         return None
     # comm_due, over the whole cache without touching a record unless one is young
     due = [tid for tid in tids if (tid + pass_no) % sweep == 0]
