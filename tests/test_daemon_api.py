@@ -93,7 +93,7 @@ def test_drifted_mask_is_reasserted_and_counted(daemon):
         status, body = daemon.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
         assert status == 200
         plan = npu_plan(body["plan"])
-        tid = next(t for t, c in w.threads().items() if c == "worker_0")
+        tid = w.tid_named("worker_0")
         os.sched_setaffinity(tid, set(range(N_CPUS)))
         assert wait_for(lambda: cpus_allowed_of(w.pid, tid) == frozenset(plan.main), 5)
         drift = daemon.client.workers()["workers"][0]["drift"]

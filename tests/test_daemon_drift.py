@@ -78,7 +78,7 @@ def test_a_bound_thread_moved_by_taskset_is_blamed_external_and_never_self(daemo
     with start_worker(plain=1, acl=0, release=0) as w:
         body = daemon.client.bind(w.pid, 0)
         main = frozenset(body["plan"]["npus"]["0"]["main"])
-        tid = next(t for t, c in w.threads().items() if c == "worker_0")
+        tid = w.tid_named("worker_0")
         for moved in (1, 2, 3):
             subprocess.run([taskset, "-p", format_mask(ALL), str(tid)], check=True, capture_output=True)
             assert wait_for(lambda: cpus_allowed_of(w.pid, tid) == main, 10), daemon.log()[-3000:]

@@ -258,7 +258,7 @@ def test_auto_bind_binds_what_the_npu_smi_process_table_lists(tmp_path):
             worker = d.client.workers()["workers"][0]
             assert worker["npus"] == [0]
             acl = set(worker["plan"]["npus"]["0"]["acl"])
-            acl_tid = next(t for t, c in w.threads().items() if c == "acl_thread")
+            acl_tid = w.tid_named("acl_thread")
             assert cpus_allowed_of(w.pid, acl_tid) == acl
         finally:
             d.stop()

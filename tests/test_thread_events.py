@@ -309,7 +309,7 @@ def test_with_events_a_thread_renamed_long_after_birth_moves_in_the_next_pass_no
     acl = frozenset(CPUS[-1:])
     with start_worker(plain=2, acl=0, release=0) as w:
         h = _bind(d, w.pid)
-        old = next(t for t, name in w.threads().items() if name == "worker_0")
+        old = w.tid_named("worker_0")
         for _ in range(5):  # long past any young pass
             rec.pass_once()
         while (old + rec.passes + 1) % COMM_SWEEP_PASSES == 0:  # the next pass is not its sweep slot
@@ -428,7 +428,7 @@ def test_with_events_drift_of_a_plain_thread_is_set_back_by_its_share_of_the_swe
     with start_worker(plain=2, acl=0, release=0) as w:
         h = _bind(d, w.pid)
         rec.pass_once()
-        tid = next(t for t, name in w.threads().items() if name == "worker_1")
+        tid = w.tid_named("worker_1")
         _before_slot(rec, tid, k)
         os.sched_setaffinity(tid, set(CPUS))  # someone else moves it, as taskset would
         for _ in range(k - 1):  # passes whose share does not hold it: its mask is not read
@@ -448,7 +448,7 @@ def test_with_events_one_sweep_pass_checks_every_thread_every_pass(loop):
         h = _bind(d, w.pid)
         rec.pass_once()
         for name in ("worker_0", "worker_1"):
-            tid = next(t for t, n in w.threads().items() if n == name)
+            tid = w.tid_named(name)
             os.sched_setaffinity(tid, set(CPUS))
             rec.pass_once()
             assert cpus_allowed_of(w.pid, tid) == main
@@ -466,7 +466,7 @@ def test_with_events_a_moved_main_acl_or_release_thread_is_set_back_by_the_next_
     with start_worker(plain=2, acl=1, release=1) as w:
         h = _bind(d, w.pid)
         rec.pass_once()
-        tid = w.pid if moved == "main thread" else next(t for t, n in w.threads().items() if n == moved)
+        tid = w.pid if moved == "main thread" else w.tid_named(moved)
         _before_slot(rec, tid, k)  # the next pass is not the one its number falls in
         os.sched_setaffinity(tid, set(CPUS))
         rec.pass_once()
@@ -483,7 +483,7 @@ def test_with_events_a_worker_bound_between_passes_is_read_whole_on_its_first_lo
     acl = frozenset(CPUS[-1:])
     with start_worker(plain=2, acl=0, release=0) as w:
         h = _bind(d, w.pid)
-        tid = next(t for t, name in w.threads().items() if name == "worker_0")
+        tid = w.tid_named("worker_0")
         w.rename(tid, "acl_thread_9")
         rec.pass_once()
         assert cpus_allowed_of(w.pid, tid) == acl and h.threads[tid].role == "acl"
@@ -515,7 +515,7 @@ def test_lost_events_are_made_good_by_one_full_read_and_persistent_loss_falls_ba
     with start_worker(plain=2, acl=0, release=0) as w:
         h = _bind(d, w.pid)
         rec.pass_once()
-        old = next(t for t, name in w.threads().items() if name == "worker_0")
+        old = w.tid_named("worker_0")
         extra = [w.spawn("worker_x") for _ in range(30)]  # fills the queue many times over
         w.rename(old, "acl_thread")  # its rename event finds the queue full: dropped
         rec.pass_once()
@@ -546,7 +546,7 @@ def test_with_events_off_the_listing_pins_late_threads_and_sweeps_renames(loop):
         late = w.spawn("acl_thread_2")
         rec.pass_once()  # the thread count changed: listed, named, pinned
         assert cpus_allowed_of(w.pid, late) == acl
-        old = next(t for t, name in w.threads().items() if name == "worker_0")
+        old = w.tid_named("worker_0")
         for _ in range(4):  # past its young passes
             rec.pass_once()
         while (old + rec.passes + 1) % COMM_SWEEP_PASSES == 0:

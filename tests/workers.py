@@ -226,6 +226,10 @@ class Worker:
                 continue
         return out
 
+    def tid_named(self, name: str) -> int:
+        """The tid of the worker's thread named ``name`` (the first, if several are)."""
+        return next(tid for tid, comm in self.threads().items() if comm == name)
+
     def cpus_allowed(self) -> dict[int, frozenset[int]]:
         """tid -> Cpus_allowed_list for every live thread."""
         out = {}
