@@ -11,11 +11,14 @@ import os
 import re
 import shutil
 
+import pytest
+
 from ascendbind.applier.irq import planned_irqs
 from ascendbind.config import Config
 from ascendbind.daemon.hostcache import HostCache
-from ascendbind.discovery import SnapshotHost
+from ascendbind.discovery import SnapshotHost, discover_worker
 from ascendbind.model import Reason
+from ascendbind.planner import make_plan
 
 HOSTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts")
 NPU = 2  # 0000:99:00.0: SQ 205, CQ 206 in the recording
@@ -44,33 +47,34 @@ def _cache(d: str) -> HostCache:
     return HostCache(Config(), source=SnapshotHost(d))
 
 
-def test_a_bind_fills_the_cache_and_the_next_bind_reads_nothing(tmp_path):
+@pytest.fixture
+def cached(tmp_path):
+    """(the copied host's directory, its HostCache, the facts that cache discovered)."""
     d = _copy(tmp_path)
     cache = _cache(d)
     try:
-        host = cache.get()
-        first = cache.npu_irqs(host, [NPU])[NPU]
-        assert (first.sq, first.cq, first.reason) == (205, 206, None)
-        # the files are gone: only a cache can still answer
-        os.unlink(os.path.join(d, "proc", "interrupts"))
-        assert cache.npu_irqs(host, [NPU])[NPU] == first
+        yield d, cache, cache.get()
     finally:
         cache.close()
 
 
-def test_a_rediscovery_drops_the_cached_irqs(tmp_path):
-    d = _copy(tmp_path)
-    cache = _cache(d)
-    try:
-        host = cache.get()
-        assert cache.npu_irqs(host, [NPU])[NPU].sq == 205
-        _renumber(d, 205, 4000)
-        assert cache.npu_irqs(host, [NPU])[NPU].sq == 205  # no event yet: the numbers held
-        host, changed = cache.refresh()  # the hot-plug debouncer's (or SIGHUP's) rediscovery
-        assert not changed  # the static facts are the same; the IRQ numbers are not
-        assert cache.npu_irqs(host, [NPU])[NPU].sq == 4000
-    finally:
-        cache.close()
+def test_a_bind_fills_the_cache_and_the_next_bind_reads_nothing(cached):
+    d, cache, host = cached
+    first = cache.npu_irqs(host, [NPU])[NPU]
+    assert (first.sq, first.cq, first.reason) == (205, 206, None)
+    # the files are gone: only a cache can still answer
+    os.unlink(os.path.join(d, "proc", "interrupts"))
+    assert cache.npu_irqs(host, [NPU])[NPU] == first
+
+
+def test_a_rediscovery_drops_the_cached_irqs(cached):
+    d, cache, host = cached
+    assert cache.npu_irqs(host, [NPU])[NPU].sq == 205
+    _renumber(d, 205, 4000)
+    assert cache.npu_irqs(host, [NPU])[NPU].sq == 205  # no event yet: the numbers held
+    host, changed = cache.refresh()  # the hot-plug debouncer's (or SIGHUP's) rediscovery
+    assert not changed  # the static facts are the same; the IRQ numbers are not
+    assert cache.npu_irqs(host, [NPU])[NPU].sq == 4000
 
 
 class _RediscoveredMidway(SnapshotHost):
@@ -116,37 +120,24 @@ def test_what_may_change_without_an_event_is_looked_up_again(tmp_path):
         cache.close()
 
 
-def test_a_failed_irq_write_forgets_the_cache(tmp_path):
-    d = _copy(tmp_path)
-    cache = _cache(d)
-    try:
-        host = cache.get()
-        assert cache.npu_irqs(host, [NPU])[NPU].sq == 205
-        _renumber(d, 205, 4000)
-        cache.forget_irqs()
-        assert cache.npu_irqs(host, [NPU])[NPU].sq == 4000
-    finally:
-        cache.close()
+def test_a_failed_irq_write_forgets_the_cache(cached):
+    d, cache, host = cached
+    assert cache.npu_irqs(host, [NPU])[NPU].sq == 205
+    _renumber(d, 205, 4000)
+    cache.forget_irqs()
+    assert cache.npu_irqs(host, [NPU])[NPU].sq == 4000
 
 
-def test_the_irq_step_plans_from_the_lookup_it_is_given(tmp_path):
-    d = _copy(tmp_path)
-    cache = _cache(d)
-    try:
-        host = cache.get()
-        from ascendbind.discovery import discover_worker
-        from ascendbind.planner import make_plan
-
-        cfg = Config()
-        worker = discover_worker(SnapshotHost(d), 1001, cfg)
-        plan = make_plan(host, worker, (NPU,), cfg)
-        assert not plan.errors
-        cache.npu_irqs(host, [NPU])
-        _renumber(d, 205, 4000)
-        source = SnapshotHost(d)
-        from_host = planned_irqs(plan, host, cfg, source)[NPU]
-        cached = planned_irqs(plan, host, cfg, source, lookup=cache.npu_irqs)[NPU]
-        assert from_host.sq == 4000 and cached.sq == 205
-        assert [irq for irq, _ in cached.moves][:1] == [205]
-    finally:
-        cache.close()
+def test_the_irq_step_plans_from_the_lookup_it_is_given(cached):
+    d, cache, host = cached
+    cfg = Config()
+    worker = discover_worker(SnapshotHost(d), 1001, cfg)
+    plan = make_plan(host, worker, (NPU,), cfg)
+    assert not plan.errors
+    cache.npu_irqs(host, [NPU])
+    _renumber(d, 205, 4000)
+    source = SnapshotHost(d)
+    from_host = planned_irqs(plan, host, cfg, source)[NPU]
+    kept = planned_irqs(plan, host, cfg, source, lookup=cache.npu_irqs)[NPU]
+    assert from_host.sq == 4000 and kept.sq == 205
+    assert [irq for irq, _ in kept.moves][:1] == [205]
