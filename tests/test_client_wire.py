@@ -67,6 +67,12 @@ class Peer:
         self.request = buf[: len(head) + 4] + body
         return self.request
 
+    def __enter__(self) -> Peer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         self.stop.set()
         assert self.done.wait(10), "the scripted peer never finished"
@@ -92,11 +98,8 @@ def test_a_bind_is_sent_as_one_http_request_and_its_json_answer_read(sock_path):
         for i in range(0, len(answer), 7):  # the answer in small pieces: the client reassembles it
             conn.sendall(answer[i:i + 7])
 
-    peer = Peer(sock_path, play)
-    try:
+    with Peer(sock_path, play) as peer:
         got = Client(sock_path, timeout=10).bind(pid=42, npu=3)
-    finally:
-        peer.close()
     assert got == {"pid": 42, "outcome": "aligned", "plan": {"npus": [{"npu": 3}]}}
     head, _, body = peer.request.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
@@ -107,56 +110,41 @@ def test_a_bind_is_sent_as_one_http_request_and_its_json_answer_read(sock_path):
 
 
 def test_a_get_carries_no_body(sock_path):
-    peer = Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(_answer(200, {"status": "ok"}))))
-    try:
+    with Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(_answer(200, {"status": "ok"})))) as peer:
         assert Client(sock_path, timeout=10).health() == {"status": "ok"}
-    finally:
-        peer.close()
     assert peer.request.startswith(b"GET /healthz HTTP/1.1\r\n") and peer.request.endswith(b"\r\n\r\n")
     assert b"content-length" not in peer.request.lower()
 
 
 def test_a_busy_daemon_answering_at_accept_is_a_503_the_caller_can_retry(sock_path):
     # the listener's own refusal: sent at accept, before the request is read, then closed
-    peer = Peer(sock_path, lambda conn: conn.sendall(_BUSY_BYTES))
-    try:
+    with Peer(sock_path, lambda conn: conn.sendall(_BUSY_BYTES)):
         with pytest.raises(errors.DiscoveryError) as err:
             Client(sock_path, timeout=10).bind(pid=42, npu=0)
-    finally:
-        peer.close()
     assert err.value.status == 503 and err.value.code == "busy"
     assert err.value.exit_status == 5
 
 
 def test_an_api_error_keeps_its_status_code_and_payload(sock_path):
     payload = {"error": "pid_gone", "detail": "no process 42"}
-    peer = Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(_answer(404, payload))))
-    try:
+    with Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(_answer(404, payload)))) as peer:
         with pytest.raises(errors.ProcessGone) as err:
             Client(sock_path, timeout=10).release(pid=42)
-    finally:
-        peer.close()
     assert (err.value.status, err.value.code, err.value.payload) == (404, "pid_gone", payload)
 
 
 def test_a_connection_closed_without_an_answer_is_unreachable(sock_path):
-    peer = Peer(sock_path, lambda conn: peer.read_request(conn))
-    try:
+    with Peer(sock_path, lambda conn: peer.read_request(conn)) as peer:
         with pytest.raises(errors.DaemonUnreachable, match="closed before an answer"):
             Client(sock_path, timeout=10).health()
-    finally:
-        peer.close()
 
 
 def test_an_answer_cut_short_is_refused(sock_path):
     answer = _answer(200, {"status": "ok", "pad": "x" * 100})
 
-    peer = Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(answer[:-20])))
-    try:
+    with Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(answer[:-20]))) as peer:
         with pytest.raises(errors.DaemonUnreachable, match=r"closed after \d+ of \d+ body bytes"):
             Client(sock_path, timeout=10).health()
-    finally:
-        peer.close()
 
 
 def test_a_trickling_answer_costs_one_timeout_not_one_per_byte(sock_path):
@@ -173,24 +161,18 @@ def test_a_trickling_answer_costs_one_timeout_not_one_per_byte(sock_path):
             except OSError:
                 return
 
-    peer = Peer(sock_path, play)
-    t0 = time.monotonic()
-    try:
+    with Peer(sock_path, play) as peer:
+        t0 = time.monotonic()
         with pytest.raises(errors.DaemonUnreachable, match="did not answer within 0.5 s"):
             Client(sock_path, timeout=0.5).health()
         elapsed = time.monotonic() - t0
-    finally:
-        peer.close()
     assert elapsed < 5.0  # without the whole-exchange deadline: 1000 bytes x 50 ms = 50 s
 
 
 def test_a_silent_daemon_costs_one_timeout(sock_path):
-    peer = Peer(sock_path, lambda conn: (peer.read_request(conn), peer.stop.wait(30)))
-    try:
+    with Peer(sock_path, lambda conn: (peer.read_request(conn), peer.stop.wait(30))) as peer:
         with pytest.raises(errors.DaemonUnreachable, match="did not answer within 0.3 s"):
             Client(sock_path, timeout=0.3).health()
-    finally:
-        peer.close()
 
 
 @pytest.mark.parametrize("head,why", [
@@ -204,12 +186,9 @@ def test_a_silent_daemon_costs_one_timeout(sock_path):
     (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header field"),
 ])
 def test_an_answer_the_daemon_never_sends_is_refused(sock_path, head, why):
-    peer = Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(head + b'2\r\n{}\r\n0\r\n\r\n')))
-    try:
+    with Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(head + b'2\r\n{}\r\n0\r\n\r\n'))) as peer:
         with pytest.raises(errors.DaemonUnreachable, match=why):
             Client(sock_path, timeout=10).health()
-    finally:
-        peer.close()
 
 
 def test_an_oversized_answer_is_refused_before_its_body_is_read(sock_path):
@@ -218,12 +197,9 @@ def test_an_oversized_answer_is_refused_before_its_body_is_read(sock_path):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000000\r\n\r\n")
         peer.stop.wait(30)  # the body never comes: only a refusal at the head ends this quickly
 
-    peer = Peer(sock_path, play)
-    try:
+    with Peer(sock_path, play) as peer:
         with pytest.raises(errors.DaemonUnreachable, match="an answer of 5000000 bytes"):
             Client(sock_path, timeout=20, max_answer=1 << 20).health()
-    finally:
-        peer.close()
 
 
 def test_an_endless_head_is_refused(sock_path):
@@ -237,12 +213,9 @@ def test_an_endless_head_is_refused(sock_path):
         except OSError:
             return
 
-    peer = Peer(sock_path, play)
-    try:
+    with Peer(sock_path, play) as peer:
         with pytest.raises(errors.DaemonUnreachable, match="head larger than"):
             Client(sock_path, timeout=20).health()
-    finally:
-        peer.close()
 
 
 def test_no_socket_is_unreachable(sock_path):
@@ -264,9 +237,6 @@ def test_a_socket_nobody_listens_on_is_unreachable(sock_path):
 def test_exchange_returns_the_status_the_content_type_and_the_exact_body(sock_path):
     body = b'{"a": 1}\n'
     answer = b"HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\n" + body
-    peer = Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(answer)))
-    try:
+    with Peer(sock_path, lambda conn: (peer.read_request(conn), conn.sendall(answer))) as peer:
         got = exchange(sock_path, render_request("GET", "/x", None), 10)
-    finally:
-        peer.close()
     assert got == (201, "text/plain", body)
