@@ -1,5 +1,6 @@
 """The daemon's parts on their own: state file, peer authorization, request
-validation, sd_notify, the listening socket, the hot-plug debouncer, metrics."""
+validation, sd_notify, the listening socket, the hot-plug debouncer, metrics,
+the reconcile loop's stop flag."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ascendbind.daemon.hotplug import Debouncer
 from ascendbind.daemon.listen import open_listen_socket
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
+from ascendbind.daemon.stopflag import StopFlag
 from ascendbind.daemon.state import StateFile, binding_from_json, binding_to_json
 from tests.daemon_harness import wait_for
 from ascendbind.settings import load_config
@@ -279,3 +281,17 @@ def test_client_imports_only_the_standard_library():
             "('structlog', 'prometheus_client', 'tenacity', 'pyudev', 'psutil')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_stop_flag_ends_a_long_wait_at_once_and_stays_set():
+    flag = StopFlag()
+    assert flag.wait(0.01) is False and not flag.is_set()  # a wait that times out says so
+    woke: list[bool] = []
+    sleeper = threading.Thread(target=lambda: woke.append(flag.wait(600)))
+    sleeper.start()
+    flag.set()
+    sleeper.join(30)  # a wake-up lost between the check and the poll would hold it 600 s
+    assert not sleeper.is_alive() and woke == [True]
+    assert flag.wait(600) is True  # set for good: later waits return at once
+    flag.close()
+    assert flag.wait(600) is True and flag.is_set()
