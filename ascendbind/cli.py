@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .command import sigterm_kills_tools
 from .config import Config
 from .errors import AscendbindError, PlanImpossible, StepFailed, UsageError
 from .model import DeviceType, Plan
@@ -54,20 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--explain", action="store_true", help="print the alignment hints, merge and decision")
     add_config_flags(p)
-    p.set_defaults(func=cmd_plan)
+    p.set_defaults(func=cmd_plan, runs_tools=True)
 
     p = sub.add_parser("snapshot", help="record every discovery input of this host into OUT_DIR")
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--pid", type=_pid, help="also record this worker's /proc files")
     add_config_flags(p, plan_keys=False)
-    p.set_defaults(func=cmd_snapshot)
+    p.set_defaults(func=cmd_snapshot, runs_tools=True)
 
     p = sub.add_parser("apply", help="one-shot, no daemon: discover, plan and bind a process now")
     p.add_argument("--pid", type=_pid, required=True)
     p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     add_config_flags(p)
-    p.set_defaults(func=cmd_apply)
+    p.set_defaults(func=cmd_apply, runs_tools=True)
 
     from . import verbs
 
@@ -184,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "runs_tools", False):
+            with sigterm_kills_tools():
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except AscendbindError as err:
         print(f"ascendbind: {err}", file=sys.stderr)

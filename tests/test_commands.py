@@ -225,3 +225,36 @@ def test_no_timer_outlives_close(tmp_path):
     with pytest.raises(DiscoveryUnavailable):
         cache.get()  # still cached: closing forgets the retry, not the failure
     assert fake.calls() == ["info -m"]
+
+
+def test_stop_commands_kills_what_runs_and_refuses_what_comes_after(tmp_path):
+    fake = HangingNpuSmi(tmp_path)
+    fake.hang()
+    exe = str(fake.path)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            command.run_command([exe, "info"], timeout=120)
+        except BaseException as exc:  # noqa: BLE001 - the test reads what the caller got
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert wait_for(lambda: fake.hung_runs() == 1, 20, 0.02)
+        assert command.stop_commands() == []  # every group killed and its leader reaped
+        t.join(timeout=10)
+        assert not t.is_alive()
+        assert isinstance(raised[0], command.CommandsStopped) and raised[0].killed
+        assert fake.wait_no_survivors(timeout=1.0) == []
+        with pytest.raises(command.CommandsStopped, match="not started because the daemon is stopping"):
+            command.run_command([exe, "info", "-m"], timeout=120)
+        assert fake.calls() == ["info"]  # refused before any spawn
+        with pytest.raises(CommandFailed, match=r"^command npu-smi info -m not started because the daemon"):
+            live(fake, timeout=120).run(["npu-smi", "info", "-m"])
+    finally:
+        command.allow_commands()
+        t.join(timeout=10)
+    fake.answer()
+    assert "910B3" in command.run_command([exe, "info", "-m"], timeout=30).stdout

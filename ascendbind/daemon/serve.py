@@ -15,7 +15,9 @@ the first successful discovery, whether the start-up warm-up or a later request
 made it, and once more after the discovery that follows each SIGHUP reload.
 
 SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
---all`` undoes them).
+--all`` undoes them). Every tool still running then (a hanging npu-smi, a
+migratepages) has its process group killed and reaped before anything else
+stops, so nothing the daemon started outlives it, under systemd or not.
 
 File descriptors are budgeted: each listener's connection cap is its share, and
 the rest (state file, /proc reads, command pipes, udev, epoll) needs at most a
@@ -34,6 +36,7 @@ import time
 import structlog
 
 from .. import __version__
+from ..command import allow_commands, stop_commands
 from ..config import Config
 from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
@@ -160,6 +163,10 @@ class _Service:
 
     def stop(self) -> None:
         systemd.notify("STOPPING=1")
+        # first: a part's stop() may wait for a thread that waits for a hung tool
+        left = stop_commands()
+        if left:
+            log.error("tools still unreaped after SIGKILL to their process groups", groups=left)
         if self.server is not None:
             self.server.stop()
         for part in (self.reconciler, self.hotplug, self.autobind):
@@ -207,6 +214,7 @@ def _unlink_if_socket(path: str) -> None:
 
 def serve(config: Config, *, reload=None) -> int:
     """Run until SIGTERM/SIGINT; ``reload()`` returns a fresh Config on SIGHUP."""
+    allow_commands()  # a process that served before (tests) starts tools again
     svc = _Service(config, reload or (lambda: config))
     for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "hup")):
         signal.signal(sig, lambda _s, _f, what=what: svc.events.put(what))

@@ -39,7 +39,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..command import run_command, tool_env
+from ..command import CommandsStopped, run_command, tool_env
 from ..errors import CommandFailed
 
 __all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir",
@@ -234,6 +234,8 @@ class LiveHost:
             proc = run_command([exe, *argv[1:]], timeout=self.timeout, env=env)
         except subprocess.TimeoutExpired:
             raise CommandFailed(f"command {shown} timed out after {self.timeout:g}s", code="command_timeout") from None
+        except CommandsStopped as exc:
+            raise CommandFailed(f"command {shown} {exc.strerror}") from None
         except OSError as exc:
             raise CommandFailed(f"command {shown} could not start: {exc.strerror or exc}") from None
         if proc.returncode != 0:
