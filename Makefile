@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-stress run lint bench clean install-service install-completion
+.PHONY: install test test-systemd test-stress run lint bench clean install-service install-completion
 
 install: $(STAMP)
 
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The units under this machine's systemd as PID 1 (booted with systemd-nspawn; root). `make test`
+# runs them too. The checkout is installed for them into .venv/opt-ascendbind (the /opt/ascendbind
+# the unit runs), rebuilt when the source changes.
+test-systemd: install
+	$(BIN)/python -m pytest -q tests/test_systemd_service.py
 
 # Each test file FILES names (default: all) must pass RUNS consecutive runs while
 # BURNERS busy-looping processes keep the CPUs busy:  make test-stress FILES=tests/test_daemon_api.py

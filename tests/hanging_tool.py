@@ -5,6 +5,7 @@
     fake.calls()                             # every invocation's arguments, in order
     fake.survivors()                         # processes a hung run left behind
     fake.answer()                            # stop hanging
+    HangingNpuSmi(tmp_path, seen_at="/srv/x") # for a caller that sees tmp_path as /srv/x (a container)
 
 A hanging run forks a grandchild (``sleep``) and waits for it, like npu-smi's
 driver helpers or a shell wrapper around the real binary: killing only the
@@ -33,19 +34,21 @@ _SLEEP = "300"
 
 
 class HangingNpuSmi:
-    def __init__(self, directory, *, host_dir: str | None = None) -> None:
+    def __init__(self, directory, *, host_dir: str | None = None, seen_at: str | None = None) -> None:
         self.dir = Path(directory) / "hanging-npu-smi"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "npu-smi"
+        # where the caller finds ``directory``: the paths the script itself names
+        d = Path(seen_at) / "hanging-npu-smi" if seen_at else self.dir
+        self.seen_path = d / "npu-smi"
         if host_dir is None:
             # record fixtures/bin/npu-smi's picture of this machine once: every run is then a
             # `cat`, quick even on a loaded machine, so short timeouts only catch real hangs
-            host_dir = str(self.dir / "host")
+            host_dir = str(d / "host")
             self._recorded = True
             self.set_pids(())
         else:
             self._recorded = False
-        d = self.dir
         self.path.write_text(
             "#!/bin/sh\n"
             f'echo "$*" >> "{d}/calls"\n'
@@ -102,20 +105,21 @@ class HangingNpuSmi:
         """How many runs have reached the point of hanging (each forked its grandchild)."""
         return len(self._lines("kids"))
 
-    def survivors(self) -> list[int]:
+    def survivors(self, proc: str = "/proc") -> list[int]:
         """Live (non-zombie) processes of the fake's hung runs: a grandchild ``sleep``, or
-        any process still in a hung run's process group running the fake or its sleep."""
+        any process still in a hung run's process group running the fake or its sleep.
+        ``proc``: the procfs of the pid namespace the runs recorded their pids in."""
         groups = {int(x) for x in self._lines("groups") if x.isdigit()}
         kids = {int(x) for x in self._lines("kids") if x.isdigit()}
         found = []
-        for name in os.listdir("/proc"):
+        for name in os.listdir(proc):
             if not name.isdigit():
                 continue
             pid = int(name)
             try:
-                with open(f"/proc/{pid}/stat") as fh:
+                with open(f"{proc}/{pid}/stat") as fh:
                     stat = fh.read()
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                with open(f"{proc}/{pid}/cmdline", "rb") as fh:
                     argv = fh.read().split(b"\0")
             except OSError:
                 continue
@@ -123,16 +127,16 @@ class HangingNpuSmi:
             state, pgrp = fields[0], int(fields[2])
             if state in ("Z", "X"):
                 continue  # dead; only waiting for a parent that may never reap it
-            ours = argv[:2] == [b"sleep", _SLEEP.encode()] or str(self.path).encode() in argv
+            ours = argv[:2] == [b"sleep", _SLEEP.encode()] or str(self.seen_path).encode() in argv
             if ours and (pid in kids or pgrp in groups):
                 found.append(pid)
         return sorted(found)
 
-    def wait_no_survivors(self, timeout: float = 10.0) -> list[int]:
+    def wait_no_survivors(self, timeout: float = 10.0, proc: str = "/proc") -> list[int]:
         """Poll until no hung run left a process behind; returns what is still left."""
         deadline = time.monotonic() + timeout
-        left = self.survivors()
+        left = self.survivors(proc)
         while left and time.monotonic() < deadline:
             time.sleep(0.05)
-            left = self.survivors()
+            left = self.survivors(proc)
         return left
