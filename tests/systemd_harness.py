@@ -166,15 +166,25 @@ class Container:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
 
+        own_ns = os.readlink("/proc/self/ns/pid")
+
         def leader() -> int:
+            # nspawn's first child (its "outer child") forks the container's PID 1 and exits;
+            # PID 1 is the child in another pid namespace that has become systemd
             if self.proc.poll() is not None:
                 raise RuntimeError(f"systemd-nspawn exited {self.proc.returncode}:\n{self.log()}")
-            return next(iter(_children(self.proc.pid)), 0)
+            for pid in _children(self.proc.pid):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/ns/pid") != own_ns and \
+                            Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
+                        return pid
+            return 0
 
         self.leader = _wait(leader, timeout, "the container's PID 1")
 
         def booted() -> bool:
-            leader()  # still there?
+            if leader() != self.leader:
+                raise RuntimeError(f"the container's PID 1 {self.leader} is gone:\n{self.log()}")
             r = self.run(["systemctl", "is-system-running", "--wait"], check=False, timeout=timeout)
             return r.stdout.strip() in ("running", "degraded")
 

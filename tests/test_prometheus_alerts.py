@@ -22,12 +22,14 @@ it, ``sys_root`` holds its node distances; the workers and their masks are real.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,15 @@ class World:
         env["PATH"] = f"{self.bin}:{env['PATH']}"
         return DaemonProc(str(run), env)
 
+    @contextlib.contextmanager
+    def running(self, **extra: str) -> Iterator[DaemonProc]:
+        """A daemon on the scraped port, stopped on the way out."""
+        d = self.daemon(**extra).start()
+        try:
+            yield d
+        finally:
+            d.stop()
+
 
 def _replay_tool(path: Path, host: Path) -> None:
     """A tool that prints the fake host's ``cmd/<tool>_<args>.txt`` (the snapshot layout)."""
@@ -104,13 +115,10 @@ def _scraped(world: World) -> bool:
 
 @pytest.fixture
 def daemon(world):
-    d = world.daemon().start()
-    try:
+    with world.running() as d:
         d.wait_discovered()
         assert wait_for(lambda: _scraped(world), 30), world.prom.log()[-2000:]
         yield d
-    finally:
-        d.stop()
 
 
 def test_the_test_copy_holds_every_shipped_alert_compressed(world):
@@ -162,16 +170,13 @@ def test_discovery_failing_from_the_start_fires_and_resolves_once_npu_smi_works(
     prom = world.prom
     npu_smi = world.dir / "npu-smi"
     _write_tool(npu_smi, '#!/bin/sh\necho "dcmi module initialize failed. ret is -8005" >&2\nexit 1\n')
-    d = world.daemon(ASCENDBIND_NPU_SMI=str(npu_smi)).start()
-    try:
+    with world.running(ASCENDBIND_NPU_SMI=str(npu_smi)) as d:
         assert wait_for(lambda: _scraped(world), 30)
         prom.wait_alert("AscendbindDiscoveryFailing", "firing")
         _write_tool(npu_smi, f'#!/bin/sh\nexec "{FIXTURE_BIN / "npu-smi"}" "$@"\n')
         d.proc.send_signal(signal.SIGHUP)  # retries discovery at once
         d.wait_discovered()
         prom.wait_alert("AscendbindDiscoveryFailing", None)
-    finally:
-        d.stop()
 
 
 def test_daemon_down_fires_while_it_is_killed_and_resolves_when_it_is_back(world, daemon):
@@ -179,11 +184,8 @@ def test_daemon_down_fires_while_it_is_killed_and_resolves_when_it_is_back(world
     prom.wait_alert("AscendbindDaemonDown", None)
     daemon.stop(signal.SIGKILL)
     prom.wait_alert("AscendbindDaemonDown", "firing")
-    again = world.daemon().start()
-    try:
+    with world.running():
         prom.wait_alert("AscendbindDaemonDown", None)
-    finally:
-        again.stop()
 
 
 def test_targets_missing_fires_without_any_ascendbind_target_and_resolves_with_one(world, daemon):

@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from ascendbind.client import Client
-from ascendbind.errors import Conflict
+from ascendbind.errors import PlanImpossible
 from ascendbind.discovery.irqs import parse_interrupts
 from tests.daemon_harness import free_port, metric_value
 from tests.hanging_tool import HangingNpuSmi
@@ -166,6 +166,7 @@ def host():
                  (str(directory / "etc"), "/etc/ascendbind", False)]
         with booted(directory, binds) as c:
             h = Host(c, directory, irqs)
+            h.saved = {irq: saved[irq] for irq in irqs}
             h.write_config(h.base_config())
             c.run(["make", "-s", "-C", SRC, "install-service", f"ASCENDBIND={OPT}/bin/ascendbind",
                    "DOCDIR=/run/ascendbind-doc"])
@@ -187,6 +188,7 @@ def stopped(host):
     host.write_config(host.base_config())
     c.run(["systemctl", "stop", UNIT])
     c.run(["systemctl", "reset-failed", UNIT], check=False)
+    restore_irq_masks(host.saved)  # the host's own masks, whatever a test before left
     c.wait_unit("ascendbind.socket", ActiveState="active", SubState="listening")
     c.wait_unit(UNIT, ActiveState="inactive")
     yield
@@ -233,12 +235,28 @@ def test_a_stopped_daemon_is_killed_by_the_watchdog_and_restarted(host):
     first = c.show(UNIT, "WatchdogTimestampMonotonic")["WatchdogTimestampMonotonic"]
     c.wait_unit(UNIT, timeout=3 * WATCHDOG_SEC, WatchdogTimestampMonotonic=lambda v: v != first)
     stopped_at = time.monotonic()
-    c.run(["kill", "-STOP", before["MainPID"]])
+    _stop(c, before["MainPID"])
     after = c.wait_unit(UNIT, timeout=60, ActiveState="active", SubState="running",
                         NRestarts=str(int(before["NRestarts"]) + 1))
     assert after["MainPID"] != before["MainPID"]
     assert time.monotonic() - stopped_at < WATCHDOG_SEC + 30
     assert f"Watchdog timeout (limit {WATCHDOG_SEC}s)!" in c.journal(UNIT)
+
+
+def _stop(c, pid: str) -> None:
+    """SIGSTOP the daemon and wait until every one of its threads is stopped (the signal
+    arrives at each thread on its own: until then one could still accept a connection)."""
+    c.run(["kill", "-STOP", pid])
+    task = c.path(f"/proc/{pid}/task")
+
+    def all_stopped() -> bool:
+        states = []
+        for tid in os.listdir(task):
+            with contextlib.suppress(OSError):
+                states.append(Path(f"{task}/{tid}/stat").read_text().rpartition(")")[2].split()[0])
+        return bool(states) and all(st in ("T", "t") for st in states)
+
+    _wait_until(all_stopped, 30, f"every thread of {pid} stopped")
 
 
 def _queue_requests(path: str, n: int) -> list[socket.socket]:
@@ -271,7 +289,7 @@ def test_kill_9_restarts_the_daemon_which_answers_the_queued_connections_and_bin
         pinned = {irq: host.irq_mask(irq) for irq in host.irqs}
         assert pinned != originals, "the IRQ step changed no mask: the test could not fail"
         # connections made while the daemon cannot accept wait in the socket's queue
-        c.run(["kill", "-STOP", before["MainPID"]])
+        _stop(c, before["MainPID"])
         queued = _queue_requests(c.path(SOCK), 3)
         c.run(["kill", "-KILL", before["MainPID"]])
         after = c.wait_unit(UNIT, ActiveState="active", SubState="running",
@@ -308,24 +326,25 @@ def _journal_has(host, text: str, after: int, timeout: float = 30) -> None:
 def test_reload_applies_a_good_config_and_keeps_the_running_one_on_a_bad_file(host):
     c = host.c
     pid = host.start()["MainPID"]
-    with host.worker(plain=1, acl=0, release=0) as a, host.worker(plain=1, acl=0, release=0) as b:
-        host.client.bind(a.guest_pid, 0)
-        with pytest.raises(Conflict) as refused:
-            host.client.bind(b.guest_pid, 0)
-        assert refused.value.code == "npu_busy"
+    with host.worker(plain=1, acl=0, release=0) as w:
+        host.client.bind(w.guest_pid, 0)  # small_pool = "share": roles share this machine's CPUs
+        host.client.release(w.guest_pid)
         mark = len(c.journal(UNIT))
-        host.write_config(host.base_config(allow_shared_npu=True))
+        host.write_config(host.base_config(small_pool="fail"))
         c.run(["systemctl", "reload", UNIT])
         _journal_has(host, "SIGHUP: config reloaded", mark)
-        assert host.client.bind(b.guest_pid, 0)["npus"] == [0]  # sharing allowed now
+        with pytest.raises(PlanImpossible) as refused:  # a pool below the role minimum, now an error
+            host.client.bind(w.guest_pid, 0)
+        assert refused.value.code == "pool_too_small"
 
         mark = len(c.journal(UNIT))
-        host.write_config(host.base_config(allow_shared_npu=True) + "no_such_key = 1\n")
+        host.write_config(host.base_config(small_pool="share") + "no_such_key = 1\n")
         c.run(["systemctl", "reload", UNIT])
         _journal_has(host, "config not reloaded; keeping the running one", mark)
         assert c.show(UNIT, "ActiveState", "MainPID") == {"ActiveState": "active", "MainPID": pid}
-        host.client.release(b.guest_pid)
-        assert host.client.bind(b.guest_pid, 0)["npus"] == [0]  # the running config, still sharing
+        with pytest.raises(PlanImpossible) as refused:  # the running config: still "fail"
+            host.client.bind(w.guest_pid, 0)
+        assert refused.value.code == "pool_too_small"
 
 
 # ---------------------------------------------------------------- stop
