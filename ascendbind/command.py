@@ -1,4 +1,4 @@
-"""Run an external tool (npu-smi, lscpu, ps, migratepages, systemctl): argv, no shell, a timeout.
+"""Run an external tool (npu-smi, lscpu, ps, systemctl): argv, no shell, a timeout.
 
 Why a process group: a tool that hangs is rarely alone. ``npu-smi`` forks
 helpers that talk to the driver, and a shell wrapper forks the real binary;

@@ -15,8 +15,8 @@ the first successful discovery, whether the start-up warm-up or a later request
 made it, and once more after the discovery that follows each SIGHUP reload.
 
 SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
---all`` undoes them). Every tool still running then (a hanging npu-smi, a
-migratepages) has its process group killed and reaped before anything else
+--all`` undoes them). Every tool still running then (a hanging npu-smi, lscpu)
+has its process group killed and reaped before anything else
 stops, so nothing the daemon started outlives it, under systemd or not.
 
 File descriptors are budgeted: each listener's connection cap is its share, and
@@ -174,6 +174,8 @@ class _Service:
                 part.stop()
         if self.tcp is not None:
             self.tcp.stop()
+        # moving pages stop before their next chunk; their marks stay in the state file
+        self.daemon.close()
         self.daemon.save()
         if self.owned_path:
             _unlink_if_socket(self.owned_path)
