@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-stress run lint bench clean install-service install-completion
+.PHONY: install test test-numa test-stress run lint bench clean install-service install-completion
 
 install: $(STAMP)
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# the memory tests on real multi-NUMA kernels: a 2-node and a 4-node QEMU guest of this
+# machine's kernel (make test runs them too, through tests/test_numa_guest.py)
+test-numa: install
+	$(BIN)/python -m tests.numa_guest
 
 # Each test file FILES names (default: all) must pass RUNS consecutive runs while
 # BURNERS busy-looping processes keep the CPUs busy:  make test-stress FILES=tests/test_daemon_api.py
