@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-systemd test-stress run lint bench clean install-service install-completion
+.PHONY: install test test-numa test-systemd test-stress run lint bench clean install-service install-completion
 
 install: $(STAMP)
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# the memory tests on real multi-NUMA kernels: a 2-node and a 4-node QEMU guest of this
+# machine's kernel (make test runs them too, through tests/test_numa_guest.py)
+test-numa: install
+	$(BIN)/python -m tests.numa_guest
 
 # The units under this machine's systemd as PID 1 (booted with systemd-nspawn; root). `make test`
 # runs them too. The checkout is installed for them into .venv/opt-ascendbind (the /opt/ascendbind

@@ -144,6 +144,18 @@ def cmd_release(args) -> int:
     return 0
 
 
+def _move(m: dict | None) -> str:
+    """The memory move as a table cell: ``moving 41%``, ``pending``, ``done``, ``failed (code)``."""
+    if not m or not m.get("state"):
+        return "-"
+    state = m["state"]
+    if state == "moving" and m.get("bytes_to_move"):
+        return f"moving {min(100, int(100 * m.get('bytes_moved', 0) / m['bytes_to_move']))}%"
+    if state in ("failed", "skipped") and m.get("reason"):
+        return f"{state} ({m['reason']})"
+    return state
+
+
 def cmd_status(args) -> int:
     if args.explain and args.pid is None:
         raise UsageError("status --explain needs --pid PID (the bound worker whose plan to explain)")
@@ -181,12 +193,13 @@ def cmd_status(args) -> int:
         drift = w.get("drift", {})
         row = [str(w["pid"]), ",".join(map(str, w["npus"])), w.get("outcome", "-"), pools, acl,
                str(drift.get("events", 0)) + (f" ({drift['culprit']})" if drift.get("culprit") else ""),
-               str(w.get("late_threads_pinned", 0)), _ratio(w.get("memory_local_ratio"))]
+               str(w.get("late_threads_pinned", 0)), _ratio(w.get("memory_local_ratio")), _move(w.get("memory"))]
         if args.memory:
             mem = w["memory_pages_by_node"]
             row.append(" ".join(f"{k}:{v}" for k, v in mem.items()) or "-")
         rows.append(row)
-    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE", "MEM-LOCAL"] + (["PAGES/NODE"] if args.memory else [])
+    headers = ["PID", "NPU", "OUTCOME", "POOL", "ACL", "DRIFT", "LATE", "MEM-LOCAL", "MEM-MOVE"] + \
+        (["PAGES/NODE"] if args.memory else [])
     print(table(headers, rows))
     for w in workers:
         for line in _why_lines(w):

@@ -143,12 +143,13 @@ class DaemonProc:
 
 
 @contextlib.contextmanager
-def running_daemon(directory: str, **extra_env: str) -> Iterator[DaemonProc]:
+def running_daemon(directory: str, *, ready_timeout: float = 15.0, **extra_env: str) -> Iterator[DaemonProc]:
     env = base_env(os.path.join(directory, "ascendbind.sock"), os.path.join(directory, "state"), free_port(),
                    **extra_env)
     d = DaemonProc(directory, env)
     try:
-        d.start()
+        d.start(wait=False)
+        d.wait_ready(ready_timeout)
         yield d
     finally:
         d.stop()

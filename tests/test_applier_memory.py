@@ -10,6 +10,8 @@ they are."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -174,3 +176,18 @@ def test_the_memory_worker_names_its_threads_and_reports_its_regions():
             assert any(line.startswith(f"{priv['start']:x}-{priv['start'] + priv['length']:x} rw-p")
                        for line in fh), "the private region is a private mapping of that size"
         assert len(a.steps(2)) == 2
+
+
+def test_an_exiting_or_gone_process_reads_as_exiting_a_live_one_not():
+    from ascendbind.discovery.process import exiting
+    from tests.workers import _wait
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # exited, not reaped: a zombie, which has no address space left to move
+        assert _wait(lambda: open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] == "Z")
+        assert exiting(child.pid)
+    finally:
+        child.wait()
+    assert exiting(child.pid)  # reaped: gone
+    assert not exiting(os.getpid())

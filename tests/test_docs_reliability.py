@@ -8,8 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reliability.md"
-# `test_x.py::test_name` names a file; a following `::test_other` means the same file
-REF = re.compile(r"`(?:(test_\w+\.py))?::(test_\w+)(?:\[[^\]`]*\])?`")
+# `test_x.py::test_name` names a file of tests/ (`numa/test_x.py`: one of tests/numa/, run in
+# the NUMA guest); a following `::test_other` means the same file
+REF = re.compile(r"`(?:((?:numa/)?test_\w+\.py))?::(test_\w+)(?:\[[^\]`]*\])?`")
 
 
 def named_tests() -> list[tuple[str, str, int]]:

@@ -115,12 +115,13 @@ def _guard_affinity(run: Callable[[], AffinityResult]) -> AffinityResult:
 
 
 def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
-               view: ProcessView | None = None) -> Binding:
+               view: ProcessView | None = None, move_memory: bool = True) -> Binding:
     """Steps affinity, irq, memory, uvb; each yields a StepResult; a failed step never stops
     the independent ones. Verifies pid + start time first (ProcessGone if gone/recycled)
-    and refuses what is never a worker (NotPermitted ``not_a_worker``).
+    and refuses what is never a worker (NotPermitted ``not_a_worker``). ``move_memory``:
+    see ``apply_observed``.
     """
-    return apply_observed(plan, worker, host, config, view=view).binding
+    return apply_observed(plan, worker, host, config, view=view, move_memory=move_memory).binding
 
 
 def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from ..config import Config
 from ..discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
 from ..discovery.memmap import movable_pages
+from ..discovery.process import exiting
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..model import HostFacts, Outcome, Plan, Reason, Step, StepResult, frozen_map
 from .identity import verify_identity
@@ -315,11 +316,16 @@ class PageMove:
                           f"move_pages(2) failed: {exc.strerror or exc}; {_mib(self.moved)} moved")
 
     def _gone(self) -> StepResult | None:
-        """The skip result when the worker has exited (or its pid was reused), else None."""
+        """The skip result when the worker has exited, is exiting (its address space going
+        away makes move_pages fail with EINVAL or per-page errors) or its pid was reused;
+        else None."""
         try:
             verify_identity(self.pid, self.start_time, self.proc_root)
         except ProcessGone as exc:
             return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: {_mib(self.moved)} moved")
+        if exiting(self.pid, self.proc_root):
+            return self._done(Outcome.SKIPPED, Reason.PID_GONE,
+                              f"process {self.pid} is exiting: {_mib(self.moved)} moved")
         return None
 
     def _gone_or(self, outcome: Outcome, reason: Reason, detail: str) -> StepResult:

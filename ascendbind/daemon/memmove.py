@@ -51,7 +51,7 @@ class MoveJob:
     pid: int
     start_time: int | None
     node: int
-    why: str  # bind, rerun or restart
+    why: str  # bind, rerun, replan or restart
     held: object  # the Held record the move is for: a job outlives no binding
     ratio_before: float | None = None
     state: str = "pending"

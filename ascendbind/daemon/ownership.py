@@ -286,6 +286,11 @@ class Ownership:
         cancelled = result is None or result.reason is Reason.MOVE_CANCELLED
         self.metrics.memory_move("cancelled" if cancelled else result.outcome.value,
                                  job.progress.bytes_moved if job.progress else 0, seconds if result else None)
+        if result is not None:
+            log.info("memory moved" if result.outcome is Outcome.APPLIED else "memory not moved", pid=job.pid,
+                     why=job.why, node=job.node, outcome=result.outcome.value,
+                     reason=result.reason.value if result.reason else None, detail=result.detail,
+                     seconds=round(seconds, 3))
         if cancelled and job.cancel.why == STOPPING:
             return
         with self.lock:
@@ -295,16 +300,13 @@ class Ownership:
             h.memory_move = None
             if result is not None:
                 b = h.binding
-                result = dataclasses.replace(result, data=frozen_map({**result.data, "why": job.why}))
+                result = dataclasses.replace(result, data=frozen_map({
+                    **result.data, "why": job.why, "started_at": None if job.started_at is None else
+                    round(job.started_at, 3), "finished_at": round(time.time(), 3)}))
                 h.binding = dataclasses.replace(b, steps=tuple(result if s.step is Step.MEMORY else s
                                                                for s in b.steps))
                 self.metrics.step_results([result])
             self.save()
-        if result is not None:
-            log.info("memory moved" if result.outcome is Outcome.APPLIED else "memory not moved", pid=job.pid,
-                     why=job.why, node=job.node, outcome=result.outcome.value,
-                     reason=result.reason.value if result.reason else None, detail=result.detail,
-                     seconds=round(seconds, 3))
         if job.why == "rerun" and result is not None:
             self.metrics.memory_rerun(result.outcome.value)
         if result is None or self.config.memory_check_seconds <= 0:

@@ -17,7 +17,7 @@ from ..applier import apply_plan
 from ..applier.affinity import thread_masks
 from ..discovery import discover_worker
 from ..errors import AscendbindError, DiscoveryError
-from ..model import DeviceType
+from ..model import DeviceType, Outcome, Step
 from ..planner import make_plan
 from .requests import resolve_policy
 
@@ -38,30 +38,39 @@ def rediscover_and_replan(daemon) -> dict:
         return {"changed": False, "rebound": []}
     rebound: list[int] = []
     with daemon.lock:
-        for pid, h in sorted(daemon.held.items()):
-            if not daemon.is_alive(h):
+        held = sorted(daemon.held.items())
+    for pid, h in held:
+        if not daemon.is_alive(h):
+            continue
+        try:
+            # the worker's facts are read outside the lock (for a 950, ps -Te runs)
+            config = resolve_policy(h.policy, daemon.config)
+            worker = discover_worker(daemon.hosts.source, pid, config,
+                                     want_uvb=host.device_type is DeviceType.A950)
+            if worker.start_time != h.binding.start_time:
+                continue  # recycled: the reconcile loop drops the entry; never bind the newcomer
+            if worker.allowed_source == "status":
+                worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
+            plan = make_plan(host, worker, h.binding.npus, config)
+            if plan.errors:
+                log.warning("worker no longer plannable on the changed host; binding kept",
+                            pid=pid, reason=plan.errors[0].reason)
                 continue
-            try:
-                config = resolve_policy(h.policy, daemon.config)
-                worker = discover_worker(daemon.hosts.source, pid, config,
-                                         want_uvb=host.device_type is DeviceType.A950)
-                if worker.start_time != h.binding.start_time:
-                    continue  # recycled: the reconcile loop drops the entry; never bind the newcomer
-                if worker.allowed_source == "status":
-                    worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
-                plan = make_plan(host, worker, h.binding.npus, config)
-                if plan.errors:
-                    log.warning("worker no longer plannable on the changed host; binding kept",
-                                pid=pid, reason=plan.errors[0].reason)
-                    continue
-                if plan.npus == h.binding.plan.npus and plan.uvb_cpus == h.binding.plan.uvb_cpus:
-                    continue
-                binding = apply_plan(plan, worker, host, config)
+            if plan.npus == h.binding.plan.npus and plan.uvb_cpus == h.binding.plan.uvb_cpus:
+                continue
+            with daemon.lock:
+                if daemon.held.get(pid) is not h:
+                    continue  # released or bound again meanwhile
+                # its pages move afterwards, on the mover, like a bind's
+                binding = apply_plan(plan, worker, host, config, move_memory=False)
                 daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
-                daemon.metrics.step_results(binding.steps)
-                rebound.append(pid)
-            except AscendbindError as exc:
-                log.warning("re-plan failed; binding kept", pid=pid, error=str(exc))
-        daemon.save()
+                memory = binding.step(Step.MEMORY)
+                if memory is not None and memory.outcome is Outcome.PENDING:
+                    daemon.move_memory(h, memory.data["target_node"], "replan")
+            daemon.metrics.step_results(binding.steps)
+            rebound.append(pid)
+        except AscendbindError as exc:
+            log.warning("re-plan failed; binding kept", pid=pid, error=str(exc))
+    daemon.save()
     log.info("rediscovered: host changed", rebound=rebound)
     return {"changed": True, "rebound": rebound}

@@ -41,6 +41,7 @@ __all__ = [
     "identity_of",
     "read_identity",
     "stat_of",
+    "exiting",
     "list_tasks",
     "task_comm",
     "read_comm",
@@ -281,6 +282,21 @@ def stat_of(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
     except ParseError:
         return None
     return st.state, st.start_time
+
+
+def exiting(pid: int, proc_root: str = "/proc") -> bool:
+    """Whether ``pid`` is gone or on its way out (``PF_EXITING``): a process killed while
+    its memory is torn down still reads as running until it is a zombie, but has no
+    address space left to act on."""
+    where = f"{proc_root}/{pid}/stat"
+    text = _read(where)
+    if text is None:
+        return True
+    try:
+        st = parse_stat(text, where)
+    except ParseError:
+        return True
+    return st.is_exiting or st.state in ("Z", "X", "x")
 
 
 def status_field(pid: int | str, name: str, proc_root: str = "/proc") -> str | None:

@@ -90,6 +90,7 @@ def parse_status(text: str, source: str = "/proc/self/status") -> ProcStatus:
 
 # include/linux/sched.h: set on every kernel thread (kthreadd and its children)
 PF_KTHREAD = 0x00200000
+PF_EXITING = 0x00000004  # set as do_exit begins, before the memory is torn down
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ class ProcStat:
     @property
     def is_kthread(self) -> bool:
         return bool(self.flags & PF_KTHREAD)
+
+    @property
+    def is_exiting(self) -> bool:
+        """In ``do_exit``: its memory is being torn down (the state is not Z until that ends)."""
+        return bool(self.flags & PF_EXITING)
 
 
 def parse_stat(text: str, source: str = "/proc/self/stat") -> ProcStat:

@@ -1,0 +1,62 @@
+"""Tests that need a real kernel with several NUMA nodes. tests/numa_guest.py boots one
+(QEMU, this machine's kernel and root) and runs them there; anywhere else they are
+not collected (tests/conftest.py), and run by hand outside a guest they fail here
+rather than pass on a one-node machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.daemon_harness import FIXTURE_BIN
+
+GUEST_ENV = "NUMA_GUEST_TOPOLOGY"
+
+
+def online_nodes() -> list[int]:
+    return sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def numa_guest():
+    """The topology the guest was booted with, checked against the kernel's own view."""
+    name = os.environ.get(GUEST_ENV)
+    assert name, "tests/numa/ runs in the NUMA guest: make test-numa (python -m tests.numa_guest)"
+    want = {"2node": 2, "4node": 4}[name]
+    assert len(online_nodes()) == want, f"the {name} guest shows nodes {online_nodes()}"
+    return name
+
+
+# Python starts some 50 times slower in the guest than on the host, and discovery runs
+# npu-smi once per table and NPU: the fixture's answers are recorded once per session
+# and replayed by a shell script, so a daemon's discovery costs seconds, not minutes
+REPLAY = """#!/bin/sh
+IFS=_
+f="{dir}/cmd/npu-smi_$*.txt"
+if [ -f "$f" ]; then exec cat "$f"; fi
+echo "npu-smi (recorded): no recording for npu-smi $*" >&2
+exit 1
+"""
+
+
+def recorded_npu_smi(directory: str, npus: int, affinity: str) -> str:
+    """A replaying npu-smi for ``npus`` fixture NPUs with CPU affinity ``affinity`` (each
+    NPU's cpulist, ``;``-separated); returns its path."""
+    env = {**os.environ, "ASCENDBIND_FAKE_NPUS": str(npus), "ASCENDBIND_FAKE_NPU_AFFINITY": affinity}
+    env.pop("ASCENDBIND_FAKE_NPU_PIDS", None)
+    os.makedirs(os.path.join(directory, "cmd"), exist_ok=True)
+    tables = [["info"], ["info", "-m"], ["info", "-t", "topo"],
+              *(["info", "-t", "board", "-i", str(k)] for k in range(npus))]
+    for argv in tables:
+        out = subprocess.run([sys.executable, str(FIXTURE_BIN / "npu-smi"), *argv], env=env, check=True,
+                             capture_output=True, text=True, timeout=600).stdout
+        with open(os.path.join(directory, "cmd", "npu-smi_" + "_".join(argv) + ".txt"), "w") as fh:
+            fh.write(out)
+    path = os.path.join(directory, "npu-smi")
+    with open(path, "w") as fh:
+        fh.write(REPLAY.format(dir=directory))
+    os.chmod(path, 0o755)
+    return path

@@ -1,0 +1,205 @@
+"""Run tests (or any command) on a real multi-NUMA kernel: a QEMU guest booted from this
+machine's own kernel image over its root file system, read-only (virtme-ng).
+
+    python -m tests.numa_guest                       # tests/numa/ on the 2-node and the 4-node guest
+    python -m tests.numa_guest --topology 2node --repeat 10
+    python -m tests.numa_guest --topology 2node -- python bench/memory.py --in-guest
+
+The guest sees the checkout, the virtual environment and every tool of this
+machine at the same paths; /tmp, /run and /dev/shm are its own. It has real NUMA
+nodes (``--numa``), real distances (``--numa-distance``), real page migration.
+Results come back through a read-write directory (``--rwdir``): the JUnit XML of
+each pytest run, and the command's output on stdout.
+
+KVM is not used: on these machines it does not boot, software emulation does
+(about 20-40 s to a shell; Python runs some 50 times slower than on the host, so
+the guest tests keep their processes and their memory few and small). 8 vCPUs:
+16 hit a QEMU MSI-X assertion.
+
+Needs: ``vng`` (PyPI virtme-ng, in the test extra), ``qemu-system-x86_64``
+(Debian qemu-system-x86), a static ``busybox`` (busybox-static), and a kernel
+image in /boot (linux-image-amd64) with its modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GUEST_ENV = "NUMA_GUEST_TOPOLOGY"
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    numa: tuple[str, ...]  # --numa MEM,cpus=A-B per node
+    distances: tuple[str, ...] = ()  # --numa-distance SRC,DST=VAL
+    cpus: int = 8
+    memory: str = "4G"
+    tests: tuple[str, ...] = ()  # the tests/numa/ files it runs
+
+
+TOPOLOGIES = {
+    "2node": Topology("2node", ("2G,cpus=0-3", "2G,cpus=4-7"),
+                      tests=("tests/numa/test_memory_placement.py",)),
+    # node 0's nearest neighbour is node 2 (12), not node 1 (30): "closest" and "next" differ
+    "4node": Topology("4node", ("1G,cpus=0-1", "1G,cpus=2-3", "1G,cpus=4-5", "1G,cpus=6-7"),
+                      ("0,1=30", "0,2=12", "0,3=40", "1,2=25", "1,3=20", "2,3=35"),
+                      tests=("tests/numa/test_numa_distances.py",)),
+}
+
+
+def _vng() -> str | None:
+    here = os.path.join(os.path.dirname(sys.executable), "vng")
+    return here if os.access(here, os.X_OK) else shutil.which("vng")
+
+
+def kernel_image() -> str | None:
+    """The newest /boot/vmlinuz-* whose modules are installed."""
+    images = sorted(glob.glob("/boot/vmlinuz-*"), key=os.path.getmtime, reverse=True)
+    for image in images:
+        release = os.path.basename(image)[len("vmlinuz-"):]
+        if os.path.isdir(f"/lib/modules/{release}") and os.access(image, os.R_OK):
+            return image
+    return None
+
+
+def why_not() -> str | None:
+    """None when a guest can boot here, else what is missing (and the package that has it)."""
+    missing = []
+    if _vng() is None:
+        missing.append("vng (PyPI virtme-ng)")
+    if shutil.which("qemu-system-x86_64") is None:
+        missing.append("qemu-system-x86_64 (Debian qemu-system-x86)")
+    if shutil.which("busybox") is None:
+        missing.append("busybox (Debian busybox-static)")
+    if kernel_image() is None:
+        missing.append("a kernel image with its modules in /boot (Debian linux-image-amd64)")
+    return None if not missing else "cannot boot a NUMA guest: missing " + ", ".join(missing)
+
+
+def vng_argv(topology: Topology, command: str, rwdir: str) -> list[str]:
+    argv = [_vng() or "vng", "--disable-kvm", "--force-9p", "--run", kernel_image() or "",
+            "--cpus", str(topology.cpus), "--memory", topology.memory, "--rwdir", rwdir, "--cwd", ROOT]
+    for node in topology.numa:
+        argv += ["--numa", node]
+    for d in topology.distances:
+        argv += ["--numa-distance", d]
+    return [*argv, "--exec", command]
+
+
+def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeout: float = 1200.0,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Boot ``topology`` and run ``command`` (argv) in the checkout, with ``env`` and
+    ``NUMA_GUEST_TOPOLOGY=<name>`` set; ``out_dir`` is writable from the guest."""
+    exports = {GUEST_ENV: topology.name, "NUMA_GUEST_OUT": out_dir, "PYTHONDONTWRITEBYTECODE": "1",
+               "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **(env or {})}
+    # vng runs the command through the guest's shell: quote every word
+    line = " ".join(f"{k}={_quote(v)}" for k, v in exports.items()) + " exec " + " ".join(map(_quote, command))
+    vng_env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
+    return subprocess.run(vng_argv(topology, line, out_dir), cwd=ROOT, env=vng_env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _quote(word: str) -> str:
+    import shlex
+
+    return shlex.quote(word)
+
+
+@dataclass(frozen=True)
+class JunitResult:
+    tests: int
+    failures: int
+    errors: int
+    skipped: int
+    failed: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.tests > 0 and not (self.failures or self.errors or self.skipped)
+
+
+def read_junit(path: str) -> JunitResult:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    failed = tuple(f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
+                   if c.find("failure") is not None or c.find("error") is not None or c.find("skipped") is not None)
+    return JunitResult(total["tests"], total["failures"], total["errors"], total["skipped"], failed)
+
+
+def pytest_in_guest(topology: Topology, *, out_dir: str, repeat: int = 1,
+                    timeout: float = 1200.0) -> tuple[list[JunitResult], subprocess.CompletedProcess]:
+    """Run ``topology``'s tests ``repeat`` times in one boot; one JUnit result per run."""
+    proc = run_in_guest(topology, [sys.executable, "-m", "tests.numa_guest", "--inside", "--topology",
+                                   topology.name, "--repeat", str(repeat)], out_dir=out_dir, timeout=timeout)
+    results = []
+    for i in range(repeat):
+        path = _junit_path(out_dir, topology, i)
+        if os.path.exists(path):
+            results.append(read_junit(path))
+    return results, proc
+
+
+def _junit_path(out_dir: str, topology: Topology, i: int) -> str:
+    return os.path.join(out_dir, f"junit-{topology.name}-{i}.xml")
+
+
+def _inside(topology: Topology, repeat: int) -> int:
+    """In the guest: pytest over the topology's tests, ``repeat`` times, JUnit to the rwdir."""
+    out = os.environ["NUMA_GUEST_OUT"]
+    rc = 0
+    for i in range(repeat):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "--junitxml",
+                            _junit_path(out, topology, i), *topology.tests], cwd=ROOT)
+        rc = rc or r.returncode
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", choices=[*TOPOLOGIES, "all"], default="all")
+    ap.add_argument("--repeat", type=int, default=1, help="run the tests this many times in one boot")
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # in the guest: run the tests
+    ap.add_argument("command", nargs="*", help="a command to run instead of the tests (after --)")
+    args = ap.parse_args(argv)
+    if args.inside:
+        return _inside(TOPOLOGIES[args.topology], args.repeat)
+    why = why_not()
+    if why:
+        print(why, file=sys.stderr)
+        return 1
+    rc = 0
+    for name in (TOPOLOGIES if args.topology == "all" else [args.topology]):
+        topology = TOPOLOGIES[name]
+        with tempfile.TemporaryDirectory(prefix=f"numa-guest-{name}-") as out:
+            os.chmod(out, 0o755)
+            if args.command:
+                proc = run_in_guest(topology, args.command, out_dir=out, timeout=args.timeout)
+                sys.stdout.write(proc.stdout)
+                sys.stderr.write(proc.stderr)
+                rc = rc or proc.returncode
+                continue
+            results, proc = pytest_in_guest(topology, out_dir=out, repeat=args.repeat, timeout=args.timeout)
+            sys.stdout.write(proc.stdout)
+            for i, r in enumerate(results):
+                print(f"{name} run {i + 1}: {r.tests} tests, {r.failures} failed, {r.errors} errors, "
+                      f"{r.skipped} skipped{' ' + ', '.join(r.failed) if r.failed else ''}")
+            good = len(results) == args.repeat and all(r.ok for r in results)
+            print(f"{name}: {sum(r.ok for r in results)} of {args.repeat} runs passed")
+            rc = rc or (0 if good else 1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

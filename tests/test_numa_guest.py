@@ -1,0 +1,33 @@
+"""The memory tests on real multi-NUMA kernels, from the host's suite.
+
+This machine has one NUMA node, where the memory step has nothing to do. Each test
+here boots a QEMU guest of this machine's kernel with several nodes
+(tests/numa_guest.py) and runs tests/numa/ in it; it passes when every test there
+passed, none skipped. Where a guest cannot boot it is skipped here, and fails in
+CI (``CI`` set): CI installs what the guest needs (.ci/run)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.numa_guest import TOPOLOGIES, pytest_in_guest, why_not
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_the_memory_tests_pass_on_a_numa_guest(name, tmp_path):
+    why = why_not()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, 0o755)
+    results, proc = pytest_in_guest(TOPOLOGIES[name], out_dir=str(out), timeout=2400)
+    log = (proc.stdout + proc.stderr)[-6000:]
+    assert len(results) == 1, f"the guest wrote no test results (exit {proc.returncode}):\n{log}"
+    (r,) = results
+    assert r.ok and proc.returncode == 0, f"{r}\n{log}"
+    assert r.tests >= 3
