@@ -165,9 +165,17 @@ def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> Cpuse
     rel = path.rstrip("/")
     if ".." in rel.split("/"):
         return CpusetView(version, path)
-    file = (f"/sys/fs/cgroup/cpuset{rel}/cpuset.effective_cpus" if version == "v1"
-            else f"/sys/fs/cgroup{rel}/cpuset.cpus.effective")
-    return CpusetView(version, path, file, source.read(file))
+    if version == "v1":
+        file = f"/sys/fs/cgroup/cpuset{rel}/cpuset.effective_cpus"
+        return CpusetView(version, path, file, source.read(file))
+    # v2: a cgroup whose parent does not enable the cpuset controller has no cpuset files
+    # and runs on its nearest ancestor's effective CPUs (the root's: every online CPU)
+    while True:
+        file = f"/sys/fs/cgroup{rel}/cpuset.cpus.effective"
+        text = source.read(file)
+        if text is not None or not rel:
+            return CpusetView(version, path, file, text)
+        rel = rel.rpartition("/")[0]
 
 
 def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
