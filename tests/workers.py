@@ -162,9 +162,10 @@ def reap(proc: subprocess.Popen) -> None:
 
 
 class Worker:
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen, *, pid: int | None = None) -> None:
+        # ``pid``: the worker's host pid when ``proc`` is a launcher around it (tests/containers.py)
         self.proc = proc
-        self.pid = proc.pid
+        self.pid = proc.pid if pid is None else pid
         with open(f"/proc/{self.pid}/stat") as fh:
             self.start_time = int(fh.read().rpartition(")")[2].split()[19])
 

@@ -89,6 +89,8 @@ class ProcessView:
     environ: Mapping[str, str] | None
     tasks: tuple[TaskView, ...]
     warnings: tuple[str, ...] = field(default=())
+    # every line of /proc/<pid>/cgroup (None when unreadable): the devices controller's path
+    cgroup: tuple[CgroupEntry, ...] | None = None
 
     @property
     def pid(self) -> int:
@@ -231,6 +233,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         cpuset=_cpuset(source, cgroup),
         environ=frozen_map(parse_environ(env_text)) if env_text is not None else None,
         tasks=task_views,
+        cgroup=cgroup,
     )
 
 
