@@ -38,7 +38,7 @@ CASES: dict[str, dict[str, list[str]]] = {
         "npu15": ["--npu", "15"],
         "cpuset-3-200-npu5": ["--pid", "1001", "--npu", "5"],
         "cpuset-3-200-npu5-single-numa-node": ["--pid", "1001", "--npu", "5", "--topology-policy", "single-numa-node"],
-        "cpuset-4-131-npu9-single-numa-node": ["--pid", "1002", "--npu", "9", "--topology-policy", "single-numa-node"],
+        "cpuset-4-131-npu9-single-numa-node": ["--pid", "1003", "--npu", "9", "--topology-policy", "single-numa-node"],
         "npu-out-of-range": ["--npu", "16"],
     },
     "310p-4card": {
