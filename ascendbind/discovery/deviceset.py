@@ -24,7 +24,7 @@ from ..frozen import frozen_map
 from ..targeting import CgroupDevices, NpuEvidence
 from .devices import DEVDRV_CDEV, allowed_minors, devdrv_major, trs_core_udevids
 from .procfs import parse_stat_start_time
-from .sources import HostSource
+from .sources import HostSource, read_parsed
 
 __all__ = ["read_npu_evidence", "TRS_CORE_PROC", "PROC_DEVICES"]
 
@@ -33,19 +33,11 @@ PROC_DEVICES = "/proc/devices"
 
 
 def _major(source: HostSource, unavailable: dict[str, str]) -> int | None:
-    text = source.read(PROC_DEVICES)
-    if text is None:
-        why = f"{PROC_DEVICES} is unreadable"
-    else:
-        try:
-            major = devdrv_major(text)
-        except ParseError as exc:
-            major, why = None, str(exc)
-        else:
-            if major is not None:
-                return major
-            why = f"{PROC_DEVICES} lists no {DEVDRV_CDEV} major: the NPU driver is not loaded here"
-    unavailable["device_nodes"] = unavailable["devices_cgroup"] = why
+    major, why = read_parsed(source, PROC_DEVICES, devdrv_major)
+    if major is not None:
+        return major
+    unavailable["device_nodes"] = unavailable["devices_cgroup"] = \
+        why or f"{PROC_DEVICES} lists no {DEVDRV_CDEV} major: the NPU driver is not loaded here"
     return None
 
 
@@ -68,15 +60,10 @@ def _cgroup_devices(source: HostSource, view, major: int, unavailable: dict[str,
         unavailable["devices_cgroup"] = f"its devices cgroup {entry.path} lies outside this cgroup namespace"
         return None
     path = f"/sys/fs/cgroup/devices{rel}/devices.list"
-    text = source.read(path)
-    if text is None:
-        unavailable["devices_cgroup"] = f"{path} is unreadable"
-        return None
-    try:
-        return CgroupDevices(allowed_minors(text, major, path), path)
-    except ParseError as exc:
-        unavailable["devices_cgroup"] = str(exc)
-        return None
+    found, why = read_parsed(source, path, lambda text: CgroupDevices(allowed_minors(text, major, path), path))
+    if why is not None:
+        unavailable["devices_cgroup"] = why
+    return found
 
 
 def read_npu_evidence(source: HostSource, view) -> NpuEvidence:

@@ -50,7 +50,7 @@ from ..errors import CommandFailed
 from ..targeting import DeviceNode
 
 __all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir",
-           "ProcDir", "LiveProcDir", "path_proc_dir"]
+           "ProcDir", "LiveProcDir", "path_proc_dir", "read_parsed"]
 
 
 class HostSource(Protocol):
@@ -188,6 +188,20 @@ class _PathProcDir:
 
     def close(self) -> None:
         pass
+
+
+def read_parsed(source: HostSource, path: str, parse):
+    """(``parse(text)``, None) for the file at ``path``, or (None, why): it is unreadable, or
+    ``parse`` raised a ParseError (whose sentence names the file and the line)."""
+    from ..errors import ParseError
+
+    text = source.read(path)
+    if text is None:
+        return None, f"{path} is unreadable"
+    try:
+        return parse(text), None
+    except ParseError as exc:
+        return None, str(exc)
 
 
 def path_proc_dir(source: HostSource, key: str) -> ProcDir:
