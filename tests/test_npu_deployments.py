@@ -25,7 +25,7 @@ import pytest
 from ascendbind.errors import Conflict
 
 from .containers import FakeNpuHost, contained_worker, daemon_with_driver_major, npu_major
-from .daemon_harness import DaemonProc, base_env, free_port, wait_for
+from .daemon_harness import DaemonProc, base_env, free_port, metric_value, wait_for
 from .golden import run_plan
 from .workers import cpus_allowed_of
 
@@ -167,6 +167,7 @@ def test_bare_docker_run_with_a_device_flag_is_bound_by_its_devices_alone(a2):
 # ------------------------------------------------------------ Kubernetes, Ascend device plugin
 
 def test_device_plugin_pod_asking_for_its_local_npu_0_is_refused_naming_both(a2):
+    rejected = metric_value(a2.daemon.metrics_text(), "ascendbind_bind_requests_total", outcome="rejected") or 0
     with contained_worker([("davinci5", 5)], env=DEVICE_PLUGIN, allow=[5], major=MAJOR) as w:
         with pytest.raises(Conflict) as exc:
             a2.daemon.client.bind(pid=w.pid, npu=0)
@@ -175,6 +176,9 @@ def test_device_plugin_pod_asking_for_its_local_npu_0_is_refused_naming_both(a2)
         lines = {e["source"]: e for e in exc.value.payload["evidence"]}
         assert lines["device_nodes"]["npus"] == [5]
         assert w.pid not in a2.held()
+    # a request the evidence contradicts is a bad request, not a failure of the host
+    after = metric_value(a2.daemon.metrics_text(), "ascendbind_bind_requests_total", outcome="rejected")
+    assert after == rejected + 1
 
 
 def test_device_plugin_pod_the_plugins_device_0_is_npu_5(a2, tmp_path):
