@@ -64,6 +64,8 @@ class Config:
     memory_check_seconds: float = 300.0
     memory_local_threshold: float = 0.8
     memory_rerun_seconds: float = 600.0
+    memory_move_gib_per_second: float = 2.0
+    memory_moves_per_node: int = 1
     device_type: str = "auto"
     small_pool: str = "fail"
     irqbalance: str = "ban"
@@ -179,6 +181,8 @@ def coerce(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: key 'memory_local_threshold' is a share, from 0 to 1; got {out:g}")
     if key == "drift_sweep_passes" and not 1 <= out <= 1000:
         raise ConfigError(f"{where}: key 'drift_sweep_passes' must be from 1 to 1000; got {out}")
+    if key == "memory_moves_per_node" and not 1 <= out <= 64:
+        raise ConfigError(f"{where}: key 'memory_moves_per_node' must be from 1 to 64; got {out}")
     if key == "max_numa_nodes" and out < 1:
         raise ConfigError(f"{where}: key 'max_numa_nodes' must be at least 1; got {out}")
     if key == "metrics_listen" and out and out.rpartition(":")[1] != ":":

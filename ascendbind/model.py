@@ -434,3 +434,7 @@ class Binding:
     @property
     def failed(self) -> bool:
         return any(s.outcome is Outcome.FAILED for s in self.steps)
+
+    def step(self, step: Step) -> StepResult | None:
+        """The result of ``step`` (the last, should there be several), or None."""
+        return next((s for s in reversed(self.steps) if s.step is step), None)

@@ -19,6 +19,7 @@ class Outcome(str, enum.Enum):
     APPLIED = "applied"
     SKIPPED = "skipped"
     FAILED = "failed"
+    PENDING = "pending"  # the memory step of a daemon bind: its pages move after the answer
 
 
 class Reason(str, enum.Enum):
@@ -46,10 +47,16 @@ class Reason(str, enum.Enum):
     IRQ_WRITE_FAILED = "irq_write_failed"  # a write failed (not EPERM/EIO) or read back differently
     INTERRUPTS_UNREADABLE = "interrupts_unreadable"  # /proc/interrupts missing or malformed
     # memory
-    MIGRATEPAGES_MISSING = "migratepages_missing"
-    MIGRATEPAGES_FAILED = "migratepages_failed"
     SINGLE_NUMA_NODE = "single_numa_node"
     NO_NUMA_INFO = "no_numa_info"
+    MOVE_UNSUPPORTED = "move_unsupported"  # no move_pages(2) on this kernel or machine
+    MEMORY_UNREADABLE = "memory_unreadable"  # maps / numa_maps / pagemap of the worker not readable
+    TARGET_NODE_FULL = "target_node_full"  # the pool's node ran out of free memory
+    MOVE_FAILED = "move_failed"  # move_pages(2) refused pages for another reason
+    MOVE_CANCELLED = "move_cancelled"  # the worker was released or replaced before its pages moved
+    # written by daemons that ran migratepages; read back from their state files, never produced
+    MIGRATEPAGES_MISSING = "migratepages_missing"
+    MIGRATEPAGES_FAILED = "migratepages_failed"
     # release
     NOTHING_TO_RESTORE = "nothing_to_restore"
     # any step

@@ -1,27 +1,28 @@
-"""The memory step: a real migratepages call and the skip reasons."""
+"""The memory step on this host: what counts as a worker's private pages, read from a
+real worker's maps, numa_maps and pagemap, and the step's skip and stop reasons.
+
+Pages moving between nodes needs a kernel with two NUMA nodes: tests/numa/ runs
+those in a guest (make test-numa). What this machine shows for real: which pages
+of a live process are movable (private, anonymous, exclusive) and which are not
+(a ``/dev/shm`` segment another process maps), and move_pages(2) asked where
+they are."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import uuid
 
 import pytest
 
-from ascendbind.applier.memory import migrate_memory, run_migratepages
+from ascendbind.applier.memory import MoveCancel, MovePages, PageMove, memory_target, migrate_memory, pending_memory
 from ascendbind.config import Config
-from ascendbind.model import (
-    DeviceType,
-    HostFacts,
-    Mode,
-    NpuPlan,
-    Outcome,
-    Plan,
-    Reason,
-)
+from ascendbind.discovery import LiveHost
+from ascendbind.discovery.memmap import movable_pages
+from ascendbind.discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
+from ascendbind.model import DeviceType, HostFacts, Mode, NpuPlan, Outcome, Plan, Reason, StepResult
+from tests.memworker_client import mem_worker
 from tests.planner_hosts import one_npu_host
 from tests.workers import start_worker
-
-needs_migratepages = pytest.mark.skipif(shutil.which("migratepages") is None, reason="numactl not installed")
 
 
 def host(nodes: dict[int, frozenset[int]]) -> HostFacts:
@@ -29,25 +30,11 @@ def host(nodes: dict[int, frozenset[int]]) -> HostFacts:
 
 
 def plan(pool=(2, 3, 4, 5, 6)) -> Plan:
-    return Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, pool, (NpuPlan(0, pool, pool[:2], pool[2:-2], pool[-2:-1], pool[-1:], (0,)),))
+    return Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, pool,
+                (NpuPlan(0, pool, pool[:2], pool[2:-2], pool[-2:-1], pool[-1:], (0,)),))
 
 
-@needs_migratepages
-def test_real_migratepages_node0_to_node0_through_the_command_path():
-    with start_worker(plain=0, acl=0, release=0) as w:
-        res = run_migratepages(w.pid, [0], 0)
-        assert res.outcome is Outcome.APPLIED, res.detail
-        assert res.data["exit_status"] == 0
-        assert res.data["argv"] == [str(w.pid), "0", "0"]
-
-
-@needs_migratepages
-def test_migratepages_failure_is_failed_with_stderr():
-    with start_worker(plain=0, acl=0, release=0) as w:
-        pid = w.pid
-    res = run_migratepages(pid, [0], 0)  # the pid no longer exists
-    assert res.outcome is Outcome.FAILED and res.reason is Reason.MIGRATEPAGES_FAILED
-    assert "exited" in res.detail and res.data["exit_status"] != 0
+TWO_NODES = {0: frozenset(range(4)), 1: frozenset(range(4, 8))}
 
 
 def test_single_numa_node_host_skips():
@@ -60,20 +47,130 @@ def test_no_numa_info_skips():
     assert res.reason is Reason.NO_NUMA_INFO
 
 
-def test_missing_tool_skips(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no migratepages anywhere
-    res = migrate_memory(plan(), os.getpid(), host({0: frozenset(range(4)), 1: frozenset(range(4, 8))}), Config())
-    assert res.outcome is Outcome.SKIPPED and res.reason is Reason.MIGRATEPAGES_MISSING
+def test_the_target_is_the_node_of_pool0_and_the_daemon_step_is_pending_there():
+    assert memory_target(plan(pool=(5, 6, 7, 4, 3)), host(TWO_NODES)) == 1
+    assert memory_target(plan(pool=(2, 3, 4, 5, 6)), host(TWO_NODES)) == 0
+    assert isinstance(memory_target(plan(pool=(9, 10, 11)), host(TWO_NODES)), StepResult)  # CPU 9: no node
+    step = pending_memory(1)
+    assert step.outcome is Outcome.PENDING and step.data["target_node"] == 1 and step.to_json()["outcome"] == "pending"
 
 
-@needs_migratepages
-def test_two_node_plan_targets_the_node_of_pool0():
-    # pool[0] = CPU 5 on node 1 of a (described) two-node host; this machine has one
-    # node, so the real migratepages refuses node 1 and the step reports it
-    facts = host({0: frozenset(range(4)), 1: frozenset(range(4, 8))})
+def _stat_start(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rpartition(")")[2].split()[19])
+
+
+def test_pagemap_calls_private_pages_movable_and_a_shared_segment_not(tmp_path):
+    seg = f"/dev/shm/ascendbind-test-{uuid.uuid4().hex}"
+    try:
+        with mem_worker(private_mib=8, shared=[(seg, 4)]) as a, mem_worker(shared=[(seg, 4)]) as b:
+            assert b.regions["shared"][0]["length"] == 4 << 20
+            priv, shared = a.regions["private"][0], a.regions["shared"][0]
+            with open_pagemap(LiveHost(), a.pid) as pm:
+                def movable(region) -> list[int]:
+                    n = region["length"] // BASE_PAGE
+                    return movable_pages(pm.entries(region["start"], n), region["start"], BASE_PAGE)
+
+                # every page of the private region was written: present, anonymous, ours alone
+                assert len(movable(priv)) == priv["length"] // BASE_PAGE
+                # the segment's pages are shmem (file-backed) and mapped by b as well
+                assert movable(shared) == []
+            # move_pages(2) without MPOL_MF_MOVE_ALL, asked where: every page has a node
+            where = MovePages().query(a.pid, [priv["start"] + i * BASE_PAGE for i in range(16)])
+            assert all(s >= 0 for s in where), list(where)
+    finally:
+        if os.path.exists(seg):
+            os.unlink(seg)
+
+
+def test_the_ranges_to_walk_skip_shared_mappings_and_pages_already_there():
+    seg = f"/dev/shm/ascendbind-test-{uuid.uuid4().hex}"
+    try:
+        with mem_worker(private_mib=16, shared=[(seg, 8)]) as a:
+            start = _stat_start(a.pid)
+            nodes = {int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()}
+            here = read_move_ranges(LiveHost(), a.pid, min(nodes), start_time=start)
+            if len(nodes) == 1:
+                assert here.ranges == () and here.remote_bytes == 0  # all of it is on the one node
+            elsewhere = read_move_ranges(LiveHost(), a.pid, max(nodes) + 1, start_time=start)
+            priv, shared = a.regions["private"][0], a.regions["shared"][0]
+            starts = {r.start for r in elsewhere.ranges}
+            assert priv["start"] in starts and shared["start"] not in starts
+            (r,) = [r for r in elsewhere.ranges if r.start == priv["start"]]
+            assert r.private_bytes == r.remote_bytes == 16 << 20
+            # the residency the ranges came from: the segment is shared, the region private
+            assert sum(elsewhere.residency.shared_kib.values()) >= 8 << 10
+            assert sum(elsewhere.residency.private_kib.values()) >= 16 << 10
+    finally:
+        if os.path.exists(seg):
+            os.unlink(seg)
+
+
+def test_a_move_with_nothing_off_the_node_is_applied_and_says_so():
+    with mem_worker(private_mib=4) as a:
+        nodes = sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit())
+        if len(nodes) != 1:
+            pytest.skip("this checks a one-node host; tests/numa/ moves pages between nodes")
+        res = PageMove(LiveHost(), a.pid, _stat_start(a.pid), nodes[0]).run()
+    assert res.outcome is Outcome.APPLIED and "already" in res.detail, res.detail
+    assert res.data["bytes_moved"] == 0 and res.data["target_node"] == nodes[0]
+
+
+def test_a_gone_or_recycled_worker_is_skipped_with_its_reason():
     with start_worker(plain=0, acl=0, release=0) as w:
-        res = migrate_memory(plan(pool=(5, 6, 7, 4, 3)), w.pid, facts, Config())
-    assert res.data["argv"][1:] == ["0,1", "1"]
-    assert res.data["target_node"] == 1
-    if not os.path.exists("/sys/devices/system/node/node1"):
-        assert res.outcome is Outcome.FAILED and res.reason is Reason.MIGRATEPAGES_FAILED
+        pid, start = w.pid, w.start_time
+        recycled = PageMove(LiveHost(), pid, start + 1, 0).run()
+    assert recycled.outcome is Outcome.SKIPPED and recycled.reason is Reason.PID_RECYCLED
+    gone = PageMove(LiveHost(), pid, start, 0).run()
+    assert gone.outcome is Outcome.SKIPPED and gone.reason is Reason.PID_GONE and gone.data["bytes_moved"] == 0
+
+
+def test_a_machine_without_move_pages_skips():
+    with start_worker(plain=0, acl=0, release=0) as w:
+        res = PageMove(LiveHost(), w.pid, w.start_time, 0, syscall=MovePages(machine="pdp11")).run()
+    assert res.outcome is Outcome.SKIPPED and res.reason is Reason.MOVE_UNSUPPORTED
+
+
+def test_a_cancelled_move_stops_before_its_first_chunk():
+    # the ranges must be off the target for the chunk loop to run: name a node the
+    # worker's pages are not on (one past the last node)
+    nodes = sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit())
+    cancel = MoveCancel()
+    cancel.set("released")
+    with mem_worker(private_mib=4) as a:
+        res = PageMove(LiveHost(), a.pid, _stat_start(a.pid), nodes[-1] + 1, cancel=cancel).run()
+    assert res.outcome is Outcome.SKIPPED and res.reason is Reason.MOVE_CANCELLED
+    assert "released" in res.detail and res.data["bytes_moved"] == 0
+
+
+def test_a_node_the_kernel_does_not_have_fails_the_move_with_the_error():
+    nodes = sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit())
+    with mem_worker(private_mib=4) as a:
+        res = PageMove(LiveHost(), a.pid, _stat_start(a.pid), nodes[-1] + 1).run()
+    # move_pages(2) refuses a node that is not online: ENODEV, the whole call
+    assert res.outcome is Outcome.FAILED and res.reason is Reason.MOVE_FAILED, res.detail
+    assert "No such device" in res.detail or "ENODEV" in res.detail
+
+
+def test_a_snapshot_has_no_process_memory_to_move(tmp_path):
+    from ascendbind.discovery import SnapshotHost
+
+    with start_worker(plain=0, acl=0, release=0) as w:
+        res = PageMove(SnapshotHost(str(tmp_path)), w.pid, w.start_time, 0).run()
+    assert res.outcome is Outcome.FAILED and res.reason is Reason.MEMORY_UNREADABLE, res.detail
+
+
+def test_the_memory_worker_names_its_threads_and_reports_its_regions():
+    # the helper the NUMA tests and the bench start under numactl: its threads carry the
+    # names the role split looks for, and its regions are where it says they are
+    with mem_worker(private_mib=2, threads=("acl_thread", "release_thread")) as a:
+        comms = set()
+        for tid in os.listdir(f"/proc/{a.pid}/task"):
+            with open(f"/proc/{a.pid}/task/{tid}/comm") as fh:
+                comms.add(fh.read().strip())
+        assert {"acl_thread", "release_thread"} <= comms
+        (priv,) = a.regions["private"]
+        with open(f"/proc/{a.pid}/maps") as fh:
+            assert any(line.startswith(f"{priv['start']:x}-{priv['start'] + priv['length']:x} rw-p")
+                       for line in fh), "the private region is a private mapping of that size"
+        assert len(a.steps(2)) == 2

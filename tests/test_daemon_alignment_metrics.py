@@ -61,8 +61,11 @@ class SplitSource:
     def run(self, argv):
         return self.live.run(argv) if argv[0] == "ps" else self.snap.run(argv)
 
-    def read(self, path):
-        return (self.live if self._live_path.match(path) else self.snap).read(path)
+    def read(self, path, limit=None):
+        return (self.live if self._live_path.match(path) else self.snap).read(path, limit=limit)
+
+    def open_process(self, key):
+        return self.live.open_process(key)
 
     def listdir(self, path):
         return (self.live if self._live_path.match(path) or path == "/proc" else self.snap).listdir(path)
@@ -100,6 +103,7 @@ def test_bind_outcomes_unaligned_then_failed_by_policy(tmp_path):
             assert set(w.cpus_allowed().values()) == {frozenset({0, 1})}, "a refused bind changes nothing"
         finally:
             daemon.release_pid(w.pid) if w.pid in daemon.held else None
+            daemon.close()
     s = samples(daemon)
     assert s[("ascendbind_bind_requests_total", (("outcome", "unaligned"),))] == 1
     assert s[("ascendbind_bind_requests_total", (("outcome", "failed"),))] == 1

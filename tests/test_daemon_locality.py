@@ -5,7 +5,8 @@
   two-node snapshot of this machine's CPUs 0-1 (CI has one node), the worker is a
   real process bound for real, and its numa_maps is a fixture served through the
   daemon's HostSource (the only thing faked: this machine cannot put pages on a
-  second node). The memory step it reruns is the real migratepages;
+  second node). The rerun it asks for is a real move job on the daemon's mover
+  (pages really moving between nodes: tests/numa/, in a two-node guest);
 * a real ``ascendbind serve``: the series appears for a bound worker with label
   npu="0", ``status`` shows the ratio, and the series goes when the worker is
   released or exits.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -28,7 +28,7 @@ from ascendbind.daemon.held import Held
 from ascendbind.daemon.locality import MemoryLocality, memory_rerun_due, ratios_by_npu
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.discovery.sysfs import parse_cpulist_file
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, frozen_map
+from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Step, frozen_map
 from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for
 from tests.test_daemon_alignment_metrics import SplitSource, samples, two_node_host
 from tests.workers import start_worker
@@ -107,7 +107,7 @@ class FixtureNumaMaps(SplitSource):
     def read(self, path, limit=None):
         if path.startswith("/proc/") and path.endswith("/numa_maps"):
             return self.snap.read(path, limit=limit)
-        return super().read(path)
+        return super().read(path, limit=limit)
 
 
 def _numa_maps(directory, pid: int, node0: int, node1: int) -> None:
@@ -127,6 +127,15 @@ def _gauge(daemon, npu: str):
     return samples(daemon).get(("ascendbind_memory_local_ratio", (("npu", npu),)))
 
 
+def _finished(job):
+    assert job is not None and job.finished.wait(60), "the move job did not end"
+    return job
+
+
+def _checks(daemon, result="measured") -> float:
+    return samples(daemon).get(("ascendbind_memory_checks_total", (("result", result),)), 0.0)
+
+
 @needs_cpus_0_1
 def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path):
     host = str(tmp_path / "host")
@@ -135,38 +144,51 @@ def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path)
         state_dir=str(tmp_path / "state"), memory_rerun_seconds=600.0, memory_local_threshold=0.8,
         memory_check_seconds=60.0)  # checks every minute: the reruns' own rate limit is what is tested
     daemon = Daemon(config, source=FixtureNumaMaps(host))
-    locality = MemoryLocality(daemon)
+    locality = daemon.locality
     root = Peer(pid=os.getpid(), uid=0, gid=0)
-    node1 = os.path.exists("/sys/devices/system/node/node1")
     with start_worker(plain=1, acl=0, release=0) as w:
         try:
             # 3/4 of the heap on node 0, while NPU1's pool (CPU 1) is on node 1
             _numa_maps(host, w.pid, node0=1200, node1=392)
             result = daemon.bind_request(root, {"pid": w.pid, "npu": 1})
             assert result["plan"]["npus"]["1"]["numa_nodes"] == [1]
+            # two nodes: the answer came before the move, which is the mover's job now
+            (memory,) = [s for s in result["steps"] if s["step"] == "memory"]
+            assert memory["outcome"] == "pending" and memory["data"]["target_node"] == 1
             h = daemon.held[w.pid]
-            t0 = h.memory_last_run  # the bind ran the memory step: that is the last run
+            # the move ends, is recorded, and the locality right after it is measured
+            assert wait_for(lambda: h.memory_move is None and h.memory_local_ratio is not None, 60)
+            assert h.binding.step(Step.MEMORY).outcome is Outcome.APPLIED
+            t0 = h.memory_last_run  # the bind started the memory step: that is the last run
+            # of the private memory only (heap and stack): the python text is shared
+            low = (392 + 4) / (1200 + 392 + 4)
+            assert h.memory_local_ratio == pytest.approx(low)  # measured once the move ended
 
-            # right after the bind: measured and exported, but not run again yet
-            assert locality.run_round(locality.due(t0), now=t0) is None
-            assert h.memory_local_ratio == pytest.approx(400 / 1600)
-            assert _gauge(daemon, "1") == pytest.approx(0.25)
-            assert daemon.workers()["workers"][0]["memory_local_ratio"] == 0.25
-            assert locality.due(t0 + 1) == []  # checked: the next check is memory_check_seconds away
+            # a check: measured and exported, but not run again yet
+            assert locality.due(t0 + 100) == [h]
+            assert locality.run_round(locality.due(t0 + 100), now=t0 + 100) is None
+            assert h.memory_local_ratio == pytest.approx(low)
+            assert _gauge(daemon, "1") == pytest.approx(low)
+            doc = daemon.workers()["workers"][0]
+            assert doc["memory_local_ratio"] == round(low, 4)
+            assert doc["memory_kib_by_node"] == {"private": {"0": 4800, "1": 1584}, "shared": {"1": 16}}
+            assert doc["memory"]["state"] == "done" and doc["memory"]["target_node"] == 1
+            assert locality.due(t0 + 101) == []  # checked: the next check is memory_check_seconds away
 
-            # one rerun interval later: the real migratepages, to the node of pool[0]
+            # one rerun interval later: a move job to the node of pool[0], not waited for
             t1 = t0 + 601
-            rerun = locality.run_round(locality.due(t1), now=t1)
-            assert rerun is not None and rerun.data["argv"] == [str(w.pid), "0,1", "1"]
-            assert rerun.outcome is (Outcome.APPLIED if node1 else Outcome.FAILED), rerun.detail
-            assert h.memory_reruns == 1 and h.memory_futile == 1  # the pages did not move
+            measured = _checks(daemon)
+            rerun = _finished(locality.run_round(locality.due(t1), now=t1))
+            assert rerun.node == 1 and rerun.why == "rerun" and rerun.ratio_before == pytest.approx(low)
+            assert rerun.result is not None and rerun.result.outcome is Outcome.APPLIED, rerun.result
+            assert h.memory_reruns == 1 and h.memory_futile == 1  # the ratio did not rise: futile
             s = samples(daemon)
-            assert s[("ascendbind_memory_reruns_total", (("outcome", rerun.outcome.value),))] == 1
-            assert s[("ascendbind_memory_checks_total", (("result", "measured"),))] == 3  # before, after, round 2
+            assert s[("ascendbind_memory_reruns_total", (("outcome", "applied"),))] == 1
+            assert _checks(daemon) == measured + 2  # the round's, and the one right after the move
 
             # it did not help: the next rerun waits twice the interval
             assert locality.run_round(locality.due(t1 + 1100), now=t1 + 1100) is None
-            assert locality.run_round(locality.due(t1 + 1201), now=t1 + 1201) is not None
+            _finished(locality.run_round(locality.due(t1 + 1201), now=t1 + 1201))
             assert h.memory_reruns == 2 and h.memory_futile == 2
 
             # the memory is local now: the ratio recovers, the backoff resets, nothing runs
@@ -181,14 +203,14 @@ def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path)
                 fh.write("7fff00000000 default N1=oops kernelpagesize_kB=4\n")
             assert locality.run_round(locality.due(t2 + 100), now=t2 + 100) is None
             assert h.memory_local_ratio is None and _gauge(daemon, "1") is None
-            assert samples(daemon)[("ascendbind_memory_checks_total", (("result", "malformed"),))] == 1
+            assert _checks(daemon, "malformed") == 1
 
             # longer than the read limit (a worker's owner can make it so): not held, counted
             locality.numa_maps_limit = 100
             _numa_maps(host, w.pid, node0=0, node1=1592)
             assert locality.run_round(locality.due(t2 + 200), now=t2 + 200) is None
             assert h.memory_local_ratio is None and _gauge(daemon, "1") is None
-            assert samples(daemon)[("ascendbind_memory_checks_total", (("result", "too_large"),))] == 1
+            assert _checks(daemon, "too_large") == 1
             locality.numa_maps_limit = MemoryLocality(daemon).numa_maps_limit
 
             # switched off (memory_check_seconds = 0): no round starts, no series stays
@@ -204,6 +226,7 @@ def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path)
         finally:
             if w.pid in daemon.held:
                 daemon.release_pid(w.pid)
+            daemon.close()
     assert _gauge(daemon, "1") is None, "a released worker's series goes with it"
 
 
@@ -271,7 +294,3 @@ def test_status_memory_still_lists_pages_per_node(tmp_path):
             assert pages and set(pages) <= {str(n) for n in _host_nodes()} and all(v > 0 for v in pages.values())
             d.client.release(w.pid)
 
-
-if shutil.which("migratepages") is None:  # the trigger's rerun is the real tool
-    test_low_locality_reruns_the_memory_step_rate_limited_with_backoff = pytest.mark.skip(
-        reason="numactl (migratepages) not installed")(test_low_locality_reruns_the_memory_step_rate_limited_with_backoff)

@@ -12,7 +12,8 @@ import pytest
 from ascendbind.daemon.blame import Evidence
 from ascendbind.daemon.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality, Observation,
                                          PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
-                                         memory_rerun_due, rerun_was_futile, restoration, wanted)
+                                         MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration, wanted)
+from ascendbind.discovery.numa_maps import parse_numa_maps
 from ascendbind.errors import Conflict
 from ascendbind.model import (Binding, DeviceType, IrqBinding, IrqbalanceBans, Mode, NpuPlan, Outcome, Plan, Step, StepResult,
                               frozen_map)
@@ -151,9 +152,12 @@ MEMORY_TABLE = [
     # (name, record, ratio, expected)
     ("nothing resident: recorded as unknown, no rerun", R, None, (NoteLocality(None, NOW, False),)),
     ("good locality resets the futile count", Record(42, memory_futile=3), 0.95, (NoteLocality(0.95, NOW, True),)),
-    ("exactly the threshold is good", R, 0.8, (NoteLocality(0.8, NOW, True),)),
+    ("exactly the threshold is no rerun, but no reset either", R, 0.8, (NoteLocality(0.8, NOW, False),)),
+    ("the threshold plus the hysteresis band resets", R, 0.85, (NoteLocality(0.85, NOW, True),)),
     ("low, last run long ago: rerun", Record(42, memory_last_run=NOW - 600), 0.5,
      (NoteLocality(0.5, NOW, False), RerunMemory(0.5))),
+    ("low, but a move is queued or running: no rerun", Record(42, memory_last_run=NOW - 6000, memory_moving=True),
+     0.5, (NoteLocality(0.5, NOW, False),)),
     ("low, last run too recent: no rerun yet", Record(42, memory_last_run=NOW - 599), 0.5,
      (NoteLocality(0.5, NOW, False),)),
     ("low after two futile reruns: waits 4 intervals", Record(42, memory_last_run=NOW - 2399, memory_futile=2),
@@ -170,12 +174,34 @@ def test_a_locality_check_is_recorded_and_reruns_the_memory_step_at_a_falling_ra
     assert decide(record, Observation(memory_measured=True, memory_ratio=ratio), NOW, LIMITS) == expected
 
 
+def test_the_residency_a_check_read_is_recorded_with_its_ratio():
+    res = parse_numa_maps("7f00 default anon=3 N0=1 N1=2 kernelpagesize_kB=4\n")
+    note = decide(R, Observation(memory_measured=True, memory_ratio=1 / 3, memory_residency=res), NOW, LIMITS)[0]
+    assert note.residency is res
+
+
 def test_the_rerun_rate_and_futility_rules():
     assert not memory_rerun_due(None, 0.8, 0.0, NOW, 600.0)
     assert not memory_rerun_due(0.9, 0.8, 0.0, NOW, 600.0)
     assert memory_rerun_due(0.1, 0.8, NOW - 600, NOW, 600.0, futile=0)
+    assert not memory_rerun_due(0.1, 0.8, NOW - 600, NOW, 600.0, futile=0, moving=True)
     assert not memory_rerun_due(0.1, 0.8, NOW - 1199, NOW, 600.0, futile=1)
-    assert rerun_was_futile(None, LIMITS) and rerun_was_futile(0.79, LIMITS) and not rerun_was_futile(0.8, LIMITS)
+
+
+FUTILE_TABLE = [
+    # (name, ratio before, ratio after, futile)
+    ("nothing measured after", 0.5, None, True),
+    ("still below the threshold", 0.5, 0.79, True),
+    ("raised past the threshold", 0.5, 0.95, False),
+    ("past the threshold, but by less than the band: it moved almost nothing", 0.78, 0.81, True),
+    ("no ratio before (first check after a bind): judged by the threshold", None, 0.81, False),
+]
+
+
+@pytest.mark.parametrize("name,before,after,futile", FUTILE_TABLE, ids=[row[0] for row in FUTILE_TABLE])
+def test_a_rerun_is_futile_when_it_did_not_raise_the_ratio(name, before, after, futile):
+    assert rerun_was_futile(before, after, LIMITS) is futile
+    assert MEMORY_HYSTERESIS == 0.05
 
 
 # ---------------------------------------------------------------- leaving: what goes back

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ascendbind.cpulist import format_cpulist
 from ascendbind.errors import Conflict
 
 from .containers import FakeNpuHost, contained_worker, daemon_with_driver_major, npu_major
@@ -34,9 +35,17 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two NP
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = [str(ROOT / "tests" / "vllm_standin.py")]
 MAJOR = npu_major()
-A2 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_AFFINITY": "3=0;5=1"}
-A950 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_CHIP": "950PR",
-        "ASCENDBIND_FAKE_PHY_IDS": "4,5,6,7,0,1,2,3", "ASCENDBIND_FAKE_AFFINITY": "2=1;5=0"}
+
+
+def affinities(own: dict[int, int]) -> str:
+    """The fixture npu-smi's per-NPU affinity: NPU n on CPU own[n], the others on every CPU."""
+    every = format_cpulist(os.sched_getaffinity(0))
+    return ";".join(str(own[n]) if n in own else every for n in range(8))
+
+
+A2 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_NPU_AFFINITY": affinities({3: 0, 5: 1})}
+A950 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_CHIP": "950PR", "ASCENDBIND_FAKE_PHY_IDS": "4,5,6,7,0,1,2,3",
+        "ASCENDBIND_FAKE_NPU_AFFINITY": affinities({2: 1, 5: 0})}
 CPU_OF = {3: 0, 5: 1, 2: 1}  # an A2's NPU 3 and 5, a 950's NPU 2 (and 5: 0)
 DEVICE_PLUGIN = {"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RUNTIME_OPTIONS": ""}
 

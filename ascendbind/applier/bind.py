@@ -1,7 +1,8 @@
 """Run every step for one worker, and undo them on release.
 
 Steps, in order: affinity (every thread by role), irq (the NPUs' SQ/CQ
-interrupts), memory (migratepages), uvb (Ascend 950 host poll threads). Each
+interrupts), memory (the worker's private pages, now or, for the daemon, in the
+background: ``pending``), uvb (Ascend 950 host poll threads). Each
 yields a StepResult (applied | skipped | failed, a reason code from
 ``model.Reason``, a sentence). The steps are independent: a failed one never
 stops the next, and whatever a step did change is in its ``data`` (IRQ masks
@@ -45,7 +46,7 @@ from ..model import (
 from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
 from .identity import check_may_bind, recycled, refuse_non_worker, require_live, require_worker, verify_identity
 from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks
-from .memory import migrate_memory
+from .memory import memory_target, migrate_memory, pending_memory
 from .uvb import UvbStep, bind_uvb, restore_uvb_threads
 
 __all__ = ["apply_plan", "apply_observed", "Applied", "release_binding", "merge_npu_plans"]
@@ -123,7 +124,8 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config,
 
 
 def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
-                   view: ProcessView | None = None, npu_irqs: NpuIrqLookup | None = None) -> Applied:
+                   view: ProcessView | None = None, npu_irqs: NpuIrqLookup | None = None,
+                   move_memory: bool = True) -> Applied:
     """``apply_plan``, also returning the masks the affinity step read back.
 
     With ``view`` (the request's one observation of the worker), the identity checks
@@ -131,7 +133,9 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     and named there; only threads born since are listed and named again. Without
     one, the identity is read here and the affinity step lists the threads itself.
     ``npu_irqs`` answers which IRQs each NPU owns (the daemon's cache); without it the
-    IRQ step looks them up on the host.
+    IRQ step looks them up on the host. ``move_memory`` False leaves the pages to the
+    caller: the memory step is then ``pending`` with its target node (the daemon moves
+    them in the background), or skipped when there is nowhere to move them.
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
@@ -166,8 +170,11 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     steps.append(affinity)
     irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs))
     steps.append(irq.result)
-    if alive:
-        steps.append(_guard(Step.MEMORY, lambda: migrate_memory(plan, pid, host, config)))
+    if alive and not move_memory:
+        target = memory_target(plan, host)
+        steps.append(target if isinstance(target, StepResult) else pending_memory(target))
+    elif alive:
+        steps.append(_guard(Step.MEMORY, lambda: migrate_memory(plan, pid, host, config, start_time=start)))
     else:
         steps.append(StepResult(Step.MEMORY, Outcome.SKIPPED, Reason.PID_GONE, f"process {pid} exited while binding"))
     uvb = _guard_uvb(lambda: bind_uvb(plan))

@@ -1,69 +1,155 @@
-"""The memory step: move a bound worker's pages to its pool's NUMA node (``migratepages``).
+"""The memory step: move a bound worker's *private* pages to its pool's NUMA node.
 
-``migratepages <pid> <all nodes> <node of pool[0]>`` (numactl package) moves the
-pages the worker already touched; pages it allocates later follow the first-touch
-policy of the CPUs it now runs on. Moving pages of another user's process needs
-CAP_SYS_PTRACE; a large heap takes seconds, so the command gets a longer
-timeout than the discovery commands.
+What moves: the worker's anonymous pages that it alone maps — heap, thread
+stacks, anonymous mappings (``malloc`` arenas, a framework's caching
+allocator), private huge pages, and the copies it made of a privately mapped
+file's pages by writing them. Pages it allocates after the bind follow the
+first-touch policy of the CPUs it now runs on, so one move after the bind and
+the occasional rerun keep it local.
 
-Where a worker's memory lives is measured by discovery
-(``discovery.numa_maps``); the daemon's locality check runs this step again
-when too little of it is on the pool's nodes.
+What never moves: anything another process may map — ``MAP_SHARED`` mappings,
+``/dev/shm``, memfd and System V segments, hugetlbfs files, the page cache of
+libraries and model files — and anonymous pages still shared with a parent or
+child after ``fork``. ``migratepages``/``migrate_pages(2)`` run as root
+(CAP_SYS_NICE) move those too: two workers on two nodes mapping one segment then
+take it from each other at every rerun, and a move of a worker's view of a
+200 GiB shared host table is a move of every rank's. Shared memory is measured
+(``numa_maps``), never moved.
+
+How: the private mappings with anonymous pages off the target node come from
+``maps`` and ``numa_maps`` (discovery/pages.py); their pagemap entries name the
+pages present, anonymous and exclusive; ``move_pages(2)`` first asks where those
+pages are, then moves the ones elsewhere, ``CHUNK_BYTES`` of address space at a
+time, with ``MPOL_MF_MOVE`` (never ``MPOL_MF_MOVE_ALL``), so the kernel itself
+refuses a page that became shared meanwhile (``EACCES``). Pages the kernel
+reports busy (``EBUSY``: being migrated with their transparent huge page, or
+pinned, e.g. for DMA by the NPU driver) are asked about once more at the end;
+those still busy stay, and so do pages refused as shared: neither is a failure.
+A full target node (``ENOMEM``) or another per-page error fails the step, with
+what did move in its data.
+
+Between chunks the move checks that the worker is still the process it was
+started for (pid and start time), stops when told to (``MoveCancel``: the
+worker was released or exited) and keeps under its byte rate; each chunk's
+progress goes to ``on_progress``. ``move_pages(2)`` releases the interpreter
+lock while the kernel copies, so a move on a daemon thread leaves the daemon's
+other threads running.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from collections.abc import Sequence
+import ctypes
+import errno
+import platform
+import threading
+import time
+from array import array
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from ..command import run_command
 from ..config import Config
+from ..discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
+from ..discovery.memmap import movable_pages
+from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..model import HostFacts, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from .identity import verify_identity
 
-__all__ = [
-    "MIGRATE_TIMEOUT_FLOOR",
-    "run_migratepages",
-    "migrate_memory",
-]
+__all__ = ["CHUNK_BYTES", "MoveCancel", "MoveProgress", "MovePages", "PageMove", "memory_target",
+           "pending_memory", "migrate_memory"]
 
-# seconds; the configured command timeout is for npu-smi/lscpu, far too short for 100 GiB
-MIGRATE_TIMEOUT_FLOOR = 120.0
-
-
-def run_migratepages(
-    pid: int, from_nodes: Sequence[int], to_node: int, *, timeout: float = MIGRATE_TIMEOUT_FLOOR
-) -> StepResult:
-    """Run ``migratepages <pid> <from> <to>`` (argv, no shell) and report its exit status."""
-    exe = shutil.which("migratepages")
-    if exe is None:
-        return _result(
-            Outcome.SKIPPED, Reason.MIGRATEPAGES_MISSING,
-            "migratepages not found (install numactl); pages stay where they are",
-        )
-    argv = [exe, str(int(pid)), ",".join(str(int(n)) for n in from_nodes), str(int(to_node))]
-    shown = " ".join(["migratepages", *argv[1:]])
-    env = {"LC_ALL": "C", "LANG": "C", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    data = {"argv": argv[1:], "target_node": to_node}
-    try:
-        proc = run_command(argv, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return _result(Outcome.FAILED, Reason.MIGRATEPAGES_FAILED, f"{shown} timed out after {timeout:g}s", data)
-    except OSError as exc:
-        return _result(Outcome.FAILED, Reason.MIGRATEPAGES_FAILED, f"{shown} could not start: {exc.strerror}", data)
-    data["exit_status"] = proc.returncode
-    stderr = proc.stderr.strip()
-    if stderr:
-        data["stderr"] = stderr[-500:]
-    if proc.returncode != 0:
-        tail = stderr.splitlines()[-1] if stderr else "no output"
-        return _result(Outcome.FAILED, Reason.MIGRATEPAGES_FAILED, f"{shown} exited {proc.returncode}: {tail}", data)
-    return _result(Outcome.APPLIED, None, f"{shown}: pages moved to NUMA node {to_node}", data)
+MPOL_MF_MOVE = 1 << 1
+CHUNK_BYTES = 64 << 20
+# move_pages(2) by machine; asm-generic numbers it 239 (arm64, riscv64, loongarch64)
+_SYSCALL = {"x86_64": 279, "aarch64": 239, "arm64": 239, "riscv64": 239, "loongarch64": 239,
+            "ppc64le": 301, "ppc64": 301, "s390x": 310}
+# per-page statuses that leave a page where it is without failing the step
+_SHARED = (errno.EACCES,)  # mapped by another process meanwhile
+_GONE = (errno.ENOENT, errno.EFAULT)  # unmapped or freed meanwhile, or the zero page
+_BUSY = (errno.EBUSY, errno.EAGAIN)
+UNREPORTED = 1 << 30  # no node has this number
 
 
-def migrate_memory(plan: Plan, pid: int, host: HostFacts, config: Config) -> StepResult:
-    """The memory step: target = NUMA node of the first target NPU's ``pool[0]``."""
+class _NodeFull(Exception):
+    """The target node ran out of memory during a chunk: the move ends there."""
+
+
+class MoveCancel:
+    """Tells a running move to stop (``set(why)``); its ``wait`` is the rate limiter's sleep."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.why = ""
+
+    def set(self, why: str) -> None:
+        if not self._event.is_set():
+            self.why = why
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(max(0.0, seconds))
+
+
+@dataclass(frozen=True)
+class MoveProgress:
+    """Where one move stands: bytes moved of the (numa_maps) estimate, and why pages stayed."""
+
+    node: int
+    bytes_moved: int = 0
+    bytes_to_move: int = 0
+    pages_moved: int = 0
+    pages_left: Mapping[str, int] = field(default_factory=frozen_map)  # shared, busy, target_full, failed
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"target_node": self.node, "bytes_moved": self.bytes_moved, "bytes_to_move": self.bytes_to_move,
+                "pages_moved": self.pages_moved, "pages_left": dict(self.pages_left),
+                "seconds": round(self.seconds, 3)}
+
+
+class MovePages:
+    """``move_pages(2)`` for another process: ``query`` (where are these pages) and
+    ``move`` (to one node); each returns the kernel's per-page status array."""
+
+    def __init__(self, machine: str | None = None) -> None:
+        self.nr = _SYSCALL.get(machine or platform.machine())
+        self._libc = ctypes.CDLL(None, use_errno=True) if self.nr is not None else None
+
+    @property
+    def supported(self) -> bool:
+        return self.nr is not None
+
+    def _call(self, pid: int, addrs: array, nodes: array | None) -> array:
+        n = len(addrs)
+        # a status the kernel did not write stays UNREPORTED: after a page fails to
+        # migrate, move_pages returns the count not moved and writes no status for the
+        # pages queued with it nor for the ones it did not try
+        status = array("i", [UNREPORTED]) * n
+        a = (ctypes.c_uint64 * n).from_buffer(addrs)
+        s = (ctypes.c_int * n).from_buffer(status)
+        nd = (ctypes.c_int * n).from_buffer(nodes) if nodes is not None else None
+        rc = self._libc.syscall(ctypes.c_long(self.nr), ctypes.c_int(pid), ctypes.c_ulong(n), a, nd, s,
+                                ctypes.c_int(MPOL_MF_MOVE))
+        if rc < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, errno.errorcode.get(err, str(err)))
+        return status
+
+    def query(self, pid: int, addrs: list[int]) -> array:
+        """The node of each page, or a negative errno (ENOENT: not present)."""
+        return self._call(pid, array("Q", addrs), None)
+
+    def move(self, pid: int, addrs: list[int], node: int) -> array:
+        """Move each page to ``node``; statuses as the kernel wrote them (see ``_call``).
+        OSError ENOMEM when the node has no room left."""
+        return self._call(pid, array("Q", addrs), array("i", [node]) * len(addrs))
+
+
+def memory_target(plan: Plan, host: HostFacts) -> int | StepResult:
+    """The node the worker's pages go to (that of the first NPU's ``pool[0]``), or the
+    step's skip result when there is nowhere else for them to be."""
     nodes = sorted(host.numa_nodes)
     if not nodes or not plan.npus or not plan.npus[0].pool:
         return _result(Outcome.SKIPPED, Reason.NO_NUMA_INFO, "no NUMA node list from lscpu/sysfs")
@@ -73,7 +159,214 @@ def migrate_memory(plan: Plan, pid: int, host: HostFacts, config: Config) -> Ste
     target = host.node_of_cpu(anchor)
     if target is None:
         return _result(Outcome.SKIPPED, Reason.NO_NUMA_INFO, f"CPU {anchor} (pool[0]) is on no known NUMA node")
-    return run_migratepages(pid, nodes, target, timeout=max(config.command_timeout_seconds, MIGRATE_TIMEOUT_FLOOR))
+    return target
+
+
+def pending_memory(node: int) -> StepResult:
+    """The memory step of a bind that moves its pages in the background."""
+    return _result(Outcome.PENDING, None, f"private pages move to NUMA node {node} in the background",
+                   {"target_node": node})
+
+
+class PageMove:
+    """One move of ``pid``'s private pages to ``node`` (``run`` once; see the module docstring).
+
+    ``rate``: bytes per second at most (0: as fast as the kernel goes)."""
+
+    def __init__(self, source, pid: int, start_time: int | None, node: int, *, proc_root: str = "/proc",
+                 rate: float = 0.0, cancel: MoveCancel | None = None,
+                 on_progress: Callable[[MoveProgress], None] | None = None, syscall: MovePages | None = None,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.source, self.pid, self.start_time, self.node = source, int(pid), start_time, int(node)
+        self.proc_root = proc_root
+        self.rate = max(0.0, float(rate))
+        self.cancel = cancel or MoveCancel()
+        self.on_progress = on_progress
+        self.syscall = syscall or MovePages()
+        self.chunk = max(BASE_PAGE, chunk_bytes - chunk_bytes % BASE_PAGE)
+        self.moved = self.pages_moved = self.to_move = 0
+        self.left: dict[str, int] = {}
+        self._t0 = 0.0
+
+    def progress(self) -> MoveProgress:
+        return MoveProgress(self.node, self.moved, self.to_move, self.pages_moved, frozen_map(self.left),
+                            time.monotonic() - self._t0 if self._t0 else 0.0)
+
+    def run(self) -> StepResult:
+        self._t0 = time.monotonic()
+        if not self.syscall.supported:
+            return self._done(Outcome.SKIPPED, Reason.MOVE_UNSUPPORTED,
+                              f"move_pages(2) is not known on {platform.machine()}; pages stay where they are")
+        try:
+            verify_identity(self.pid, self.start_time, self.proc_root)
+            found = read_move_ranges(self.source, self.pid, self.node, start_time=self.start_time)
+        except ProcessGone as exc:
+            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing moved")
+        except (DiscoveryError, ParseError) as exc:
+            return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE, f"{exc}; pages stay where they are")
+        self.to_move = found.remote_bytes
+        if not found.ranges:
+            return self._done(Outcome.APPLIED, None,
+                              f"{_mib(sum(found.residency.private_kib.values()) << 10)} of private memory, "
+                              f"all on NUMA node {self.node} already")
+        pagemap = open_pagemap(self.source, self.pid)
+        if pagemap is None:
+            return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE,
+                                 f"the pagemap of process {self.pid} cannot be opened; pages stay where they are")
+        retry: list[tuple[int, int]] = []
+        try:
+            with pagemap:
+                for r in found.ranges:
+                    stride = max(1, r.page_size // BASE_PAGE)
+                    span = max(self.chunk - self.chunk % r.page_size, r.page_size)
+                    for lo in range(r.start, r.end, span):
+                        stop = self._between_chunks()
+                        if stop is not None:
+                            return stop
+                        n = (min(r.end, lo + span) - lo) // BASE_PAGE
+                        addrs = movable_pages(pagemap.entries(lo, n), lo, r.page_size, stride)
+                        if addrs:
+                            retry += [(a, r.page_size) for a in self._move_chunk(addrs, r.page_size)]
+                if retry and not self.cancel.wait(0.05):
+                    for size in sorted({s for _, s in retry}):
+                        self._move_chunk([a for a, s in retry if s == size], size, last=True)
+        except _NodeFull:
+            pass
+        except OSError as exc:
+            return self._syscall_failed(exc)
+        return self._verdict()
+
+    # ------------------------------------------------------------ one chunk
+
+    def _move_chunk(self, addrs: list[int], page: int, *, last: bool = False) -> list[int]:
+        """Move the pages of ``addrs`` that are not on the node yet; returns those that
+        stayed without a reason (busy: asked about again at the end, unless ``last``).
+
+        What moved is read back with a second query rather than taken from the move's
+        statuses: pages of a transparent huge page move with its first one and report
+        EBUSY, and after a failed page the kernel leaves statuses unwritten."""
+        node = self.node
+        where = self.syscall.query(self.pid, addrs)
+        todo = [a for a, s in zip(addrs, where) if 0 <= s != node]
+        if not todo:
+            return []
+        full = False
+        try:
+            status = self.syscall.move(self.pid, todo, node)
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise
+            status, full = array("i", [UNREPORTED]) * len(todo), True
+        after = self.syscall.query(self.pid, todo)
+        busy = []
+        for a, moved, s in zip(todo, after, status):
+            if moved == node:
+                self.pages_moved += 1
+                self.moved += page
+            elif full:
+                self._count_left(errno.ENOMEM)
+            elif s < 0 and -s not in _BUSY:
+                self._count_left(-s)
+            else:
+                busy.append(a)
+        if last:
+            self.left["busy"] = self.left.get("busy", 0) + len(busy)
+            busy = []
+        if self.on_progress is not None:
+            self.on_progress(self.progress())
+        if full:
+            raise _NodeFull
+        return busy
+
+    def _count_left(self, err: int) -> None:
+        why = ("shared" if err in _SHARED else "gone" if err in _GONE else
+               "target_full" if err == errno.ENOMEM else "failed")
+        self.left[why] = self.left.get(why, 0) + 1
+
+    def _between_chunks(self) -> StepResult | None:
+        """The checks and the rate limit before each chunk: a result when the move stops."""
+        if self.cancel.is_set():
+            return self._done(Outcome.SKIPPED, Reason.MOVE_CANCELLED,
+                              f"move cancelled ({self.cancel.why}) after {_mib(self.moved)}")
+        try:
+            verify_identity(self.pid, self.start_time, self.proc_root)
+        except ProcessGone as exc:
+            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc} after {_mib(self.moved)} moved")
+        if self.rate:
+            ahead = self.moved / self.rate - (time.monotonic() - self._t0)
+            if ahead > 0 and self.cancel.wait(ahead):
+                return self._between_chunks()
+        return None
+
+    # ------------------------------------------------------------ results
+
+    def _syscall_failed(self, exc: OSError) -> StepResult:
+        gone = self._gone()
+        if gone is not None or exc.errno == errno.ESRCH:
+            return gone or self._done(Outcome.SKIPPED, Reason.PID_GONE, f"process {self.pid} exited")
+        if exc.errno == errno.ENOSYS:
+            return self._done(Outcome.SKIPPED, Reason.MOVE_UNSUPPORTED,
+                              "this kernel has no move_pages(2) (built without NUMA or page migration)")
+        if exc.errno == errno.EPERM:
+            return self._done(Outcome.FAILED, Reason.NOT_PERMITTED,
+                              f"move_pages(2) on process {self.pid} not permitted (CAP_SYS_NICE, or a "
+                              f"seccomp filter); {_mib(self.moved)} moved")
+        return self._done(Outcome.FAILED, Reason.MOVE_FAILED,
+                          f"move_pages(2) failed: {exc.strerror or exc}; {_mib(self.moved)} moved")
+
+    def _gone(self) -> StepResult | None:
+        """The skip result when the worker has exited (or its pid was reused), else None."""
+        try:
+            verify_identity(self.pid, self.start_time, self.proc_root)
+        except ProcessGone as exc:
+            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: {_mib(self.moved)} moved")
+        return None
+
+    def _gone_or(self, outcome: Outcome, reason: Reason, detail: str) -> StepResult:
+        """The worker having exited explains a read or a call failing: say that instead."""
+        return self._gone() or self._done(outcome, reason, detail)
+
+    def _verdict(self) -> StepResult:
+        full, failed = self.left.get("target_full", 0), self.left.get("failed", 0)
+        if full or failed:
+            # a worker that exits mid-move fails its last pages: that is an exit, not a failure
+            gone = self._gone()
+            if gone is not None:
+                return gone
+        stayed = ", ".join(f"{n} {why}" for why, n in sorted(self.left.items()) if n)
+        summary = f"{_mib(self.moved)} of private memory moved to NUMA node {self.node}"
+        if stayed:
+            summary += f" (pages left where they were: {stayed})"
+        if full:
+            return self._done(Outcome.FAILED, Reason.TARGET_NODE_FULL,
+                              f"NUMA node {self.node} ran out of free memory: {summary}")
+        if failed:
+            return self._done(Outcome.FAILED, Reason.MOVE_FAILED, f"pages could not be moved: {summary}")
+        return self._done(Outcome.APPLIED, None, summary)
+
+    def _done(self, outcome: Outcome, reason: Reason | None, detail: str) -> StepResult:
+        data = self.progress().to_json()
+        if self.rate:
+            data["rate_bytes_per_second"] = self.rate
+        return _result(outcome, reason, detail, data)
+
+
+def migrate_memory(plan: Plan, pid: int, host: HostFacts, config: Config, *, source=None,
+                   start_time: int | None = None) -> StepResult:
+    """The memory step now, to the end (``ascendbind apply``: no daemon, nobody waits on a lock)."""
+    target = memory_target(plan, host)
+    if isinstance(target, StepResult):
+        return target
+    if source is None:
+        from ..discovery import LiveHost
+
+        source = LiveHost.from_config(config)
+    return PageMove(source, pid, start_time, target, proc_root=config.proc_root,
+                    rate=config.memory_move_gib_per_second * (1 << 30)).run()
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def _result(outcome: Outcome, reason: Reason | None, detail: str, data: dict | None = None) -> StepResult:

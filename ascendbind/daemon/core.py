@@ -47,7 +47,7 @@ from ..config import Config
 from ..discovery.process import ProcessView, check_same_process, observe_process
 from ..discovery.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..model import Binding, DeviceType, ProcessIdentity, frozen_map
+from ..model import Binding, DeviceType, Outcome, ProcessIdentity, Step, frozen_map
 from ..planner import make_plan, resolve_targets
 from ..targeting import TargetRequest
 from .auth import Peer, authorize
@@ -57,7 +57,8 @@ from .requests import (_int_field, alignment_of, outcome_of_error, parse_bind_re
                        recycled_is_a_conflict, resolve_policy)
 from .hostcache import HostCache
 from .lifecycle import claim
-from .locality import ratios_by_npu
+from .locality import MemoryLocality, ratios_by_npu
+from .memmove import MemoryMover
 from .metrics import Metrics
 from .observe import role_cpus
 from .ownership import Ownership
@@ -89,6 +90,16 @@ class Daemon(Ownership):
         # set by the service to its reconcile loop's thread-events source: how the loop learns of threads
         self.reconcile_mode: Callable[[], dict[str, str | None]] = lambda: {"mode": "listing", "reason": "not_started"}
         self.pid = os.getpid()
+        # the memory step's moves, in the background (memmove.py), and the locality check
+        # that measures where a worker's memory is and asks for reruns (locality.py)
+        self.mover = MemoryMover(self)
+        self.locality = MemoryLocality(self)
+
+    def close(self) -> None:
+        """Stop the background parts: moving pages stop before their next chunk (their marks
+        stay in the state file), the locality thread ends after its round."""
+        self.mover.close()
+        self.locality.close()
 
     # ---------------------------------------------------------- state
 
@@ -220,12 +231,14 @@ class Daemon(Ownership):
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             with recycled_is_a_conflict():
-                applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs)
+                applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
+                                         move_memory=False)
             if any(b.status == "failed" for b in applied.binding.irqs):
                 self.hosts.forget_irqs()
             binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None])
             for h in replaced:
                 self.held.pop(h.binding.pid, None)
+                self.mover.cancel(h.binding.pid, "replaced")
                 self.metrics.dropped_worker("replaced")
                 log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
             for h in evicted:
@@ -233,6 +246,11 @@ class Daemon(Ownership):
             held = Held(binding, time.time(), policy, facts=(host, worker, config))
             held.remember_threads(applied.threads, role_cpus(plan))
             self.held[pid] = held
+            memory = binding.step(Step.MEMORY)
+            if memory is not None and memory.outcome is Outcome.PENDING:
+                self.move_memory(held, memory.data["target_node"], "bind")
+            else:
+                self.mover.cancel(pid, "bound again")  # an earlier binding's move, if any
             self.save()
         self.metrics.step_results(binding.steps)
         if not aligned:
@@ -282,6 +300,7 @@ class Daemon(Ownership):
         b = dataclasses.replace(h.binding, saved_irq_masks=frozen_map({}))
         steps = release_binding(b, self.config, restore_irqs=False)
         self.held.pop(b.pid, None)
+        self.mover.cancel(b.pid, "evicted")
         self.metrics.dropped_worker("evicted")
         log.warning("unlisted holder evicted", pid=b.pid, npus=list(b.npus), by=by,
                     affinity=next((s.outcome.value for s in steps), None))
@@ -342,6 +361,7 @@ class Daemon(Ownership):
             b = self._restorable(h)
             steps = release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
             self.held.pop(pid)
+            self.mover.cancel(pid, "released")
             self.metrics.dropped_worker("released")
             self.save()
         log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks))
@@ -372,8 +392,8 @@ class Daemon(Ownership):
         return {"pid": pid, "plan": plan.to_json()}
 
     def health(self) -> dict[str, Any]:
-        with self.lock:
-            n = len(self.held)
+        # never waits on the lock: a liveness probe must answer whatever a bind is doing
+        n = len(self.held)
         return {
             **self.hosts.health(),
             "workers": n,

@@ -14,13 +14,15 @@ from typing import Any
 
 from ..applier.affinity import role_of
 from ..cpulist import format_cpulist
-from ..model import Binding
+from ..discovery.numa_maps import NumaResidency
+from ..frozen import plain
+from ..model import Binding, Step
 from .lifecycle import Record
 from .requests import alignment_of
 from .staterecord import binding_to_json
 from .state import encode_record
 
-__all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists"]
+__all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists", "memory_state"]
 
 # passes during which a newly seen thread's comm is read again (see reconcile.comm_due)
 YOUNG_PASSES = 3
@@ -64,6 +66,10 @@ class Held:
     memory_last_run: float = field(default_factory=time.monotonic)  # the bind itself ran the memory step
     memory_reruns: int = 0
     memory_futile: int = 0  # reruns in a row that left the ratio below the threshold
+    memory_residency: NumaResidency | None = None  # the last check's bytes per node, private and shared
+    # (node, why) of a memory move queued or running (memmove.py); kept in the state file
+    # so that a daemon stopped before the move ended starts it again
+    memory_move: tuple[int, str] | None = None
     # (host, worker, config) the plan was made from: explains it without a new discovery.
     # Not persisted; a binding restored from the state file is explained from fresh facts.
     facts: tuple | None = field(default=None, repr=False)
@@ -75,7 +81,7 @@ class Held:
         return Record(self.binding.pid, threads_left_alone=self.left_alone, irqs_left_alone=self.irqs_left_alone,
                       reasserts=tuple(self.reasserts), irq_reasserts=tuple(self.irq_reasserts),
                       memory_last_run=self.memory_last_run, memory_futile=self.memory_futile,
-                      memory_ratio=self.memory_local_ratio)
+                      memory_ratio=self.memory_local_ratio, memory_moving=self.memory_move is not None)
 
     def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]],
                          role_cpus: Mapping[str, frozenset[int]]) -> None:
@@ -94,7 +100,9 @@ class Held:
         return {"bound_at": self.bound_at, "topology_policy": self.policy, "culprit": self.culprit,
                 "blame": self.blame, "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
                 "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
-                "irqs_left_alone_why": self.irqs_left_alone_why}
+                "irqs_left_alone_why": self.irqs_left_alone_why,
+                "memory_move": None if self.memory_move is None else
+                {"node": self.memory_move[0], "why": self.memory_move[1]}}
 
     def state_record(self) -> str:
         """This worker's record in the state file, encoded; built again only when the
@@ -122,9 +130,14 @@ class Held:
         h.blame, h.left_alone_why, h.irqs_left_alone_why = text("blame"), text("left_alone_why"), \
             text("irqs_left_alone_why")
         h.left_alone, h.irqs_left_alone = bool(raw.get("left_alone")), bool(raw.get("irqs_left_alone"))
+        move = raw.get("memory_move")
+        if isinstance(move, dict) and type(move.get("node")) is int and move["node"] >= 0:
+            h.memory_move = (move["node"], "restart")
         return h
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, move=None) -> dict[str, Any]:
+        """The worker as ``/v1/workers`` lists it; ``move``: its memory move job, if one is
+        queued or running (memmove.py)."""
         b = self.binding
         aligned, failure = alignment_of(b.plan)
         al = b.plan.alignment
@@ -148,7 +161,30 @@ class Held:
             "late_threads_pinned": self.late_threads,
             "memory_local_ratio": None if self.memory_local_ratio is None else round(self.memory_local_ratio, 4),
             "memory_reruns": self.memory_reruns,
+            "memory": memory_state(self, move),
+            "memory_kib_by_node": None if self.memory_residency is None else {
+                "private": {str(n): v for n, v in self.memory_residency.private_kib.items()},
+                "shared": {str(n): v for n, v in self.memory_residency.shared_kib.items()}},
         }
+
+
+_MOVE_STATES = {"applied": "done", "failed": "failed", "skipped": "skipped", "pending": "pending"}
+
+
+def memory_state(h: Held, job) -> dict[str, Any]:
+    """Where ``h``'s memory step stands: the move job's state and progress while one is
+    queued or running (``pending`` / ``moving``), else the step's outcome (``done``,
+    ``failed`` or ``skipped``, with its reason, sentence and figures)."""
+    if job is not None and job.held is h:
+        return job.to_json()
+    step = h.binding.step(Step.MEMORY)
+    if step is None:
+        return {"state": None}
+    out = {"state": _MOVE_STATES[step.outcome.value], "reason": step.reason.value if step.reason else None,
+           "detail": step.detail, **{k: v for k, v in plain(step.data).items() if k != "state"}}
+    if h.memory_move is not None:
+        out.update(state="pending", target_node=h.memory_move[0], why=h.memory_move[1])
+    return out
 
 
 def accepted(mask, wanted: frozenset[int]) -> frozenset[int]:

@@ -30,10 +30,15 @@ Invariants ``decide`` keeps:
   worker is left alone, only what it is told.
 * Threads born or renamed since the last look are pinned by their role even
   when other threads drifted: a late ``acl_thread`` is not drift.
-* A measured memory ratio is always recorded; the memory step reruns only for
-  a ratio below ``Limits.memory_local_threshold``, ``memory_rerun_seconds`` x
-  2**futile (capped) after the last run. A ratio back at the threshold resets
-  the futile count.
+* A measured memory ratio (of the worker's private memory: the only memory a
+  move touches) is always recorded; the memory step reruns only for a ratio
+  below ``Limits.memory_local_threshold``, never while a move of the worker is
+  queued or running, and ``memory_rerun_seconds`` x 2**futile (capped) after
+  the last run. A rerun is futile when it leaves the ratio below the threshold
+  or raises it by less than ``MEMORY_HYSTERESIS``; only a ratio at the threshold
+  plus ``MEMORY_HYSTERESIS`` resets the futile count, so a worker hovering at
+  the threshold backs off instead of being moved again and again. Shared pages
+  are never moved, so no two workers can take pages from each other.
 
 Restoration (``restoration``): a dropped or released worker's saved IRQ masks
 go back to the host only for the NPUs no other *live* worker owns, since the
@@ -53,19 +58,23 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from ..discovery.numa_maps import NumaResidency
 from ..model import Binding, frozen_map
 from .bans import split_bans
 from .blame import Blame, Evidence, blame_irqs, blame_threads, left_alone_sentence
 from .requests import claim_npus, irq_owners
 
 __all__ = [
-    "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "Limits", "Record", "Observation", "Looks",
+    "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation", "Looks",
     "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory", "ReplaceHolder", "Evict",
     "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "claim",
 ]
 
 REASSERT_LIMIT = 3
 RERUN_BACKOFF_CAP = 16
+# the band a memory ratio must clear: a rerun that gains less was futile, and only a
+# ratio this far above the threshold resets the backoff
+MEMORY_HYSTERESIS = 0.05
 
 
 # ------------------------------------------------------------------ inputs
@@ -93,6 +102,7 @@ class Record:
     memory_last_run: float = 0.0  # the last memory step (the bind's own counts)
     memory_futile: int = 0  # reruns in a row that left the ratio below the threshold
     memory_ratio: float | None = None  # the last check's ratio (None: none measured)
+    memory_moving: bool = False  # a move of its pages is queued or running
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,7 @@ class Observation:
     irqbalance_running: bool = False
     memory_measured: bool = False  # a locality check ran in this look
     memory_ratio: float | None = None  # its result; None: nothing resident or unreadable
+    memory_residency: NumaResidency | None = None  # the bytes per node it read, private and shared
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,7 @@ class NoteLocality:
     ratio: float | None
     at: float
     reset_futile: bool
+    residency: NumaResidency | None = None
 
 
 @dataclass(frozen=True)
@@ -212,9 +224,11 @@ def decide(record: Record, obs: Observation, now: float, limits: Limits) -> tupl
         actions.append(_drift("irqs", blame, record.irq_reasserts, now, limits, irqs=tuple(obs.moved_irqs)))
     if obs.memory_measured:
         ratio = obs.memory_ratio
-        actions.append(NoteLocality(ratio, now, ratio is not None and ratio >= limits.memory_local_threshold))
+        # (a hair of slack: 0.8 + 0.05 is 0.8500000000000001 in binary)
+        good = ratio is not None and ratio + 1e-9 >= min(1.0, limits.memory_local_threshold + MEMORY_HYSTERESIS)
+        actions.append(NoteLocality(ratio, now, good, obs.memory_residency))
         if memory_rerun_due(ratio, limits.memory_local_threshold, record.memory_last_run, now,
-                            limits.memory_rerun_seconds, record.memory_futile):
+                            limits.memory_rerun_seconds, record.memory_futile, moving=record.memory_moving):
             actions.append(RerunMemory(ratio))
     return tuple(actions)
 
@@ -229,18 +243,22 @@ def _drift(what: str, blame: Blame, times: Iterable[float], now: float, limits: 
 
 
 def memory_rerun_due(ratio: float | None, threshold: float, last_run: float, now: float,
-                     interval: float, futile: int = 0) -> bool:
-    """Run the memory step again? Only for a measured ratio below ``threshold``, and
-    only ``interval`` x 2**``futile`` (capped at RERUN_BACKOFF_CAP x) after ``last_run``."""
-    if ratio is None or ratio >= threshold:
+                     interval: float, futile: int = 0, *, moving: bool = False) -> bool:
+    """Run the memory step again? Only for a measured ratio below ``threshold``, never
+    while a move is queued or running, and only ``interval`` x 2**``futile`` (capped at
+    RERUN_BACKOFF_CAP x) after ``last_run``."""
+    if moving or ratio is None or ratio >= threshold:
         return False
     backoff = min(2 ** max(0, min(futile, 30)), RERUN_BACKOFF_CAP)
     return now - last_run >= interval * backoff
 
 
-def rerun_was_futile(ratio_after: float | None, limits: Limits) -> bool:
-    """A rerun that left the ratio unknown or still below the threshold doubles the wait."""
-    return ratio_after is None or ratio_after < limits.memory_local_threshold
+def rerun_was_futile(ratio_before: float | None, ratio_after: float | None, limits: Limits) -> bool:
+    """A rerun that left the ratio unknown, below the threshold, or raised it by less than
+    MEMORY_HYSTERESIS doubles the wait before the next one."""
+    if ratio_after is None or ratio_after < limits.memory_local_threshold:
+        return True
+    return ratio_before is not None and ratio_after - ratio_before < MEMORY_HYSTERESIS
 
 
 @dataclass(frozen=True)

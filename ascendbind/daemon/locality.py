@@ -1,31 +1,35 @@
-"""Memory locality: how much of a bound worker's memory is on its pool's NUMA
-nodes, and the memory step run again when too little is.
+"""Memory locality: how much of a bound worker's private memory is on its pool's
+NUMA nodes, and the memory step run again when too little is.
 
-Binding moves the threads; the memory step (``migratepages``) moves the pages
-the worker had then; later allocations follow first touch on the new CPUs. What
-still drifts away: memory a worker allocated before it was bound and touched
-again from elsewhere, page cache read on another node, allocations that fell
-back to a remote node when the local one was full. So every
-``memory_check_seconds`` the reconcile pass has each bound worker's
-``/proc/<pid>/numa_maps`` read (through the daemon's HostSource) and the share
-of its resident memory, in bytes, on the NUMA nodes of its pool(s) computed:
-``memory_local_ratio`` in ``status``, ``ascendbind_memory_local_ratio{npu}`` in
-the metrics. A worker with nothing resident has no ratio (no sample): 1.0 would
-claim a locality nobody measured, 0 would trigger a pointless migration.
+Binding moves the threads; the memory step moves the private pages the worker
+had then (applier/memory.py); later allocations follow first touch on the new
+CPUs. What still drifts away: memory a worker allocated before it was bound and
+touched again from elsewhere, allocations that fell back to a remote node when
+the local one was full. So every ``memory_check_seconds`` the reconcile pass has
+each bound worker's ``/proc/<pid>/numa_maps`` read (through the daemon's
+HostSource) and the share of its *private* resident memory, in bytes, on the
+NUMA nodes of its pool(s) computed: ``memory_local_ratio`` in ``status``,
+``ascendbind_memory_local_ratio{npu}`` in the metrics. Shared memory (page
+cache, ``/dev/shm`` and other shared mappings) is reported beside it in
+``status`` (``memory_kib_by_node``), never counted in the ratio: it is never
+moved, so it could only make a rerun look due that would change nothing. A
+worker with no private memory resident has no ratio (no sample): 1.0 would claim
+a locality nobody measured, 0 would trigger a pointless move.
 
 When the ratio is below ``memory_local_threshold`` the memory step runs again,
-rate-limited (``memory_rerun_due``): at least ``memory_rerun_seconds`` after
-the last run (the bind's own counts as one), that interval doubled for every
-rerun in a row that left the ratio below the threshold (pages the NPU driver
-pinned for DMA cannot move; walking 100 GiB again every few minutes to find
-that out buys nothing), up to ``RERUN_BACKOFF_CAP`` times.
+rate-limited (lifecycle.memory_rerun_due): never while a move of the worker is
+queued or running, at least ``memory_rerun_seconds`` after the last move began
+(the bind's own counts), that interval doubled for every rerun in a row that was
+futile (lifecycle.rerun_was_futile: pages pinned for DMA by the NPU driver cannot
+move, and walking 100 GiB again every few minutes to find that out buys
+nothing), up to ``RERUN_BACKOFF_CAP`` times.
 
-Cost: the kernel walks the page tables of every mapping to print numa_maps,
-and migratepages of a big heap takes seconds to minutes, so neither runs on
-the reconcile thread (whose progress feeds the systemd watchdog): ``tick``
-starts one background round at a time over the workers whose check is due,
-and a round runs at most one migratepages, for the worst worker. Nothing is
-read or run under the daemon's lock.
+Cost: the kernel walks the page tables of every mapping to print numa_maps, so
+it never runs on the reconcile thread (whose progress feeds the systemd
+watchdog): ``tick`` starts one background round at a time over the workers
+whose check is due, and a round asks for at most one rerun, for the worst
+worker. The rerun itself is a job for the daemon's mover (memmove.py): the round
+does not wait for it. Nothing is read or moved under the daemon's lock.
 
 The series is labelled by NPU only (bounded by the host, no pid): a worker
 driving several NPUs gives each of them its ratio; two workers sharing an NPU
@@ -41,8 +45,7 @@ from typing import Any
 
 import structlog
 
-from ..applier.identity import verify_identity
-from ..applier.memory import migrate_memory
+from ..applier.memory import memory_target
 from ..discovery.numa_maps import local_ratio
 from ..discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
 from ..errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
@@ -155,25 +158,27 @@ class MemoryLocality:
         with self.daemon.lock:
             return [h for _, h in sorted(self.daemon.held.items()) if _check_due(h, now, interval)]
 
-    def run_round(self, due: list, now: float | None = None) -> StepResult | None:
-        """Measure each of ``due``, then rerun the memory step for the worst one that
-        is due a rerun. Returns that rerun's result, or None when none ran."""
+    def run_round(self, due: list, now: float | None = None):
+        """Measure each of ``due``, then ask the mover for a rerun of the worst one that
+        is due one. Returns that move job, or None when none was asked for."""
         measured = []
         for h in due:
             ratio = self.measure(h, time.monotonic() if now is None else now)
             if ratio is not None:
                 measured.append((ratio, h.binding.pid, h))
         for _ratio, _pid, h in sorted(measured, key=lambda m: m[:2]):
-            result = self.rerun_if_due(h, time.monotonic() if now is None else now)
-            if result is not None:
-                return result
+            job = self.rerun_if_due(h, time.monotonic() if now is None else now)
+            if job is not None:
+                return job
         return None
 
     def measure(self, h, now: float) -> float | None:
         """Read the worker's numa_maps; record (and export) its ratio. None when
-        there is none: unreadable, malformed, nothing resident, or no longer held."""
+        there is none: unreadable, malformed, no private memory resident, or no
+        longer held."""
         d, b = self.daemon, h.binding
         ratio: float | None = None
+        residency = None
         try:
             residency = read_numa_residency(d.hosts.source, b.pid, start_time=b.start_time,
                                             limit=self.numa_maps_limit)
@@ -186,13 +191,14 @@ class MemoryLocality:
             result = "too_large" if exc.code == "too_large" else "unreadable"
             log.info("numa_maps not read; locality unknown", pid=b.pid, error=str(exc))
         else:
-            ratio = local_ratio(residency.kib, pool_nodes(b))
+            ratio = local_ratio(residency.private_kib, pool_nodes(b))
             result = "measured" if ratio is not None else "no_pages"
         d.metrics.memory_check(result)
         with d.lock:
             if d.held.get(b.pid) is not h:
                 return None
-            actions = decide(h.record(), Observation(memory_measured=True, memory_ratio=ratio), now, self._limits())
+            obs = Observation(memory_measured=True, memory_ratio=ratio, memory_residency=residency)
+            actions = decide(h.record(), obs, now, self._limits())
             d.act(h, [a for a in actions if not isinstance(a, RerunMemory)])  # reruns: one per round, worst first
         return ratio
 
@@ -201,33 +207,28 @@ class MemoryLocality:
         return Limits(memory_local_threshold=cfg.memory_local_threshold,
                       memory_rerun_seconds=cfg.memory_rerun_seconds)
 
-    def rerun_if_due(self, h, now: float) -> StepResult | None:
-        """Run the memory step again for ``h`` when ``memory_rerun_due`` says so."""
-        d, b, cfg = self.daemon, h.binding, self.daemon.config
+    def rerun_if_due(self, h, now: float):
+        """Ask the mover to move ``h``'s pages again when ``memory_rerun_due`` says so;
+        the move job, or None."""
+        d, b = self.daemon, h.binding
         limits = self._limits()
 
         def due(record) -> bool:
             return memory_rerun_due(record.memory_ratio, limits.memory_local_threshold, record.memory_last_run,
-                                    now, limits.memory_rerun_seconds, record.memory_futile)
+                                    now, limits.memory_rerun_seconds, record.memory_futile,
+                                    moving=record.memory_moving)
 
-        before = d.claim_memory_rerun(h, now, due)
-        if before is None:
-            return None
         try:
-            host = d.hosts.get()
-            # migratepages on a recycled pid would move a stranger's pages
-            verify_identity(b.pid, b.start_time, cfg.proc_root)
+            target = memory_target(b.plan, d.hosts.get())
         except AscendbindError as exc:
             log.info("memory step not run again", pid=b.pid, error=str(exc))
             return None
-        result = migrate_memory(b.plan, b.pid, host, cfg)
-        d.metrics.memory_rerun(result.outcome.value)
-        after = self.measure(h, now)
-        d.memory_rerun_done(h, rerun_was_futile(after, limits))
-        log.info("memory step run again", pid=b.pid, npus=list(b.npus), ratio_before=round(before or 0, 4),
-                 ratio_after=None if after is None else round(after, 4), outcome=result.outcome.value,
-                 reason=result.reason.value if result.reason else None, detail=result.detail)
-        return result
+        if isinstance(target, StepResult):
+            return None  # one node, or no NUMA facts: nowhere to move to
+        return d.rerun_memory(h, target, now, due)
+
+    def futile(self, ratio_before: float | None, ratio_after: float | None) -> bool:
+        return rerun_was_futile(ratio_before, ratio_after, self._limits())
 
     def _forget(self) -> None:
         """The check is switched off (memory_check_seconds = 0): no stale ratios."""

@@ -23,8 +23,8 @@ from .listener import Conn, Limits, Listener
 from .wire import Request, Response, WireError, json_response
 
 __all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
-           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "RECONCILE_MODES",
-           "LISTING_REASONS"]
+           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "MOVE_OUTCOMES",
+           "RECONCILE_MODES", "LISTING_REASONS"]
 
 # `_created` series double every counter for no operator value
 prometheus_client.disable_created_metrics()
@@ -37,6 +37,8 @@ DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 # what one numa_maps read came to (daemon/locality.py)
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
+# how a background memory move ended (daemon/memmove.py)
+MOVE_OUTCOMES = ("applied", "skipped", "failed", "cancelled")
 HTTP_CODES = ("200", "400", "403", "404", "405", "408", "409", "411", "413", "422", "503", "505")
 LISTENERS = ("api", "metrics")
 # how the reconcile loop learns of new, renamed and exited threads (daemon/threadevents.py):
@@ -151,6 +153,21 @@ class Metrics:
             "ascendbind_memory_reruns", "Memory steps run again because locality fell below the threshold",
             ["outcome"], registry=r,
         )
+        self.memory_moves = Counter(
+            "ascendbind_memory_moves", "Background moves of bound workers' private pages that ended, by outcome",
+            ["outcome"], registry=r,
+        )
+        self.memory_moved_bytes = Counter(
+            "ascendbind_memory_moved_bytes", "Bytes of private memory moved to the pools' NUMA nodes", registry=r
+        )
+        self.memory_move_duration = Histogram(
+            "ascendbind_memory_move_duration_seconds", "Time one move of a worker's private pages took",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r,
+        )
+        self.memory_moves_queued = Gauge(
+            "ascendbind_memory_moves_queued", "Memory moves queued (pending) or running (moving)", ["state"],
+            registry=r,
+        )
         self.build_info = Info("ascendbind_build", "Version of the running daemon", registry=r)
         self.build_info.info({"version": __version__, "python": platform.python_version()})
 
@@ -173,6 +190,10 @@ class Metrics:
             self.memory_checks.labels(c)
         for o in STEP_OUTCOMES:
             self.memory_reruns.labels(o)
+        for o in MOVE_OUTCOMES:
+            self.memory_moves.labels(o)
+        for state in ("pending", "moving"):
+            self.memory_moves_queued.labels(state)
         self.reconcile_mode.labels("events", "")
         for reason in LISTING_REASONS:
             self.reconcile_mode.labels("listing", reason)
@@ -213,6 +234,17 @@ class Metrics:
     def memory_check(self, result: str) -> None:
         if result in MEMORY_CHECK_RESULTS:
             self.memory_checks.labels(result).inc()
+
+    def memory_move(self, outcome: str, moved_bytes: int, seconds: float | None) -> None:
+        self.memory_moves.labels(outcome if outcome in MOVE_OUTCOMES else "failed").inc()
+        if moved_bytes > 0:
+            self.memory_moved_bytes.inc(moved_bytes)
+        if seconds is not None:
+            self.memory_move_duration.observe(seconds)
+
+    def memory_queue(self, counts) -> None:
+        for state in ("pending", "moving"):
+            self.memory_moves_queued.labels(state).set(counts.get(state, 0))
 
     def memory_rerun(self, outcome: str) -> None:
         if outcome in STEP_OUTCOMES:

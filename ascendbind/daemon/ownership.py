@@ -30,11 +30,12 @@ from ..applier.bind import merge_npu_plans
 from ..applier.identity import read_identity, verify_identity
 from ..applier.irq import set_irq_affinity
 from ..errors import AscendbindError, ConfigError, ProcessGone
-from ..model import Binding, Mode
+from ..model import Binding, Mode, Outcome, Reason, Step, StepResult, frozen_map
 from .bans import carried_bans
 from .held import Held, SeenThread, accepted
 from .lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration
 from .locality import ratios_by_npu
+from .memmove import STOPPING
 from .observe import role_cpus
 from .state import binding_from_json
 
@@ -83,6 +84,9 @@ class Ownership:
                     self.metrics.dropped_worker("released")
                     log.warning("state entry is no worker; released", pid=pid, reason=why)
             kept = len(self.held)
+            for h in self.held.values():
+                if h.memory_move is not None:  # stopped before its pages moved: move them now
+                    self.move_memory(h, h.memory_move[0], "restart")
             self.save()
         for _ in range(loaded.other_boot):
             self.metrics.dropped_worker("other_boot")
@@ -135,6 +139,7 @@ class Ownership:
 
     def _undo_gone(self, h: Held, reason: str) -> None:
         """Forget a worker that no longer exists; restore IRQ masks of NPUs nobody live owns."""
+        self.mover.cancel(h.binding.pid, reason)
         r = self._restoration(h)
         b = r.binding
         if b.saved_irq_masks or b.irqbalance_bans or r.restore_uvb:
@@ -247,25 +252,72 @@ class Ownership:
     def _note_locality(self, h: Held, a: NoteLocality) -> None:
         h.memory_checked_at = a.at
         h.memory_local_ratio = a.ratio
+        h.memory_residency = a.residency
         if a.reset_futile:
             h.memory_futile = 0
         self.metrics.memory_local(ratios_by_npu(self.held.values()))
 
-    def claim_memory_rerun(self, h: Held, now: float, due) -> float | None:
-        """Mark a memory rerun of ``h`` as started at ``now`` when ``due(record)`` still says
-        so (a slow migratepages is never started twice); returns the ratio before it."""
+    # ---------------------------------------------------------- memory moves
+
+    def move_memory(self, h: Held, node: int, why: str, *, ratio_before: float | None = None):
+        """Mark ``h`` as moving its pages to ``node`` and queue the move (under the lock, so a
+        release cannot slip between the two); the job, or None once the mover is closed."""
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h:
+                return None
+            job = self.mover.submit(h, node, why, ratio_before=ratio_before)
+            if job is not None:
+                h.memory_move = (node, why)
+            return job
+
+    def rerun_memory(self, h: Held, node: int, now: float, due):
+        """Queue a rerun of ``h``'s memory step when ``due(record)`` still says so (never
+        twice at once); the move job, or None."""
         with self.lock:
             if self.held.get(h.binding.pid) is not h or not due(h.record()):
                 return None
             h.memory_last_run = now
-            return h.memory_local_ratio
+            return self.move_memory(h, node, "rerun", ratio_before=h.memory_local_ratio)
 
-    def memory_rerun_done(self, h: Held, futile: bool) -> None:
+    def memory_moved(self, job, result: StepResult | None, *, seconds: float = 0.0) -> None:
+        """A move ended (``result`` None: cancelled before it started): count it, and record
+        it on the worker it was for, unless that worker is no longer held as it was, or the
+        daemon is stopping (the mark stays in the state file; the next daemon moves on)."""
+        cancelled = result is None or result.reason is Reason.MOVE_CANCELLED
+        self.metrics.memory_move("cancelled" if cancelled else result.outcome.value,
+                                 job.progress.bytes_moved if job.progress else 0, seconds if result else None)
+        if cancelled and job.cancel.why == STOPPING:
+            return
         with self.lock:
-            if self.held.get(h.binding.pid) is h:
-                h.memory_reruns += 1
-                if futile:
-                    h.memory_futile += 1
+            h = self.held.get(job.pid)
+            if h is not job.held:
+                return
+            h.memory_move = None
+            if result is not None:
+                b = h.binding
+                result = dataclasses.replace(result, data=frozen_map({**result.data, "why": job.why}))
+                h.binding = dataclasses.replace(b, steps=tuple(result if s.step is Step.MEMORY else s
+                                                               for s in b.steps))
+                self.metrics.step_results([result])
+            self.save()
+        if result is not None:
+            log.info("memory moved" if result.outcome is Outcome.APPLIED else "memory not moved", pid=job.pid,
+                     why=job.why, node=job.node, outcome=result.outcome.value,
+                     reason=result.reason.value if result.reason else None, detail=result.detail,
+                     seconds=round(seconds, 3))
+        if job.why == "rerun" and result is not None:
+            self.metrics.memory_rerun(result.outcome.value)
+        if result is None or self.config.memory_check_seconds <= 0:
+            return
+        # the locality right after the move: what status shows, and whether a rerun helped
+        after = self.locality.measure(h, time.monotonic())
+        if job.why == "rerun":
+            futile = self.locality.futile(job.ratio_before, after)
+            with self.lock:
+                if self.held.get(job.pid) is h:
+                    h.memory_reruns += 1
+                    if futile:
+                        h.memory_futile += 1
 
     def forget_locality(self) -> None:
         """The check is switched off: no stale ratios."""

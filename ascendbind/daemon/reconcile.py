@@ -52,7 +52,6 @@ from ..discovery.tasks import exited_pidfds, open_pidfd
 from ..errors import ProcessGone
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
-from .locality import MemoryLocality
 from .observe import Slot, observe_marked, observe_threads, role_cpus, slot_quiet, sweep_slots
 from .stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
@@ -89,7 +88,7 @@ class Reconciler:
         self._slots: dict[int, tuple[dict, int, tuple[Slot, ...]]] = {}
         self._quiet_poll = None  # select.poll over the events socket and the pidfds (_arm_quiet)
         self._quiet_pids: frozenset[int] = frozenset()
-        self.locality = MemoryLocality(daemon)
+        self.locality = daemon.locality
 
     @property
     def interval(self) -> float:
@@ -107,7 +106,7 @@ class Reconciler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
-        self.locality.close()
+        self.locality.close()  # no round starts once the loop is stopped
         if self._thread is None or not self._thread.is_alive():
             self.close()
 

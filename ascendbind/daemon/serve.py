@@ -167,6 +167,8 @@ class _Service:
                 part.stop()
         if self.tcp is not None:
             self.tcp.stop()
+        # moving pages stop before their next chunk; their marks stay in the state file
+        self.daemon.close()
         self.daemon.save()
         if self.owned_path:
             _unlink_if_socket(self.owned_path)

@@ -53,14 +53,18 @@ def workers_answer(daemon, query: str = "") -> dict[str, Any]:
     pid, explain = parse_workers_query(query)
     with daemon.lock:
         if pid is None:
-            return {"workers": [h.to_json() for _, h in sorted(daemon.held.items())]}
+            return {"workers": [_record(daemon, h) for _, h in sorted(daemon.held.items())]}
         h = daemon.held.get(pid)
         if h is None:
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
-        record = h.to_json()
+        record = _record(daemon, h)
     if explain:
         record["explanation"] = explain_held(daemon, h)
     return {"workers": [record]}
+
+
+def _record(daemon, h) -> dict[str, Any]:
+    return h.to_json(daemon.mover.job(h.binding.pid))
 
 
 def explain_held(daemon, h) -> str:

@@ -30,7 +30,8 @@ from .procfs import parse_ps_te, parse_stat_start_time, parse_status
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "worker_facts", "without_process_table", "read_numa_residency", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+__all__ = ["discover_worker", "worker_facts", "without_process_table", "read_numa_residency", "check_start_time",
+           "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
 
 # characters of numa_maps read at most. A worker with the default vm.max_map_count
 # (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
@@ -198,8 +199,14 @@ def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None 
         raise DiscoveryError(f"{path} is longer than {limit} characters; not read further", code="too_large")
     residency = parse_numa_maps(text, path)
     if start_time is not None:
-        stat_text = source.read(f"/proc/{int(pid)}/stat")
-        start = parse_stat_start_time(stat_text, f"/proc/{int(pid)}/stat") if stat_text is not None else None
-        if start != start_time:
-            raise ProcessGone(f"pid {pid} exited or was recycled while its numa_maps was read", code="pid_recycled")
+        check_start_time(source, pid, start_time, "its numa_maps")
     return residency
+
+
+def check_start_time(source: HostSource, pid: int, start_time: int, what: str) -> None:
+    """ProcessGone ``pid_recycled`` when ``pid`` no longer names the process started at
+    ``start_time``: what was just read of it (``what``) would be a stranger's."""
+    stat_text = source.read(f"/proc/{int(pid)}/stat")
+    start = parse_stat_start_time(stat_text, f"/proc/{int(pid)}/stat") if stat_text is not None else None
+    if start != start_time:
+        raise ProcessGone(f"pid {pid} exited or was recycled while {what} was read", code="pid_recycled")

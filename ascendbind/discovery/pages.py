@@ -1,0 +1,111 @@
+"""A worker's private memory, read for the memory step: which ranges to walk, and
+their pagemap entries.
+
+``read_move_ranges`` reads ``/proc/<pid>/maps`` (cheap: no page walk) and
+``numa_maps`` (a page walk, about 5 ms per GiB of 4 KiB pages) and keeps the
+private mappings with anonymous pages off the target node (memmap.py).
+``open_pagemap`` opens ``/proc/<pid>/pagemap`` through the process's pinned
+``/proc/<pid>`` directory, so its reads describe the process the move was
+started for and fail (ESRCH, or nothing read) once that process is gone, never a
+newcomer under a recycled pid. Reading another user's pagemap needs
+CAP_SYS_PTRACE (the daemon has it); its page frame numbers need CAP_SYS_ADMIN
+and are not used.
+
+Only a live host has these files: a snapshot records no process memory, and
+both functions then say so (``DiscoveryError`` / None).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import DiscoveryError
+from .memmap import MoveRange, move_ranges, parse_maps
+from .numa_maps import NumaResidency, numa_regions, parse_numa_maps
+from .sources import HostSource
+from .worker import NUMA_MAPS_LIMIT, check_start_time
+
+__all__ = ["read_move_ranges", "open_pagemap", "PageMap", "MoveRanges", "BASE_PAGE"]
+
+BASE_PAGE = os.sysconf("SC_PAGE_SIZE")
+_ENTRY = 8  # bytes per pagemap entry
+
+
+@dataclass(frozen=True)
+class MoveRanges:
+    """What a move to one node would walk, and the worker's residency it was read from."""
+
+    ranges: tuple[MoveRange, ...]
+    residency: NumaResidency
+
+    @property
+    def remote_bytes(self) -> int:
+        return sum(r.remote_bytes for r in self.ranges)
+
+
+def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int | None = None,
+                     limit: int = NUMA_MAPS_LIMIT) -> MoveRanges:
+    """The private ranges of ``pid`` with anonymous pages off ``node``.
+
+    DiscoveryError when a file cannot be read (the process is gone, or not
+    readable) or is longer than ``limit`` (code ``too_large``); ParseError when
+    one is malformed; ProcessGone ``pid_recycled`` when ``start_time`` no longer
+    names the process once both are read."""
+    texts = []
+    for name in ("maps", "numa_maps"):
+        path = f"/proc/{int(pid)}/{name}"
+        text = source.read(path, limit=limit)
+        if text is None:
+            raise DiscoveryError(f"cannot read {path}: the process is gone, or its memory map is not readable")
+        if len(text) > limit:
+            raise DiscoveryError(f"{path} is longer than {limit} characters; not read further", code="too_large")
+        texts.append((text, path))
+    (maps, maps_path), (numa, numa_path) = texts
+    vmas = parse_maps(maps, maps_path)
+    regions = numa_regions(numa, numa_path)
+    if start_time is not None:
+        check_start_time(source, pid, start_time, "its memory map")
+    return MoveRanges(move_ranges(vmas, regions, node), parse_numa_maps(numa, numa_path))
+
+
+class PageMap:
+    """``/proc/<pid>/pagemap`` held open: ``entries(addr, n)`` are the 64-bit entries of
+    the ``n`` base pages from ``addr`` (fewer, or none, once the process is gone)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def entries(self, addr: int, count: int) -> memoryview:
+        try:
+            raw = os.pread(self.fd, count * _ENTRY, (addr // BASE_PAGE) * _ENTRY)
+        except OSError:
+            raw = b""
+        return memoryview(raw[: len(raw) - len(raw) % _ENTRY]).cast("Q")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> PageMap:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_pagemap(source: HostSource, pid: int) -> PageMap | None:
+    """``pid``'s pagemap, opened through its pinned /proc directory; None when the source
+    is not a live host, the process is gone, or the file may not be read."""
+    opener = getattr(source, "open_process", None)
+    proc = opener(str(int(pid))) if opener is not None else None
+    if proc is None:
+        return None
+    try:
+        fd = os.open("pagemap", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc.fd)
+    except OSError:
+        return None
+    finally:
+        proc.close()
+    return PageMap(fd)

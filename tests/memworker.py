@@ -1,0 +1,165 @@
+"""A worker that holds real memory of each kind, for the NUMA tests and the memory bench.
+
+    python3 tests/memworker.py --private-mib 1024 --shared /dev/shm/seg:256 [--hugetlb-private 4]
+                               [--hugetlb-shared /dev/hugepages/x:4] [--threads acl_thread,release_thread]
+
+It maps and touches, in this order: ``--private-mib`` MiB of anonymous private
+memory (``MAP_PRIVATE | MAP_ANONYMOUS``), each ``--shared PATH:MIB`` file
+(created if absent, ``MAP_SHARED``: a ``/dev/shm`` segment several workers map),
+``--hugetlb-private N`` 2 MiB huge pages (``MAP_PRIVATE | MAP_HUGETLB``) and each
+``--hugetlb-shared PATH:N`` (a hugetlbfs file, ``MAP_SHARED``). Every page is
+written once, so where it lives is decided by this process's memory policy when
+it starts (run it under ``numactl --membind=N`` to put it all on node N). Then it
+prints one line, ``ready <json>`` with the start address and length of each
+region, and obeys one command per stdin line:
+
+* ``steps N`` - N steps of work over its private memory (each step writes one
+  byte in every page of a 64 MiB window, the window moving on each step) and
+  prints ``steps <json>`` with the step durations in seconds: what a worker's
+  own latency is while its pages move under it.
+* ``touch`` - writes every private page again, prints ``ok``.
+* ``alloc MIB`` - maps and touches MIB more of private memory (placed by the
+  process's memory policy, like any new allocation), prints ``alloc <json>``
+  with the new region.
+* ``quit`` - exits.
+
+Stdlib only: it runs in the guest kernel's root and under any interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import sys
+import threading
+import time
+
+PAGE = mmap.PAGESIZE
+HUGE = 2 << 20
+MAP_HUGETLB = 0x40000
+PR_SET_NAME = 15
+WINDOW = 64 << 20
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def name_self(name: str) -> None:
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def address(m: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+def touch(m: mmap.mmap, start: int = 0, length: int | None = None, stride: int = PAGE, value: int = 1) -> None:
+    """Write one byte in every ``stride`` bytes of ``m[start:start+length]``."""
+    end = len(m) if length is None else min(len(m), start + length)
+    view = memoryview(m)
+    # one slice assignment per chunk: the loop runs in C, not a Python loop per page
+    chunk = 16 << 20
+    pattern = bytes([value]) * (chunk // stride)
+    for off in range(start, end, chunk):
+        n = min(chunk, end - off) // stride
+        view[off:off + n * stride:stride] = pattern[:n]
+    view.release()
+
+
+def map_file(path: str, size: int, huge: bool = False) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+
+
+def spec(text: str) -> tuple[str, int]:
+    path, _, n = text.rpartition(":")
+    if not path or not n.isdigit():
+        raise argparse.ArgumentTypeError(f"expected PATH:NUMBER, got {text!r}")
+    return path, int(n)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--private-mib", type=int, default=0)
+    ap.add_argument("--shared", type=spec, action="append", default=[], metavar="PATH:MIB")
+    ap.add_argument("--hugetlb-private", type=int, default=0, metavar="PAGES")
+    ap.add_argument("--hugetlb-shared", type=spec, action="append", default=[], metavar="PATH:PAGES")
+    ap.add_argument("--threads", default="", help="comma list of extra named threads (acl_thread, ...)")
+    args = ap.parse_args()
+
+    regions: dict[str, list] = {}
+    keep: list[mmap.mmap] = []
+
+    def note(kind: str, m: mmap.mmap, extra: dict | None = None) -> None:
+        keep.append(m)
+        regions.setdefault(kind, []).append({"start": address(m), "length": len(m), **(extra or {})})
+
+    if args.private_mib:
+        m = mmap.mmap(-1, args.private_mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        touch(m)
+        note("private", m)
+    for path, mib in args.shared:
+        m = map_file(path, mib << 20)
+        touch(m)
+        note("shared", m, {"path": path})
+    if args.hugetlb_private:
+        m = mmap.mmap(-1, args.hugetlb_private * HUGE,
+                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+        touch(m, stride=HUGE)
+        note("hugetlb_private", m)
+    for path, pages in args.hugetlb_shared:
+        m = map_file(path, pages * HUGE)
+        touch(m, stride=HUGE)
+        note("hugetlb_shared", m, {"path": path})
+
+    stop = threading.Event()
+    for name in filter(None, args.threads.split(",")):
+        ready = threading.Event()
+
+        def run(n: str = name, r: threading.Event = ready) -> None:
+            name_self(n)
+            r.set()
+            stop.wait()
+
+        threading.Thread(target=run, daemon=True).start()
+        ready.wait()
+
+    out = sys.stdout
+    out.write("ready " + json.dumps({"pid": os.getpid(), "regions": regions}) + "\n")
+    out.flush()
+    private = keep[0] if args.private_mib else None
+    window = 0
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "steps" and private is not None:
+            times = []
+            for i in range(int(arg or 1)):
+                t0 = time.perf_counter()
+                touch(private, window, WINDOW, value=(i & 0x7F) + 1)
+                times.append(time.perf_counter() - t0)
+                window = (window + WINDOW) % len(private)
+            out.write("steps " + json.dumps(times) + "\n")
+        elif cmd == "touch" and private is not None:
+            touch(private)
+            out.write("ok\n")
+        elif cmd == "alloc" and arg.isdigit():
+            m = mmap.mmap(-1, int(arg) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            touch(m)
+            note("private", m)
+            out.write("alloc " + json.dumps(regions["private"][-1]) + "\n")
+        elif cmd == "quit":
+            break
+        else:
+            out.write("?\n")
+        out.flush()
+    stop.set()
+
+
+if __name__ == "__main__":
+    main()
