@@ -7,6 +7,7 @@ AscendbindError becomes one line on stderr and its documented exit status.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -51,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot", metavar="DIR", help="plan from a snapshot directory instead of this host")
     p.add_argument("--pid", type=_pid,
                    help="the worker (default: this process; with --snapshot, the pid it was recorded for)")
-    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable)")
+    _target_flags(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--explain", action="store_true", help="print the alignment hints, merge and decision")
+    p.add_argument("--explain", action="store_true", help="print the target NPU's evidence and rule, and the "
+                   "alignment hints, merge and decision")
     add_config_flags(p)
     p.set_defaults(func=cmd_plan, runs_tools=True)
 
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("apply", help="one-shot, no daemon: discover, plan and bind a process now")
     p.add_argument("--pid", type=_pid, required=True)
-    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable)")
+    _target_flags(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
     add_config_flags(p)
     p.set_defaults(func=cmd_apply, runs_tools=True)
@@ -79,18 +81,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _target_flags(p) -> None:
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable; default: what the "
+                     "evidence about the worker says)")
+    who.add_argument("--device-index", type=_npu, dest="device_index", metavar="I",
+                     help="the worker's runtime device index (0 is the first device it sees)")
+
+
 # ---------------------------------------------------------------- verbs
 
 
-def _plan_for(source, config: Config, pid: int | None, npus: Sequence[int] | None):
-    """discover -> targets -> plan; shared by plan and apply."""
+def _plan_for(source, config: Config, pid: int | None, args):
+    """discover -> targets (the rule, from the evidence) -> plan; shared by plan and apply.
+    The plan carries the target decision; with ``args.explain``, a refusal prints its evidence."""
     from .discovery import discover_host, discover_worker
-    from .planner import make_plan, select_targets
+    from .errors import Conflict
+    from .planner import make_plan, resolve_targets
+    from .targeting import TargetRequest, evidence_lines
 
     host = discover_host(source, config)
     worker = discover_worker(source, pid, config, want_uvb=host.device_type is DeviceType.A950)
-    targets = select_targets(host, worker, npus)
-    plan = make_plan(host, worker, targets, config)
+    request = TargetRequest(npus=tuple(sorted(set(args.npu))) if args.npu else None, device_index=args.device_index)
+    try:
+        decision = resolve_targets(host, worker, request)
+    except Conflict as exc:
+        if getattr(args, "explain", False):
+            print(f"targets: refused [{exc.code}]")
+            print("\n".join(evidence_lines(getattr(exc, "evidence", ()))))
+        raise
+    plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
     from .applier.irq import with_planned_irqs
 
     return host, worker, with_planned_irqs(plan, host, config, source)
@@ -128,7 +148,7 @@ def cmd_plan(args) -> int:
             pid = source.recorded_pid  # the worker the snapshot was taken for
     else:
         source = OneTimeoutPerTool(LiveHost.from_config(config))
-    host, worker, plan = _plan_for(source, config, pid, args.npu)
+    host, worker, plan = _plan_for(source, config, pid, args)
     if args.explain:
         from .planner import explain_plan
 
@@ -162,7 +182,7 @@ def cmd_apply(args) -> int:
     config = config_from_args(args)
     require_worker(args.pid, config.proc_root)  # pid 1, kernel threads: exit 7 before any planning
     source = OneTimeoutPerTool(LiveHost.from_config(config))
-    host, worker, plan = _plan_for(source, config, args.pid, args.npu)
+    host, worker, plan = _plan_for(source, config, args.pid, args)
     for w in worker.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if plan.errors:

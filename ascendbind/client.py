@@ -2,6 +2,8 @@
 
     from ascendbind.client import Client
     Client().bind(npu=3)            # bind this very process (pid taken from SO_PEERCRED)
+    Client().bind(device_index=0)   # ... to the NPU behind its runtime's device 0 (the daemon resolves it)
+    Client().bind()                 # ... to what the evidence about it says (its container's devices ...)
     Client().bind(pid=1234, npu=3)  # bind another process (root, or your own descendant)
     Client().release(pid=1234); Client().workers(); Client().plan(npu=3); Client().health()
     Client().worker(1234, explain=True)  # one bound worker, with its plan explanation
@@ -207,12 +209,20 @@ class Client:
     # ------------------------------------------------------------ API
 
     def bind(self, pid: int | None = None, npu: int | Sequence[int] | None = None,
-             topology_policy: str | None = None) -> dict:
+             topology_policy: str | None = None, *, device_index: int | None = None,
+             env: dict[str, str] | None = None) -> dict:
+        """Bind ``pid`` (None: this process) to ``npu``, or to the NPU behind the worker's runtime
+        ``device_index``, or (neither) to what the evidence about the worker says. ``env``: the
+        ASCEND_* variables the worker sees now, which the daemon prefers to its start-up environment."""
         body: dict = {}
         if pid is not None:
             body["pid"] = pid
         if npu is not None:
             body["npu"] = npu if isinstance(npu, int) else list(npu)
+        if device_index is not None:
+            body["device_index"] = device_index
+        if env is not None:
+            body["env"] = dict(env)
         if topology_policy is not None:
             body["topology_policy"] = topology_policy
         return self._json("POST", "/v1/bind", body)
@@ -231,12 +241,14 @@ class Client:
         return self._json("GET", f"/v1/workers?{q}")["workers"][0]
 
     def plan(self, pid: int | None = None, npu: int | Sequence[int] | None = None,
-             topology_policy: str | None = None) -> dict:
+             topology_policy: str | None = None, *, device_index: int | None = None) -> dict:
         q: list[tuple[str, object]] = []
         if pid is not None:
             q.append(("pid", pid))
         for n in ([npu] if isinstance(npu, int) else list(npu or ())):
             q.append(("npu", n))
+        if device_index is not None:
+            q.append(("device_index", device_index))
         if topology_policy:
             q.append(("topology_policy", topology_policy))
         return self._json("GET", "/v1/plan" + (f"?{urlencode(q)}" if q else ""))
@@ -289,7 +301,7 @@ def run_bound(argv: Sequence[str], npu: int | Sequence[int] | None, *, require_b
     """Fork; the child binds itself, then execs ``argv``. Returns the command's exit status
     (128 + N when it died of signal N and re-raising that signal here did not end us)."""
     if not argv:
-        raise errors.UsageError("run: no command given (ascendbind run --npu N -- CMD ...)")
+        raise errors.UsageError("run: no command given (ascendbind run [--npu N] -- CMD ...)")
     stderr = stderr or sys.stderr
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:

@@ -10,10 +10,13 @@ logging) and the worker runs unbound, exactly as it would without ascendbind.
 
 Two ways in:
 
-* ``bind_current_process(npu=N)`` for a server that knows which NPU the calling
-  process drives (call it right after the process set its device). One request
-  to the daemon; the daemon takes the pid from the socket's peer credentials, so
-  it works from inside a container's pid namespace.
+* ``bind_current_process(device_index=i)`` for a server that knows which device
+  its runtime gave the calling process (call it right after the process set its
+  device). One request to the daemon; the daemon takes the pid from the socket's
+  peer credentials, so it works from inside a container's pid namespace, and
+  resolves the index to the host's NPU from what it sees of the process (its
+  container's device nodes, the driver's process map, npu-smi) and the
+  ``ASCEND_*`` variables sent with the request.
 
 * ``vllm_plugin()``, the ``vllm.general_plugins`` entry point. vLLM calls every
   general plugin in every process it starts (API server, engine core, each
@@ -30,9 +33,10 @@ vLLM-Ascend) and right after initialises vLLM's distributed state, whose world
 group (``vllm.distributed.parallel_state._WORLD``) carries that same
 ``local_rank``. The watcher reads it from ``sys.modules`` — it never imports
 vLLM, and never asks torch_npu for the current device, which from another thread
-would create a runtime context on device 0. The device index is then mapped to
-a logical NPU the way the Ascend runtime does: the index-th entry of
-``ASCEND_RT_VISIBLE_DEVICES`` when that is set, else the index itself.
+would create a runtime context on device 0. The index is local to what the
+process sees (in a pod the device plugin gave physical NPU 5, device 0 is NPU 5),
+so the watcher sends the index and the ``ASCEND_*`` variables it sees, and the
+daemon, which can see the process's devices, names the NPU.
 
 vLLM's default multiprocessing start method is fork, and a forked worker does
 not run the plugins again (they count as loaded in its parent). Threads do not
@@ -52,10 +56,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 from . import errors
 from .client import Client
+from .targeting import ASCEND_ENV
 
 __all__ = [
     "bind_current_process",
-    "npu_for_device_index",
+    "ascend_env",
     "vllm_local_rank",
     "watch_and_bind",
     "vllm_plugin",
@@ -75,61 +80,59 @@ THREAD_NAME = "ascendbind-bind"
 _RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 
-def _warn(npu, reason: str) -> None:
-    target = "" if npu is None else f" to NPU {npu}"
+def _warn(target: str, reason: str) -> None:
     log.warning("ascendbind: pid %d not bound%s: %s; it runs unbound", os.getpid(), target, reason)
 
 
-def bind_current_process(npu: int | Sequence[int] | None = None, *, socket_path: str | None = None,
+def _target_text(npu, device_index) -> str:
+    if npu is not None:
+        return f" to NPU {npu}"
+    return "" if device_index is None else f" (device index {device_index})"
+
+
+def ascend_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``ASCEND_*`` variables the daemon weighs, as this process sees them now."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in ASCEND_ENV if k in env}
+
+
+def bind_current_process(npu: int | Sequence[int] | None = None, *, device_index: int | None = None,
+                         env: Mapping[str, str] | None = None, socket_path: str | None = None,
                          topology_policy: str | None = None, timeout: float = 60.0,
                          retry_delays: Sequence[float] = _RETRY_DELAYS) -> dict | None:
-    """Ask the daemon to bind the calling process (all its threads) to ``npu``.
+    """Ask the daemon to bind the calling process (all its threads).
 
-    ``npu`` None lets the daemon choose from npu-smi's process table (then the
-    process's ASCEND_RT_VISIBLE_DEVICES); pass it whenever you know it. Returns
-    the daemon's answer, or None after logging exactly one warning. Never raises.
+    ``device_index``: the device the process's runtime uses (``torch.npu.set_device(i)``);
+    the daemon resolves the NPU behind it, with ``env`` (default: this process's
+    ``ASCEND_*`` variables). ``npu``: a logical NPU of the host, when you know it; the
+    daemon refuses it (409 ``npu_mismatch``) when what it sees of the process says
+    otherwise. Neither: the daemon decides from the evidence alone. Returns the
+    daemon's answer, or None after logging exactly one warning. Never raises.
     """
+    target = _target_text(npu, device_index)
     try:
         client = Client(socket_path, timeout=timeout)
         delays = list(retry_delays)
+        sent_env = ascend_env(env) if npu is None else None
         while True:
             try:
-                return client.bind(npu=npu, topology_policy=topology_policy)
+                return client.bind(npu=npu, topology_policy=topology_policy, device_index=device_index,
+                                   env=sent_env)
             except errors.DaemonUnreachable as exc:
-                _warn(npu, str(exc))
+                _warn(target, str(exc))
                 return None
             except errors.DiscoveryError as exc:
                 # 503: the daemon cannot read the host right now (npu-smi hung, rediscovery)
                 if not delays:
-                    _warn(npu, f"{exc} (after {len(retry_delays) + 1} tries)")
+                    _warn(target, f"{exc} (after {len(retry_delays) + 1} tries)")
                     return None
                 time.sleep(delays.pop(0))
             except errors.AscendbindError as exc:
-                _warn(npu, f"{exc} [{exc.code}]")
+                _warn(target, f"{exc} [{exc.code}]")
                 return None
     except Exception as exc:  # a bug here must never take a worker down
-        _warn(npu, f"unexpected {type(exc).__name__}: {exc}")
+        _warn(target, f"unexpected {type(exc).__name__}: {exc}")
         return None
-
-
-def npu_for_device_index(index: int, env: Mapping[str, str] | None = None) -> int | None:
-    """The logical NPU behind the runtime's device ``index``.
-
-    The Ascend runtime numbers the NPUs it exposes 0.. in the order
-    ASCEND_RT_VISIBLE_DEVICES lists them ("1,0": device 0 is NPU 1); without
-    that variable device i is NPU i. None when the variable is malformed or
-    lists fewer NPUs than ``index`` needs: guessing would bind the wrong CPUs.
-    """
-    env = os.environ if env is None else env
-    raw = env.get("ASCEND_RT_VISIBLE_DEVICES")
-    if index < 0:
-        return None
-    if raw is None or not raw.strip():
-        return index
-    items = [item.strip() for item in raw.split(",")]
-    if not all(item.isdigit() for item in items):
-        return None
-    return int(items[index]) if index < len(items) else None
 
 
 def vllm_local_rank(modules: Mapping[str, object] | None = None) -> int | None:
@@ -152,7 +155,8 @@ def watch_and_bind(device_index: Callable[[], int | None], *, wait_seconds: floa
                    poll_seconds: float = POLL_SECONDS, socket_path: str | None = None,
                    env: Mapping[str, str] | None = None) -> threading.Thread:
     """Start a daemon thread that polls ``device_index()`` until it names a device
-    (then binds this process to that device's NPU, once) or ``wait_seconds`` pass
+    (then asks the daemon, once, to bind this process to the NPU behind that device, sending
+    the ``ASCEND_*`` variables of ``env``, default this process's) or ``wait_seconds`` pass
     (then ends quietly: this process is not a worker). Returns the started thread."""
 
     def run() -> None:
@@ -170,12 +174,7 @@ def watch_and_bind(device_index: Callable[[], int | None], *, wait_seconds: floa
                 return
             time.sleep(poll_seconds)
         _mark("found")
-        npu = npu_for_device_index(index, env)
-        if npu is None:
-            raw = (os.environ if env is None else env).get("ASCEND_RT_VISIBLE_DEVICES")
-            _warn(None, f"device index {index} is not in ASCEND_RT_VISIBLE_DEVICES={raw!r}")
-        else:
-            bind_current_process(npu, socket_path=socket_path)
+        bind_current_process(device_index=index, env=env, socket_path=socket_path)
         _mark("done")
 
     thread = threading.Thread(target=run, name=THREAD_NAME, daemon=True)
@@ -227,7 +226,7 @@ def _after_fork_in_child() -> None:
             _state.update(pid=0, phase="idle")
             _start_watching()
     except Exception as exc:
-        _warn(None, f"unexpected {type(exc).__name__}: {exc}")
+        _warn("", f"unexpected {type(exc).__name__}: {exc}")
 
 
 def vllm_plugin() -> None:
@@ -240,4 +239,4 @@ def vllm_plugin() -> None:
                 _fork_hook = True
         _start_watching()
     except Exception as exc:  # never fail the server's start-up
-        _warn(None, f"unexpected {type(exc).__name__}: {exc}")
+        _warn("", f"unexpected {type(exc).__name__}: {exc}")

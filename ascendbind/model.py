@@ -24,6 +24,7 @@ from .decisions import (ALIGNMENT_PROVIDERS, IrqBinding, NpuAlignmentResult, Npu
 from .frozen import frozen_map
 from .frozen import plain as _plain
 from .reasons import Outcome, Reason, Step
+from .targeting import NpuEvidence, TargetDecision
 
 __all__ = [
     "DeviceType",
@@ -210,6 +211,8 @@ class WorkerFacts:
     # host-wide uvb_poll_window_thread tids (Ascend 950 only; from ps -Te / /proc/*/task/*/comm)
     uvb_tids: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
+    # what says which NPUs it drives, besides its environment (None: not read)
+    npu_evidence: NpuEvidence | None = None
 
 
 # ---------------------------------------------------------------- plans
@@ -266,6 +269,8 @@ class Plan:
     # NPU -> what its IRQ step would move; None when the IRQs were not looked up (the
     # daemon's bind decides them in the IRQ step itself, from its cache of the NPUs' IRQs)
     irqs: Mapping[int, NpuIrqPlan] | None = None
+    # which NPUs were targeted and why (None: the caller named them without the rule)
+    targets: TargetDecision | None = None
 
     def npu(self, logic_id: int) -> NpuPlan | None:
         for p in self.npus:
@@ -281,7 +286,7 @@ class Plan:
     def from_json(cls, d: Mapping[str, Any]) -> Plan:
         """Inverse of to_json (used by the daemon's state file)."""
         known = {"mode", "device_type", "fallback", "allowed_cpus", "npus", "uvb", "errors", "warnings", "alignment",
-                 "irqs"}
+                 "irqs", "targets"}
         npus = tuple(
             NpuPlan(
                 npu=int(k),
@@ -308,6 +313,7 @@ class Plan:
             alignment=PlanAlignment.from_json(d["alignment"]) if d.get("alignment") else None,
             irqs=None if d.get("irqs") is None else frozen_map(
                 {int(k): NpuIrqPlan.from_json(int(k), v) for k, v in d["irqs"].items()}),
+            targets=TargetDecision.from_json(d["targets"]) if d.get("targets") else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -327,6 +333,8 @@ class Plan:
             out[k] = _plain(v)
         if self.irqs is not None:
             out["irqs"] = {str(n): self.irqs[n].to_json() for n in sorted(self.irqs)}
+        if self.targets is not None:
+            out["targets"] = self.targets.to_json()
         return out
 
 

@@ -37,7 +37,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "ASCENDBIND_FIXTURE_HOST": "snapshot directory the fixture npu-smi replays (tests, `make run`)",
     "ASCENDBIND_FAKE_NPUS": "how many NPUs the fixture npu-smi describes (tests)",
     "ASCENDBIND_FAKE_NPU_PIDS": "pids the fixture npu-smi lists in its process table (tests, `make run`)",
-    "ASCENDBIND_FAKE_NPU_AFFINITY": "each fixture NPU's CPU affinity, cpulists separated by ';' (tests)",
+    "ASCENDBIND_FAKE_NPU_AFFINITY": "per-NPU CPU affinity of the fixture npu-smi's NPUs (tests)",
+    "ASCENDBIND_FAKE_PHY_IDS": "the Chip Phy-ID of each of the fixture npu-smi's NPUs (tests)",
+    "ASCENDBIND_FAKE_CHIP": "950PR: the fixture npu-smi prints an Ascend 950's tables (tests)",
     "ASCENDBIND_PLUGIN_WAIT_SECONDS": "how long the vLLM plugin waits for its process to drive an NPU (workers)",
     "ASCENDBIND_HOST_NPU_SMI": "the host npu-smi the container image's wrapper runs (deploy/kubernetes)",
 }

@@ -47,8 +47,11 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("bind", help="ask the daemon to bind a process")
     p.add_argument("--pid", type=_pid, required=True)
-    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable; default: "
-                   "what npu-smi's process table lists for the pid)")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable; default: "
+                     "what the evidence about the process says: its container's devices, the driver, npu-smi)")
+    who.add_argument("--device-index", type=_npu, dest="device_index", metavar="I",
+                     help="the process's runtime device index; the daemon resolves the NPU behind it")
     p.add_argument("--topology-policy", choices=CHOICES["topology_policy"], dest="topology_policy")
     _client_flags(p)
     p.set_defaults(func=cmd_bind)
@@ -70,7 +73,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser("run", help="run CMD bound to an NPU's CPUs (the child binds itself, then execs)")
-    p.add_argument("--npu", type=_npu, action="append", required=True)
+    p.add_argument("--npu", type=_npu, action="append", help="target logical NPU (repeatable; default: what the "
+                   "evidence says, e.g. the one NPU device of its container)")
     p.add_argument("--require-binding", action="store_true", help="do not run CMD unbound if binding fails")
     p.add_argument("--topology-policy", choices=CHOICES["topology_policy"], dest="topology_policy")
     p.add_argument("--socket", metavar="PATH", help=f"daemon socket (default {DEFAULT_SOCKET})")
@@ -114,11 +118,13 @@ def _npu_rows(plan: dict) -> list[str]:
 
 
 def cmd_bind(args) -> int:
-    result = Client(_socket_of(args)).bind(args.pid, args.npu, args.topology_policy)
+    result = Client(_socket_of(args)).bind(args.pid, args.npu, args.topology_policy, device_index=args.device_index)
     if args.format == "json":
         print(compact_json(result))
     else:
         print(f"bound pid {result['pid']} to NPU {','.join(map(str, result['npus']))} ({result['outcome']})")
+        for line in _targets_lines(result["plan"]):
+            print("  " + line)
         for line in _npu_rows(result["plan"]):
             print("  " + line)
         for s in result["steps"]:
@@ -211,9 +217,19 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _targets_lines(plan: dict) -> list[str]:
+    """Which rule picked the NPU, and why (absent for a binding made before the rule existed)."""
+    t = plan.get("targets")
+    if not t:
+        return []
+    return [f"NPU {','.join(map(str, t['npus']))} by rule {t['rule']}: {t['reason']}"] + \
+        [f"warning: {w}" for w in t.get("warnings", ())]
+
+
 def _why_lines(w: dict) -> list[str]:
-    """Why a worker is not simply bound and aligned: alignment, steps, drift verdicts."""
-    out = []
+    """Which rule picked the NPU, and why a worker is not simply bound and aligned:
+    alignment, steps, drift verdicts."""
+    out = _targets_lines(w.get("plan", {}))
     al = w.get("alignment") or {}
     if w.get("outcome") == "unaligned":
         code = f" [{al['failure']}]" if al.get("failure") else ""
@@ -243,8 +259,8 @@ def cmd_run(args) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise UsageError("run: no command given (ascendbind run --npu N -- CMD ...)")
-    npu = args.npu[0] if len(args.npu) == 1 else args.npu
+        raise UsageError("run: no command given (ascendbind run [--npu N] -- CMD ...)")
+    npu = None if not args.npu else (args.npu[0] if len(args.npu) == 1 else args.npu)
     sys.stdout.flush()
     return run_bound(cmd, npu, require_binding=args.require_binding, socket_path=_socket_of(args),
                      topology_policy=args.topology_policy)

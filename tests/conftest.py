@@ -36,6 +36,19 @@ def nobody_prefix():
     return NOBODY
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _logs_to_the_real_stderr():
+    """The background threads of in-process daemons (locality rounds, memory moves) log
+    when they finish; structlog's default prints to whatever ``sys.stdout`` is at that
+    moment, which may be another test's redirect (golden.run_plan reads the CLI's JSON
+    from it). Their lines go to the process's own stderr instead."""
+    import structlog
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.__stderr__))
+    yield
+    structlog.reset_defaults()
+
+
 # Machines here are shared and noisy: a property test must fail on a wrong answer,
 # never on a slow example.
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -38,7 +38,7 @@ CASES: dict[str, dict[str, list[str]]] = {
         "npu15": ["--npu", "15"],
         "cpuset-3-200-npu5": ["--pid", "1001", "--npu", "5"],
         "cpuset-3-200-npu5-single-numa-node": ["--pid", "1001", "--npu", "5", "--topology-policy", "single-numa-node"],
-        "cpuset-4-131-npu9-single-numa-node": ["--pid", "1002", "--npu", "9", "--topology-policy", "single-numa-node"],
+        "cpuset-4-131-npu9-single-numa-node": ["--pid", "1003", "--npu", "9", "--topology-policy", "single-numa-node"],
         "npu-out-of-range": ["--npu", "16"],
     },
     "310p-4card": {
@@ -52,6 +52,32 @@ CASES: dict[str, dict[str, list[str]]] = {
     },
     "malformed-a2": {
         "npu0": ["--npu", "0"],
+    },
+    # the deployments of docs/integrations.md, one worker pid each (fixtures/hosts/README.md)
+    "a2-pods": {
+        "bare-listed": ["--pid", "7101"],
+        "bare-listed-device-index-2": ["--pid", "7101", "--device-index", "2"],
+        "bare-listed-device-index-3": ["--pid", "7101", "--device-index", "3"],
+        "bare-rt-visible": ["--pid", "7102"],
+        "bare-rt-visible-device-index-1": ["--pid", "7102", "--device-index", "1"],
+        "docker-visible-devices-listed": ["--pid", "7103"],
+        "docker-visible-devices-npu0": ["--pid", "7103", "--npu", "0"],
+        "docker-device-flag": ["--pid", "7104"],
+        "device-plugin": ["--pid", "7105"],
+        "device-plugin-device-index-0": ["--pid", "7105", "--device-index", "0"],
+        "device-plugin-npu0": ["--pid", "7105", "--npu", "0"],
+        "device-plugin-listed-elsewhere": ["--pid", "7106"],
+        "hami-vnpu-device-index-0": ["--pid", "7107", "--device-index", "0"],
+        "dev-unreadable-visible-devices": ["--pid", "7108"],
+        "container-without-npus": ["--pid", "7109"],
+        "driver-map": ["--pid", "7110"],
+    },
+    "950-pods": {
+        "device-plugin-device-index-0": ["--pid", "9501", "--device-index", "0"],
+        "bare-device-index-5": ["--pid", "9502", "--device-index", "5"],
+        "two-devices-device-index-0": ["--pid", "9503", "--device-index", "0"],
+        "two-devices-device-index-1": ["--pid", "9503", "--device-index", "1"],
+        "driver-map": ["--pid", "9504"],
     },
 }
 

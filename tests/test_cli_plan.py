@@ -174,11 +174,12 @@ def test_snapshot_into_an_unwritable_directory_is_one_line_exit_2(tmp_path, nobo
 
 
 def test_json_plan_is_printed_compactly_and_reads_back_the_same():
-    # the A2 NPU3 plan: 192 allowed CPUs and 24 hints, one number per line was 455 lines
+    # the A2 NPU3 plan: 192 allowed CPUs and 24 hints, one number per line was 455 lines (now
+    # with the target rule's evidence, seven sources of a line or a few each)
     r = ascendbind("plan", "--snapshot", os.path.join(HOSTS, "a2-8x910b3"), "--npu", "3", "--format", "json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["allowed_cpus"] == list(range(192)) and plan["npus"]["3"]["pool"] == list(range(120, 144))
     lines = r.stdout.splitlines()
-    assert len(lines) < 100, len(lines)
+    assert len(lines) < 150, len(lines)
     assert '      "irq": [120, 121],' in lines and '      "acl": [142],' in lines

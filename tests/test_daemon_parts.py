@@ -24,6 +24,7 @@ from ascendbind.daemon.hotplug import Debouncer
 from ascendbind.daemon.listen import open_listen_socket
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
+from ascendbind.targeting import TargetRequest
 from ascendbind.daemon.stopflag import StopFlag
 from ascendbind.daemon.state import StateFile, binding_from_json, binding_to_json
 from tests.daemon_harness import wait_for
@@ -140,10 +141,13 @@ def test_root_may_bind_any_live_pid_and_nobody_only_its_own_descendants(nobody_t
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ({}, (None, None, None)),
-        ({"pid": 7, "npu": 3}, (7, (3,), None)),
-        ({"npu": [2, 1, 2]}, (None, (1, 2), None)),
-        ({"npu": 0, "topology_policy": "restricted"}, (None, (0,), "restricted")),
+        ({}, (None, TargetRequest(), None)),
+        ({"pid": 7, "npu": 3}, (7, TargetRequest(npus=(3,)), None)),
+        ({"npu": [2, 1, 2]}, (None, TargetRequest(npus=(1, 2)), None)),
+        ({"npu": 0, "topology_policy": "restricted"}, (None, TargetRequest(npus=(0,)), "restricted")),
+        ({"device_index": 1, "env": {"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RT_VISIBLE_DEVICES": "0"}},
+         (None, TargetRequest(device_index=1, env={"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RT_VISIBLE_DEVICES": "0"}),
+          None)),
     ],
 )
 def test_bind_bodies_that_are_fine(body, expected):
@@ -151,7 +155,11 @@ def test_bind_bodies_that_are_fine(body, expected):
 
 
 @pytest.mark.parametrize("body", [[], "x", {"pid": 0}, {"pid": 1.5}, {"npu": True}, {"npu": []},
-                                  {"npu": [0] * 65}, {"extra": 1}, {"topology_policy": 3}])
+                                  {"npu": [0] * 65}, {"extra": 1}, {"topology_policy": 3},
+                                  {"npu": 1, "device_index": 0}, {"device_index": -1}, {"device_index": "0"},
+                                  {"env": ["ASCEND_VISIBLE_DEVICES=5"]}, {"env": {"HF_TOKEN": "x"}},
+                                  {"env": {"ASCEND_VISIBLE_DEVICES": 5}},
+                                  {"env": {"ASCEND_VISIBLE_DEVICES": "0," * 600}}])
 def test_bind_bodies_that_are_not(body):
     with pytest.raises(UsageError):
         parse_bind_request(body)

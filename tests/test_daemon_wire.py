@@ -8,6 +8,7 @@ import random
 import pytest
 
 from ascendbind.daemon.requests import MAX_JSON_DEPTH, NPU_MAX, PID_MAX, decode_json_body, json_depth, parse_bind_request
+from ascendbind.targeting import TargetRequest
 from ascendbind.daemon.wire import (MAX_HEAD, MAX_HEADERS, MAX_LINE, Request, RequestReader, Response, WireError,
                                     json_response, render_response)
 from ascendbind.errors import UsageError
@@ -200,6 +201,7 @@ def test_bind_bodies_that_are_400(body):
 
 
 def test_bind_bodies_that_are_fine():
-    assert parse_bind_request({"pid": PID_MAX, "npu": [3, 1, 3]}) == (PID_MAX, (1, 3), None)
-    assert parse_bind_request({"npu": 0, "topology_policy": "restricted"}) == (None, (0,), "restricted")
-    assert parse_bind_request({}) == (None, None, None)
+    assert parse_bind_request({"pid": PID_MAX, "npu": [3, 1, 3]}) == (PID_MAX, TargetRequest(npus=(1, 3)), None)
+    assert parse_bind_request({"npu": 0, "topology_policy": "restricted"}) == \
+        (None, TargetRequest(npus=(0,)), "restricted")
+    assert parse_bind_request({}) == (None, TargetRequest(), None)

@@ -224,7 +224,12 @@ def test_configmap_config_is_accepted_by_the_daemon_and_matches_the_mounts(tmp_p
     (vol,) = example["spec"]["volumes"]
     (wm,) = worker["volumeMounts"]
     assert vol["hostPath"]["path"] == os.path.dirname(cfg.socket) == wm["mountPath"] and wm["readOnly"] is True
-    assert '"enable_cpu_binding": false' in worker["args"][0]
+    assert '{"enable_cpu_binding": false}' in worker["args"]
+    # `ascendbind run` with no NPU: the daemon binds the NPU the pod's devices say
+    # (tests/test_npu_deployments.py runs this command in a device-plugin pod's namespaces)
+    run = build_parser().parse_args(worker["command"][1:] + worker["args"])
+    assert worker["command"][0] == "ascendbind" and run.verb == "run" and run.npu is None
+    assert run.command[1:3] == ["vllm", "serve"]
 
 
 def _probe(ds: dict, kind: str, sock: str) -> list[str]:

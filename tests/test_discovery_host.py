@@ -17,7 +17,8 @@ from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover
 from ascendbind.discovery.host import board_argv, detect_device_type
 from ascendbind.errors import ParseError, ProcessGone, ToolMissing, UsageError
 from ascendbind.model import DeviceType, NpuChip, NpuProcess, Outcome, Reason
-from ascendbind.planner import make_plan, select_targets
+from ascendbind.planner import make_plan, resolve_targets
+from ascendbind.targeting import TargetRequest
 from tests.workers import start_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -333,10 +334,11 @@ def test_failed_board_query_costs_only_the_irq_step(tmp_path, how, why):
     h = discover_host(src, CFG)
     assert sorted(h.pci_addresses) == [0, 1, 2, 4, 5, 6, 7] and h.pci_unknown[3].startswith(why)
     worker = discover_worker(src, None, CFG)
-    plan = make_plan(h, worker, select_targets(h, worker, [3]), CFG)
+    plan = make_plan(h, worker, resolve_targets(h, worker, TargetRequest(npus=(3,))).npus, CFG)
     with open(os.path.join(HOSTS, "a2-8x910b3", "expected", "npu3.json")) as fh:
         golden = json.load(fh)["plan"]
     golden.pop("irqs")  # the IRQ lookup `plan` adds after planning: the placement does not need the address
+    golden.pop("targets")  # the target rule's account, which `plan` adds to the plan it prints
     assert plan.to_json() == golden
     shown = with_planned_irqs(plan, h, CFG, src).irqs[3]
     assert (shown.reason, shown.sq) == (Reason.NO_PCI_ADDRESS, None) and shown.detail.startswith(f"NPU 3: {why}")
@@ -426,13 +428,37 @@ def test_live_worker_facts(monkeypatch):
 
 
 def test_live_worker_status_fallback_sees_its_own_mask(tmp_path):
-    # no readable cgroup (sys_root points at an empty tree): Cpus_allowed_list, as set by taskset
+    # no readable cgroup (sys_root points at an empty tree): Cpus_allowed_list, as `taskset -a` sets it
     live = LiveHost(sys_root=str(tmp_path))
     last = max(os.sched_getaffinity(0))
     with start_worker(plain=1, acl=0, release=0) as w:
-        os.sched_setaffinity(w.pid, {last})
+        for tid in w.threads():
+            os.sched_setaffinity(tid, {last})
         facts = discover_worker(live, w.pid, CFG)
         assert (facts.allowed_cpus, facts.allowed_source) == (frozenset({last}), "status")
+
+
+def test_a_main_thread_that_pinned_itself_does_not_narrow_the_allowed_cpus(tmp_path):
+    # libgomp with OMP_PROC_BIND pins the calling thread (here the main one) before any binder runs
+    cpus = frozenset(os.sched_getaffinity(0))
+    with start_worker(plain=1, acl=0, release=0) as w:
+        w.narrow_main({min(cpus)})
+        facts = discover_worker(LiveHost(), w.pid, CFG)
+        assert (facts.allowed_cpus, facts.allowed_source) == (cpus, "cgroup")  # the cpuset
+        facts = discover_worker(LiveHost(sys_root=str(tmp_path)), w.pid, CFG)  # no cpuset to read
+        assert (facts.allowed_cpus, facts.allowed_source) == (cpus, "status")  # its threads', united
+        assert any("narrower than its threads'" in x for x in facts.warnings), facts.warnings
+
+
+def test_a_cgroup_v2_without_the_cpuset_controller_runs_on_its_nearest_ancestors(tmp_path):
+    d = tmp_path / "snap"
+    (d / "proc" / "77").mkdir(parents=True)
+    (d / "proc" / "77" / "status").write_text("Name:\tpython3\nTgid:\t77\nCpus_allowed_list:\t3\n")
+    (d / "proc" / "77" / "cgroup").write_text("0::/kubepods.slice/pod1/cri-77\n")
+    (d / "sys" / "fs" / "cgroup" / "kubepods.slice").mkdir(parents=True)
+    (d / "sys" / "fs" / "cgroup" / "kubepods.slice" / "cpuset.cpus.effective").write_text("8-15\n")
+    facts = discover_worker(SnapshotHost(str(d)), 77, CFG)
+    assert (facts.allowed_cpus, facts.allowed_source) == (frozenset(range(8, 16)), "cgroup")
 
 
 def test_live_self_and_uvb_threads():

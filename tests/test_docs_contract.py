@@ -228,7 +228,7 @@ def test_alignment_md_lists_the_failure_reasons():
 
 def _plans() -> list[dict]:
     cases = [("a2-8x910b3", ["--npu", "3"]), ("950-4numa", ["--npu", "0", "--npu", "5"]),
-             ("a3-16die", ["--pid", "1002", "--npu", "9", "--topology-policy", "single-numa-node"]),
+             ("a3-16die", ["--pid", "1003", "--npu", "9", "--topology-policy", "single-numa-node"]),
              ("310p-4card", ["--npu", "0", "--npu", "5"])]
     plans = []
     for host, argv in cases:
@@ -244,6 +244,18 @@ PLANS = _plans()
 def test_plan_json_md_top_level_keys_are_a_real_plans():
     for plan in PLANS:
         assert keys_of("plan-json.md", "## Top-level keys") == set(plan)
+
+
+def test_plan_json_md_targets_keys_and_rules_are_a_real_plans():
+    from ascendbind.targeting import RULES, SOURCES
+
+    for plan in PLANS:
+        assert keys_of("plan-json.md", "## `targets`") == set(plan["targets"])
+        assert [e["source"] for e in plan["targets"]["evidence"]] == list(SOURCES)
+        assert {k for e in plan["targets"]["evidence"] for k in e} == {"source", "npus", "detail"}
+    rule_row = next(r for r in table("plan-json.md", "## `targets`") if ticked(r[0]) == ["rule"])
+    assert set(RULES) <= set(ticked(rule_row[2])) and set(SOURCES) <= set(ticked(
+        next(r for r in table("plan-json.md", "## `targets`") if ticked(r[0]) == ["evidence"])[2]))
 
 
 def test_plan_json_md_npu_uvb_and_issue_keys_are_a_real_plans():

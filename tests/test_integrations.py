@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.integrations import bind_current_process, npu_for_device_index, vllm_local_rank
+from ascendbind.integrations import ascend_env, bind_current_process, vllm_local_rank
 
 from .daemon_harness import metric_value, running_daemon, wait_for
 from .workers import cpus_allowed_of
@@ -127,20 +127,13 @@ def test_importing_the_integration_pulls_in_only_the_standard_library():
 # ------------------------------------------------------------------ pure rules
 
 
-@pytest.mark.parametrize("index, visible, npu", [
-    (0, None, 0),
-    (3, None, 3),
-    (0, "", 0),
-    (0, "1,0", 1),        # the runtime numbers visible NPUs in the order listed
-    (1, "1,0", 0),
-    (1, " 4, 6 ", 6),
-    (2, "4,6", None),     # more workers than visible NPUs: no guess
-    (0, "4,x", None),     # malformed: no guess
-    (-1, None, None),
-])
-def test_device_index_maps_through_ascend_rt_visible_devices(index, visible, npu):
-    env = {} if visible is None else {"ASCEND_RT_VISIBLE_DEVICES": visible}
-    assert npu_for_device_index(index, env) == npu
+def test_the_plugin_sends_exactly_the_ascend_variables_the_daemon_weighs():
+    # the index is local to what the worker sees; the daemon resolves it (test_targets_rule.py)
+    env = {"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RT_VISIBLE_DEVICES": "0", "ASCEND_RUNTIME_OPTIONS": "",
+           "ASCEND_HOME_PATH": "/usr/local/Ascend", "HF_TOKEN": "secret"}
+    assert ascend_env(env) == {"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RT_VISIBLE_DEVICES": "0",
+                               "ASCEND_RUNTIME_OPTIONS": ""}
+    assert ascend_env({}) == {}
 
 
 def test_local_rank_is_read_only_from_an_initialised_world_group():
@@ -236,18 +229,19 @@ def test_without_a_daemon_the_worker_gets_one_warning_and_carries_on(tmp_path):
         assert w.quit() == 0
         lines = [line for line in w.stderr().splitlines() if line.strip()]
         assert len(lines) == 1, lines
-        assert "ascendbind" in lines[0] and "not bound to NPU 0" in lines[0] and "absent.sock" in lines[0]
+        assert "ascendbind" in lines[0] and "not bound (device index 0)" in lines[0] and "absent.sock" in lines[0]
 
 
 def test_a_refused_binding_is_one_warning_too(tmp_path):
-    # device 0 is NPU 3, which this one-NPU host does not have: the daemon says 422
+    # ASCEND_RT_VISIBLE_DEVICES=3 makes device 0 the fourth NPU, which this one-NPU host does not have
     with running_daemon(str(tmp_path)) as d, \
             standin(tmp_path, "worker", ASCENDBIND_SOCKET=d.sock, ASCEND_RT_VISIBLE_DEVICES="3") as w:
         w.ask("drive 0")
         assert w.ask("join") == "done"
         assert w.quit() == 0
         lines = [line for line in w.stderr().splitlines() if line.strip()]
-        assert len(lines) == 1 and "not bound to NPU 3" in lines[0] and "[unknown_npu]" in lines[0], lines
+        assert len(lines) == 1 and "not bound (device index 0)" in lines[0] and "[npu_mismatch]" in lines[0], lines
+        assert "names index 3" in lines[0]
         assert held(d) == {}
 
 

@@ -149,9 +149,10 @@ def test_errors_are_json_ready():
     assert j["errors"][0]["npu"] == 5 and j["errors"][0]["code"] == "slice_too_small"
 
 
-def test_select_targets_rejects_unknown_requested_ids():
-    from ascendbind.planner import select_targets
+def test_the_target_rule_rejects_unknown_requested_ids():
+    from ascendbind.planner import resolve_targets
+    from ascendbind.targeting import TargetRequest
 
     with pytest.raises(PlanImpossible) as exc:
-        select_targets(a3_host(), worker(range(640)), [16])
+        resolve_targets(a3_host(), worker(range(640)), TargetRequest(npus=(16,)))
     assert exc.value.code == "unknown_npu" and "0-15" in str(exc.value)

@@ -1,13 +1,9 @@
-"""The role split and target selection."""
+"""The role split (target selection: test_targets_rule.py)."""
 
 import pytest
 
 from ascendbind.config import Config
-from ascendbind.errors import PlanImpossible
-from ascendbind.model import NpuProcess
-from ascendbind.planner import select_targets
 from ascendbind.planner.roles import RoleSplitError, role_minimum, split_roles
-from tests.planner_hosts import a2_host, a3_host, worker
 
 
 def r(lo, hi):
@@ -59,44 +55,3 @@ def test_role_minimum():
     assert role_minimum(Config(small_pool="share")) == 1
 
 
-# ---------------------------------------------------------------- targets
-
-
-def test_requested_targets_are_sorted_and_deduplicated():
-    assert select_targets(a2_host(), worker(range(192)), [3, 1, 3]) == (1, 3)
-
-
-def test_targets_from_the_process_table():
-    h = a2_host(processes=(NpuProcess(npu=5, pid=77, name="vllm"), NpuProcess(npu=2, pid=42, name="x"),
-                           NpuProcess(npu=4, pid=77, name="vllm")))
-    assert select_targets(h, worker(range(192), pid=77), None) == (4, 5)
-
-
-def test_targets_from_visible_devices_filter_running_npus():
-    h = a2_host(processes=(NpuProcess(npu=5, pid=77, name="vllm"), NpuProcess(npu=2, pid=42, name="x")))
-    w = worker(range(192), pid=1000, env={"ASCEND_RT_VISIBLE_DEVICES": "2, 3"})
-    assert select_targets(h, w, None) == (2,)
-
-
-def test_no_target_says_what_it_tried():
-    h = a2_host(processes=(NpuProcess(npu=5, pid=77, name="vllm"),))
-    with pytest.raises(PlanImpossible) as exc:
-        select_targets(h, worker(range(192), pid=1000), None)
-    assert exc.value.code == "no_target_npu"
-    assert "process table" in str(exc.value) and "ASCEND_RT_VISIBLE_DEVICES" in str(exc.value)
-    with pytest.raises(PlanImpossible, match="running: 5"):
-        select_targets(h, worker(range(192), pid=1000, env={"ASCEND_RT_VISIBLE_DEVICES": "0"}), None)
-
-
-def test_malformed_visible_devices_is_named():
-    with pytest.raises(PlanImpossible, match="'0,x'"):
-        select_targets(a3_host(), worker(range(640), env={"ASCEND_RT_VISIBLE_DEVICES": "0,x"}), None)
-
-
-def test_requested_ids_unchecked_when_the_host_lists_no_chips():
-    h = a2_host()
-    from dataclasses import replace
-
-    assert select_targets(replace(h, chips=()), worker(range(192)), [12]) == (12,)
-    with pytest.raises(PlanImpossible):
-        select_targets(replace(h, chips=()), worker(range(192)), [-1])

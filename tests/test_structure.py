@@ -24,6 +24,7 @@ PURE_ROOTS = [
     "model", "cpulist", "errors", "config",
     "discovery.npu_smi", "discovery.lscpu", "discovery.procfs", "discovery.sysfs", "discovery.columns",
     "discovery.cells", "discovery.numa_maps", "discovery.irqs", "discovery.irqbalance", "discovery.proc_events",
+    "discovery.devices", "targeting",
     *(f"planner.{p.stem}" for p in sorted((PKG / "planner").glob("*.py")) if p.stem != "__init__"),
     "planner",
 ]

@@ -5,6 +5,7 @@
         w.threads()                # {tid: comm} read from /proc/<pid>/task/*/comm
         tid = w.spawn("acl_thread_2")   # start a late named thread, returns its tid
         w.born_cpus(tid)           # the CPUs that thread was allowed at birth (read by itself)
+        w.narrow_main({0})         # the main thread pins itself (as OpenMP's OMP_PROC_BIND does)
         w.rename(tid, "acl_thread")  # rename a thread of the worker afterwards (as a runtime can)
         w.stop(tid)                # make that thread exit (returns once /proc no longer lists it)
         w.churn(True)              # keep creating short-lived threads until churn(False)
@@ -89,6 +90,10 @@ for line in sys.stdin:
         with open(f"/proc/self/task/{tid}/comm", "w") as fh:
             fh.write(name[:15])
         out.write("ok\n")
+    elif cmd == "narrow":
+        # the calling thread pins itself, as libgomp does with OMP_PROC_BIND before any binder runs
+        os.sched_setaffinity(0, {int(c) for c in arg.split(",")})
+        out.write("ok\n")
     elif cmd == "born":
         out.write(",".join(map(str, born[int(arg)])) + "\n")
     elif cmd == "churn":
@@ -157,9 +162,10 @@ def reap(proc: subprocess.Popen) -> None:
 
 
 class Worker:
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen, *, pid: int | None = None) -> None:
+        # ``pid``: the worker's host pid when ``proc`` is a launcher around it (tests/containers.py)
         self.proc = proc
-        self.pid = proc.pid
+        self.pid = proc.pid if pid is None else pid
         with open(f"/proc/{self.pid}/stat") as fh:
             self.start_time = int(fh.read().rpartition(")")[2].split()[19])
 
@@ -179,6 +185,10 @@ class Worker:
     def rename(self, tid: int, name: str) -> None:
         """The worker renames its own thread ``tid`` to ``name`` (<= 15 bytes); returns once done."""
         self._ask(f"rename {tid} {name}")
+
+    def narrow_main(self, cpus) -> None:
+        """The worker's main thread sets its own mask to ``cpus`` (other threads keep theirs)."""
+        self._ask("narrow " + ",".join(map(str, sorted(cpus))))
 
     def born_cpus(self, tid: int) -> frozenset[int]:
         """The CPUs a thread started by ``spawn`` was allowed when it started, as it

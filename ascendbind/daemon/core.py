@@ -45,10 +45,11 @@ from ..applier.irq import with_planned_irqs
 from ..applier.identity import read_identity, refuse_non_worker, require_live
 from ..config import Config
 from ..discovery.process import ProcessView, check_same_process, observe_process
-from ..discovery.worker import discover_worker
-from ..errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
+from ..discovery.worker import discover_worker, without_process_table
+from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
 from ..model import Binding, DeviceType, Outcome, ProcessIdentity, Step, frozen_map
-from ..planner import make_plan, select_targets
+from ..planner import make_plan, resolve_targets
+from ..targeting import TargetRequest
 from .auth import Peer, authorize
 from .held import Held
 from .bans import carried_bans
@@ -131,9 +132,9 @@ class Daemon(Ownership):
         """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total."""
         t0 = time.monotonic()
         try:
-            pid, npus, policy = parse_bind_request(body)
+            pid, request, policy = parse_bind_request(body)
             view = self.observe(peer, pid or peer.pid)
-            result = self.bind_process(view, npus, policy)
+            result = self.bind_process(view, request, policy)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -148,7 +149,7 @@ class Daemon(Ownership):
         cached static facts (plus a fresh process table when the request names no NPU),
         and the worker's facts, built from the request's observation of it (``target``;
         an identity alone is observed now, and must name the process observed)."""
-        return self._facts_of(self._view_of(target), npus, policy)
+        return self._facts_of(self._view_of(target), TargetRequest.of(npus), policy)[:3]
 
     def _view_of(self, target: ProcessIdentity | ProcessView) -> ProcessView:
         if isinstance(target, ProcessView):
@@ -158,15 +159,35 @@ class Daemon(Ownership):
             check_same_process(view, target)
         return view
 
-    def _facts_of(self, view: ProcessView, npus: tuple[int, ...] | None, policy: str | None):
+    def _facts_of(self, view: ProcessView, request: TargetRequest, policy: str | None):
+        """(config, host, worker, the process table's failure or None). A request that names its
+        NPU costs no npu-smi run: its process table is not read (the worker's evidence says so)."""
         config = resolve_policy(policy, self.config)
         host = self.hosts.get()
-        if npus is None:
-            host = dataclasses.replace(host, processes=self.hosts.processes())
+        unread = "not read: the request names its NPU" if request.names_npus else None
+        failure = None
+        if unread is None:
+            try:
+                host = dataclasses.replace(host, processes=self.hosts.processes())
+            except DiscoveryError as exc:
+                failure, unread = exc, f"unavailable: {exc}"
         with recycled_is_a_conflict():
             worker = discover_worker(self.hosts.source, view.pid, config,
                                      want_uvb=host.device_type is DeviceType.A950, view=view)
-        return config, host, worker
+        if unread is not None:
+            worker = without_process_table(worker, unread)
+        return config, host, worker, failure
+
+    @staticmethod
+    def _targets(host, worker, request: TargetRequest, failure: DiscoveryError | None):
+        """The rule's decision; without any evidence and with the process table failing, the
+        table's failure (503: ask again) rather than "no target"."""
+        try:
+            return resolve_targets(host, worker, request)
+        except PlanImpossible as exc:
+            if failure is not None and exc.code == "no_target_npu":
+                raise failure from None
+            raise
 
     @staticmethod
     def _first_allowance(worker, prev: Held | None):
@@ -176,20 +197,24 @@ class Daemon(Ownership):
             return dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
         return worker
 
-    def bind_process(self, target: ProcessIdentity | ProcessView, npus: tuple[int, ...] | None,
+    def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:
-        """Bind the process ``target`` names (authorized by the caller) to ``npus``
-        (None: what npu-smi lists for it). Auto-bind enters here too. ``target`` is the
-        request's observation of the process, or an identity to observe it by."""
+        """Bind the process ``target`` names (authorized by the caller) to the NPUs the rule
+        picks for ``request`` (NPU ids, a device index, or nothing: the evidence decides).
+        Auto-bind enters here too. ``target`` is the request's observation of the process,
+        or an identity to observe it by."""
         identity = target.identity if isinstance(target, ProcessView) else target
         if identity is None:
             raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
         pid = identity.pid
         refuse_non_worker(identity, self.pid)
+        request = TargetRequest.of(request)
         view = self._view_of(target)
-        config, host, worker = self._facts_of(view, npus, policy)
-        targets = tuple(select_targets(host, worker, npus))
-        listed = self._listed_if_contested(pid, targets, host.processes if npus is None else None)
+        config, host, worker, failure = self._facts_of(view, request, policy)
+        decision = self._targets(host, worker, request, failure)
+        targets = decision.npus
+        fresh = host.processes if not request.names_npus and failure is None else None
+        listed = self._listed_if_contested(pid, targets, fresh)
         with self.lock:
             prev = self.held.get(pid)
             if prev is not None and prev.binding.start_time != worker.start_time:
@@ -198,7 +223,7 @@ class Daemon(Ownership):
                 prev = None
             worker = self._first_allowance(worker, prev)
             replaced, evicted = self._claim(pid, targets, listed)
-            plan = make_plan(host, worker, targets, config)
+            plan = dataclasses.replace(make_plan(host, worker, targets, config), targets=decision)
             aligned, reason = alignment_of(plan)
             if plan.errors:
                 if any(e.code in _POLICY_REFUSALS for e in plan.errors):
@@ -238,7 +263,7 @@ class Daemon(Ownership):
             "outcome": outcome,
             "status": "partial" if binding.failed else "bound",
             "replaced": [h.binding.pid for h in (*replaced, *evicted)],
-            "warnings": list(worker.warnings),
+            "warnings": list(worker.warnings) + list(decision.warnings),
             "plan": plan.to_json(),
             "steps": [s.to_json() for s in binding.steps],
         }
@@ -350,14 +375,16 @@ class Daemon(Ownership):
 
         return workers_answer(self, query)
 
-    def plan_request(self, peer: Peer, pid: int | None, npus: tuple[int, ...] | None,
+    def plan_request(self, peer: Peer, pid: int | None, request: TargetRequest | tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:
+        request = TargetRequest.of(request)
         view = self.observe(peer, pid or peer.pid)
         pid = view.pid
-        config, host, worker = self._facts_of(view, npus, policy)
+        config, host, worker, failure = self._facts_of(view, request, policy)
         with self.lock:
             worker = self._first_allowance(worker, self.held.get(pid))
-        plan = make_plan(host, worker, tuple(select_targets(host, worker, npus)), config)
+        decision = self._targets(host, worker, request, failure)
+        plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
         if plan.errors:
             raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
         # what the IRQ step would move, from the same cached lookup a bind uses

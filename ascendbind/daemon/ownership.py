@@ -295,8 +295,9 @@ class Ownership:
             return
         with self.lock:
             h = self.held.get(job.pid)
-            if h is not job.held:
-                return
+            newer = self.mover.job(job.pid)
+            if h is not job.held or (newer is not None and newer is not job):
+                return  # released, replaced, or this move was superseded by another (a re-plan)
             h.memory_move = None
             if result is not None:
                 b = h.binding

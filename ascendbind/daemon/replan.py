@@ -51,7 +51,9 @@ def rediscover_and_replan(daemon) -> dict:
                 continue  # recycled: the reconcile loop drops the entry; never bind the newcomer
             if worker.allowed_source == "status":
                 worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
-            plan = make_plan(host, worker, h.binding.npus, config)
+            # the same NPUs as bound, for the same reasons: the decision travels on
+            plan = dataclasses.replace(make_plan(host, worker, h.binding.npus, config),
+                                       targets=h.binding.plan.targets)
             if plan.errors:
                 log.warning("worker no longer plannable on the changed host; binding kept",
                             pid=pid, reason=plan.errors[0].reason)

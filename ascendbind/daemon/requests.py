@@ -18,6 +18,7 @@ from ..config import CHOICES, Config
 from ..errors import Conflict, NotPermitted, ProcessGone, UsageError
 from ..model import Binding, Plan
 from ..planner.alignment import resolve_policy as planner_resolve_policy
+from ..targeting import ASCEND_ENV, TargetRequest
 
 __all__ = ["parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
            "irq_owners", "evictable", "claim_npus", "recycled_is_a_conflict", "MAX_JSON_DEPTH", "PID_MAX", "NPU_MAX"]
@@ -27,7 +28,8 @@ __all__ = ["parse_bind_request", "decode_json_body", "alignment_of", "outcome_of
 MAX_JSON_DEPTH = 8
 PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no pid is larger on any host
 NPU_MAX = 1 << 16  # logical NPU ids are small; this only keeps absurd numbers out of the planner
-_MAXIMUM = {"pid": PID_MAX, "npu": NPU_MAX}
+_MAXIMUM = {"pid": PID_MAX, "npu": NPU_MAX, "device_index": NPU_MAX}
+ENV_VALUE_MAX = 1024  # an ASCEND_* value is a short list of ids
 _ESCAPE = re.compile(r"\\.", re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
@@ -84,11 +86,26 @@ def _int_field(body: dict, key: str, *, minimum: int) -> int | None:
     return v
 
 
-def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, str | None]:
-    """Validate a /v1/bind body -> (pid, npus, topology_policy); UsageError (400) otherwise."""
+def _env_field(body: dict) -> dict[str, str] | None:
+    env = body.get("env")
+    if env is None:
+        return None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("field 'env' must be an object of strings", code="bad_request")
+    unknown = sorted(set(env) - set(ASCEND_ENV))
+    if unknown:
+        raise UsageError(f"field 'env' may hold only {', '.join(ASCEND_ENV)}; got {unknown[0][:40]!r}",
+                         code="bad_request")
+    if any(len(v) > ENV_VALUE_MAX for v in env.values()):
+        raise UsageError(f"field 'env': a value is longer than {ENV_VALUE_MAX} characters", code="bad_request")
+    return env
+
+
+def parse_bind_request(body: Any) -> tuple[int | None, TargetRequest, str | None]:
+    """Validate a /v1/bind body -> (pid, what it targets, topology_policy); UsageError (400) otherwise."""
     if not isinstance(body, dict):
         raise UsageError("the body must be a JSON object", code="bad_request")
-    unknown = sorted(set(body) - {"pid", "npu", "topology_policy"})
+    unknown = sorted(set(body) - {"pid", "npu", "device_index", "env", "topology_policy"})
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(k[:40] for k in unknown[:8])}", code="bad_request")
     pid = _int_field(body, "pid", minimum=1)
@@ -104,13 +121,16 @@ def parse_bind_request(body: Any) -> tuple[int | None, tuple[int, ...] | None, s
         npus = tuple(sorted({_int_field({"npu": n}, "npu", minimum=0) for n in npu}))  # type: ignore[misc]
     else:
         npus = (_int_field(body, "npu", minimum=0),)  # type: ignore[assignment]
+    index = _int_field(body, "device_index", minimum=0)
+    if npus is not None and index is not None:
+        raise UsageError("name either 'npu' or 'device_index', not both", code="bad_request")
     policy = body.get("topology_policy")
     if policy is not None and (not isinstance(policy, str) or policy not in CHOICES["topology_policy"]):
         raise UsageError(
             f"field 'topology_policy' must be one of {', '.join(CHOICES['topology_policy'])}, got {policy!r:.60}",
             code="bad_request",
         )
-    return pid, npus, policy
+    return pid, TargetRequest(npus=npus, device_index=index, env=_env_field(body)), policy
 
 
 def alignment_of(plan: Plan) -> tuple[bool, str | None]:
@@ -185,10 +205,11 @@ def recycled_is_a_conflict() -> Iterator[None]:
 def outcome_of_error(exc: BaseException) -> str:
     """The bind-request outcome of an error: a bad or unauthorised request is
     'rejected'; everything else 'failed'. A pid that vanished or was recycled
-    under the request counts as a bad request."""
+    under the request, and a request the evidence about the worker contradicts,
+    count as bad requests."""
     if isinstance(exc, (UsageError, NotPermitted, ProcessGone)):
         return "rejected"
-    if isinstance(exc, Conflict) and exc.code in ("policy_mismatch", "pid_recycled"):
+    if isinstance(exc, Conflict) and exc.code in ("policy_mismatch", "pid_recycled", "npu_mismatch"):
         return "rejected"
     return "failed"
 

@@ -75,14 +75,14 @@ def allowed_methods(path: str) -> str:
     return "GET, HEAD" if want == "GET" else want
 
 
-def _plan_query(query: str) -> tuple[int | None, tuple[int, ...] | None, str | None]:
+def _plan_query(query: str):
     try:
         q = parse_qs(query, keep_blank_values=False, strict_parsing=bool(query), max_num_fields=70)
     except ValueError as exc:
         raise UsageError(f"bad query string: {str(exc)[:100]}", code="bad_request") from None
     body: dict = {}
     for key, values in q.items():
-        if key not in ("pid", "npu", "topology_policy"):
+        if key not in ("pid", "npu", "device_index", "topology_policy"):
             raise UsageError(f"unknown query parameter {key[:40]!r}", code="bad_request")
         if key == "topology_policy":
             body[key] = values[-1]
@@ -187,6 +187,9 @@ class ApiServer:
             plan = getattr(exc, "plan", None)
             if plan is not None:
                 payload["plan"] = plan.to_json()
+            evidence = getattr(exc, "evidence", None)
+            if evidence:
+                payload["evidence"] = [e.to_json() for e in evidence]
             status = http_status_of(exc)
             if status == 503 and not isinstance(exc, DiscoveryError):
                 log.error("request failed", error=exc.code, detail=str(exc)[:300])
@@ -201,8 +204,8 @@ class ApiServer:
         if req.path == "/v1/workers":
             return json_response(200, daemon.workers(req.query))
         if req.path == "/v1/plan":
-            pid, npus, policy = _plan_query(req.query)
-            return json_response(200, daemon.plan_request(peer, pid, npus, policy))
+            pid, target, policy = _plan_query(req.query)
+            return json_response(200, daemon.plan_request(peer, pid, target, policy))
         if req.path == "/healthz":
             return json_response(200, daemon.health())
         return Response(200, daemon.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")

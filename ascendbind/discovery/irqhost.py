@@ -32,10 +32,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ..errors import ParseError
 from ..model import HostFacts, NpuIrqs
 from .irqs import npu_irqs_from, parse_interrupts
-from .sources import HostSource, read_once
+from .sources import HostSource, read_once, read_parsed
 
 __all__ = ["discover_npu_irqs", "NpuIrqLookup", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
            "irqbalance_pids", "irqbalance_socket_dir", "socket_in_dir_fd", "INTERRUPTS"]
@@ -63,14 +62,7 @@ def discover_npu_irqs(source: HostSource, host: HostFacts, npus: Iterable[int]) 
     rows: tuple[tuple[int, str], ...] | None = None
     problem = None
     if any(msi.values()):
-        text = source.read(INTERRUPTS)
-        if text is None:
-            problem = f"{INTERRUPTS} is unreadable"
-        else:
-            try:
-                rows = parse_interrupts(text)
-            except ParseError as exc:
-                problem = str(exc)
+        rows, problem = read_parsed(source, INTERRUPTS, parse_interrupts)
     out: dict[int, NpuIrqs] = {}
     for n, vectors in msi.items():
         pci = host.pci_addresses.get(n)

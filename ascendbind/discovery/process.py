@@ -90,6 +90,8 @@ class ProcessView:
     environ: Mapping[str, str] | None
     tasks: tuple[TaskView, ...]
     warnings: tuple[str, ...] = field(default=())
+    # every line of /proc/<pid>/cgroup (None when unreadable): the devices controller's path
+    cgroup: tuple[CgroupEntry, ...] | None = None
 
     @property
     def pid(self) -> int:
@@ -166,9 +168,17 @@ def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> Cpuse
     rel = path.rstrip("/")
     if ".." in rel.split("/"):
         return CpusetView(version, path)
-    file = (f"/sys/fs/cgroup/cpuset{rel}/cpuset.effective_cpus" if version == "v1"
-            else f"/sys/fs/cgroup{rel}/cpuset.cpus.effective")
-    return CpusetView(version, path, file, source.read(file))
+    if version == "v1":
+        file = f"/sys/fs/cgroup/cpuset{rel}/cpuset.effective_cpus"
+        return CpusetView(version, path, file, source.read(file))
+    # v2: a cgroup whose parent does not enable the cpuset controller has no cpuset files
+    # and runs on its nearest ancestor's effective CPUs (the root's: every online CPU)
+    while True:
+        file = f"/sys/fs/cgroup{rel}/cpuset.cpus.effective"
+        text = source.read(file)
+        if text is not None or not rel:
+            return CpusetView(version, path, file, text)
+        rel = rel.rpartition("/")[0]
 
 
 def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
@@ -224,6 +234,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         cpuset=_cpuset(source, cgroup),
         environ=frozen_map(parse_environ(env_text)) if env_text is not None else None,
         tasks=task_views,
+        cgroup=cgroup,
     )
 
 

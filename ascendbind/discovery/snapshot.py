@@ -10,8 +10,13 @@ also the worker's ``numa_maps``, which the daemon's memory-locality check reads
 (it names the files the worker maps, never their contents).
 
 ``/proc/<pid>/environ`` is never written: environments carry secrets (API
-keys, tokens). Only ``ASCEND_RT_VISIBLE_DEVICES`` goes to ``meta.json``'s
-``env``, which is where a SnapshotHost looks when environ is absent.
+keys, tokens). Only the Ascend variables the target rule reads
+(``ASCEND_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``,
+``ASCEND_RUNTIME_OPTIONS``) go to ``meta.json``'s ``env``, which is where a
+SnapshotHost looks when environ is absent. A link discovery reads (a namespace
+link) is written as a file holding its target, and a ``/dev`` listing as a file
+of ``NAME MAJOR:MINOR`` lines, since a snapshot holds neither links nor device
+nodes.
 
 A failing or missing npu-smi still yields a snapshot of everything else, with
 the reason in ``meta.json``'s ``warnings`` and on the returned list, because a
@@ -28,13 +33,15 @@ from collections.abc import Sequence
 from ..config import Config
 from ..errors import DiscoveryError, UsageError
 from ..model import Reason
+from ..targeting import ASCEND_ENV
+from .devices import format_char_devices
 from .host import NODE_ROOT, discover_cpu_topology, discover_host, discover_worker
 from .irqhost import INTERRUPTS, discover_npu_irqs, msi_dir
 from .sources import HostSource, LiveHost, OneTimeoutPerTool, command_file_name
 
 __all__ = ["RecordingHost", "SnapshotFiles", "record_snapshot", "check_snapshot_target", "RECORDED_ENV"]
 
-RECORDED_ENV = ("ASCEND_RT_VISIBLE_DEVICES",)
+RECORDED_ENV = ASCEND_ENV
 
 
 class RecordingHost:
@@ -69,6 +76,20 @@ class RecordingHost:
         if text is not None and not path.endswith("/environ"):
             self._write(path, text)
         return text
+
+    def readlink(self, path: str) -> str | None:
+        inner = getattr(self.inner, "readlink", None)
+        target = inner(path) if inner is not None else None
+        if target is not None:
+            self._write(path, target + "\n")
+        return target
+
+    def char_devices(self, path: str, major: int):
+        inner = getattr(self.inner, "char_devices", None)
+        nodes = inner(path, major) if inner is not None else None
+        if nodes is not None:
+            self._write(path, format_char_devices(nodes))
+        return nodes
 
     def listdir(self, path: str) -> list[str] | None:
         names = self.inner.listdir(path)

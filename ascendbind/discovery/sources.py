@@ -21,6 +21,12 @@ timeout, and the daemon's host cache decides when to ask again. A non-zero exit
 or a timeout is a CommandFailed naming the command (code ``command_timeout``
 for the latter).
 
+Two optional reads a source may offer (a caller without them records the evidence as
+unavailable): ``readlink(path)`` -> a link's target (a namespace link such as
+``/proc/<pid>/ns/mnt``), and ``char_devices(path, major)`` -> the character devices of
+``major`` in a directory, never following a link (a snapshot holds that listing as a
+text file at the same path, since it cannot hold device nodes).
+
 ``open_process(key)`` (optional) opens one process's ``/proc/<key>`` as a
 ``ProcDir`` whose reads all describe that one process (LiveHost holds the
 directory open; ``path_proc_dir`` adapts any other source path by path).
@@ -41,9 +47,10 @@ from typing import Protocol
 
 from ..command import CommandsStopped, run_command, tool_env
 from ..errors import CommandFailed
+from ..targeting import DeviceNode
 
 __all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir",
-           "ProcDir", "LiveProcDir", "path_proc_dir"]
+           "ProcDir", "LiveProcDir", "path_proc_dir", "read_parsed"]
 
 
 class HostSource(Protocol):
@@ -183,6 +190,20 @@ class _PathProcDir:
         pass
 
 
+def read_parsed(source: HostSource, path: str, parse):
+    """(``parse(text)``, None) for the file at ``path``, or (None, why): it is unreadable, or
+    ``parse`` raised a ParseError (whose sentence names the file and the line)."""
+    from ..errors import ParseError
+
+    text = source.read(path)
+    if text is None:
+        return None, f"{path} is unreadable"
+    try:
+        return parse(text), None
+    except ParseError as exc:
+        return None, str(exc)
+
+
 def path_proc_dir(source: HostSource, key: str) -> ProcDir:
     """``/proc/<key>`` of ``source`` read path by path (an absent process reads as no files).
     Never listed whole: a recording source would record every name in it."""
@@ -266,6 +287,17 @@ class LiveHost:
             return sorted(os.listdir(self.host_path(path)))
         except OSError:
             return None
+
+    def readlink(self, path: str) -> str | None:
+        try:
+            return os.readlink(self.host_path(path))
+        except OSError:
+            return None
+
+    def char_devices(self, path: str, major: int) -> list[DeviceNode] | None:
+        from .devnodes import scan_char_devices
+
+        return scan_char_devices(self.host_path(path), major)
 
     def open_process(self, key: str) -> LiveProcDir | None:
         """``/proc/<key>`` held open (None when there is no such process)."""
@@ -385,6 +417,17 @@ class SnapshotHost:
             return sorted(os.listdir(self.host_path(path)))
         except OSError:
             return None
+
+    def readlink(self, path: str) -> str | None:
+        text = self.read(path)
+        return text.strip() if text is not None and text.strip() else None
+
+    def char_devices(self, path: str, major: int) -> list[DeviceNode] | None:
+        """The recorded listing at ``path`` (``NAME MAJOR:MINOR`` lines), nodes of ``major`` only."""
+        from .devices import parse_char_devices
+
+        text = self.read(path)
+        return None if text is None else [n for n in parse_char_devices(text, path) if n.major == major]
 
     @staticmethod
     def _read_file(path: str, limit: int | None = None) -> str | None:

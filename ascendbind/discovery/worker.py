@@ -15,20 +15,23 @@ locality check and in ``status --memory``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ..config import Config
 from ..cpulist import format_cpulist
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..model import ProcessIdentity, WorkerFacts, frozen_map
+from ..targeting import NpuEvidence
+from .deviceset import read_npu_evidence
 from .numa_maps import NumaResidency, parse_numa_maps
 from .process import ProcessView, check_same_process, observe_process
-from .procfs import parse_ps_te, parse_stat_start_time
+from .procfs import parse_ps_te, parse_stat_start_time, parse_status
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "worker_facts", "read_numa_residency", "check_start_time", "UVB_COMM_PREFIX",
-           "NUMA_MAPS_LIMIT"]
+__all__ = ["discover_worker", "worker_facts", "without_process_table", "read_numa_residency", "check_start_time",
+           "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
 
 # characters of numa_maps read at most. A worker with the default vm.max_map_count
 # (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
@@ -39,9 +42,11 @@ NUMA_MAPS_LIMIT = 32 << 20
 UVB_COMM_PREFIX = "uvb_poll_window"
 
 
-def _allowed_cpus(view: ProcessView, warnings: list[str]):
-    """(cpus, "cgroup"|"status", cpuset path): the cgroup cpuset when
-    readable, else Cpus_allowed_list: never a mask ascendbind itself set."""
+def _allowed_cpus(view: ProcessView, warnings: list[str], thread_cpus: Mapping[int, frozenset[int]]):
+    """(cpus, "cgroup"|"status", cpuset path): the cgroup cpuset when readable, else the
+    union of the threads' Cpus_allowed_list: never a mask ascendbind set, and never one a
+    thread set on itself (OpenMP's OMP_PROC_BIND pins the calling thread, often the main
+    thread, before any binding)."""
     cs = view.cpuset
     if cs is not None and cs.file is not None and cs.text is not None:
         try:
@@ -51,9 +56,31 @@ def _allowed_cpus(view: ProcessView, warnings: list[str]):
             cpus = frozenset()
         if cpus:
             return cpus, "cgroup", cs.path
-    if view.status.cpus_allowed is None:
+    main = view.status.cpus_allowed
+    if main is None:
         raise ParseError(f"/proc/{view.key}/status", "no Cpus_allowed_list line")
-    return view.status.cpus_allowed, "status", cs.path if cs else None
+    union = main.union(*thread_cpus.values())
+    if union != main:
+        warnings.append(f"the main thread's Cpus_allowed_list {format_cpulist(main)} is narrower than its threads' "
+                        f"{format_cpulist(union)} (a thread pinned itself); planning from {format_cpulist(union)}")
+    return union, "status", cs.path if cs else None
+
+
+def _thread_cpus(source: HostSource, view: ProcessView) -> dict[int, frozenset[int]]:
+    """Each thread's Cpus_allowed_list (read only when the cpuset cannot be)."""
+    out = {}
+    for t in view.tasks:
+        path = f"/proc/{view.key}/task/{t.tid}/status"
+        text = source.read(path)
+        if text is None:
+            continue
+        try:
+            cpus = parse_status(text, path).cpus_allowed
+        except ParseError:
+            continue
+        if cpus:
+            out[t.tid] = cpus
+    return out
 
 
 def _online(source: HostSource) -> frozenset[int] | None:
@@ -83,16 +110,20 @@ def _uvb_tids(source: HostSource) -> tuple[int, ...]:
 
 
 def worker_facts(view: ProcessView, *, env_fallback: Mapping[str, str] | None = None,
-                 online: frozenset[int] | None = None, uvb_tids: tuple[int, ...] = ()) -> WorkerFacts:
+                 online: frozenset[int] | None = None, uvb_tids: tuple[int, ...] = (),
+                 thread_cpus: Mapping[int, frozenset[int]] | None = None,
+                 npu_evidence: NpuEvidence | None = None) -> WorkerFacts:
     """The worker's facts from one observation of it (pure): allowed CPUs (cgroup cpuset
-    when readable, else Cpus_allowed_list), Mems_allowed, start time, environ, threads.
+    when readable, else the union of its threads' Cpus_allowed_list), Mems_allowed, start
+    time, environ, threads, and the NPU evidence read beside it.
 
     ``env_fallback``: the environment to use when the view has none (a snapshot
     records only a few variables, in meta.json). ``online``: the online CPUs, to warn
-    when Cpus_allowed_list is narrower (it may be an earlier binding).
+    when Cpus_allowed_list is narrower (it may be an earlier binding). ``thread_cpus``:
+    tid -> Cpus_allowed_list of the threads, for a worker whose cpuset is unreadable.
     """
     warnings: list[str] = list(view.warnings)
-    allowed, allowed_source, cpuset_path = _allowed_cpus(view, warnings)
+    allowed, allowed_source, cpuset_path = _allowed_cpus(view, warnings, thread_cpus or {})
     if allowed_source == "status" and online is not None and allowed < online:
         warnings.append(
             f"cgroup cpuset unreadable: planning from Cpus_allowed_list {format_cpulist(allowed)}, "
@@ -112,15 +143,17 @@ def worker_facts(view: ProcessView, *, env_fallback: Mapping[str, str] | None = 
         cpuset_path=cpuset_path,
         uvb_tids=uvb_tids,
         warnings=tuple(warnings),
+        npu_evidence=npu_evidence,
     )
 
 
 def discover_worker(
     source: HostSource, pid: int | None, config: Config, *, want_uvb: bool = False,
-    identity: ProcessIdentity | None = None, view: ProcessView | None = None,
+    identity: ProcessIdentity | None = None, view: ProcessView | None = None, want_devices: bool = True,
 ) -> WorkerFacts:
     """Per-request facts of one worker (``worker_facts`` of one observation of it),
-    and with ``want_uvb`` the host's uvb_poll_window threads.
+    with ``want_uvb`` the host's uvb_poll_window threads, and with ``want_devices`` the
+    evidence of which NPUs it reaches and drives (deviceset.py).
 
     ``pid`` None means ``/proc/self`` (the snapshot's proc/self/status).
     Raises ProcessGone when /proc/<pid>/status is absent. With ``identity`` (the
@@ -132,11 +165,21 @@ def discover_worker(
         view = observe_process(source, pid)
     if identity is not None:
         check_same_process(view, identity)
-    online = None
+    online, thread_cpus = None, None
     if view.status.cpus_allowed is not None and (view.cpuset is None or view.cpuset.text is None):
         online = _online(source)
+        thread_cpus = _thread_cpus(source, view)
+    evidence = read_npu_evidence(source, view) if want_devices else None
     return worker_facts(view, env_fallback=getattr(source, "meta", {}).get("env"), online=online,
-                        uvb_tids=_uvb_tids(source) if want_uvb else ())
+                        uvb_tids=_uvb_tids(source) if want_uvb else (), thread_cpus=thread_cpus,
+                        npu_evidence=evidence)
+
+
+def without_process_table(worker: WorkerFacts, why: str) -> WorkerFacts:
+    """``worker`` with its evidence saying the process table was not consulted, and why."""
+    ev = worker.npu_evidence or NpuEvidence()
+    unavailable = frozen_map({**ev.unavailable, "process_table": why})
+    return dataclasses.replace(worker, npu_evidence=dataclasses.replace(ev, unavailable=unavailable))
 
 
 def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None = None,

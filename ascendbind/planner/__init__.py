@@ -10,7 +10,7 @@ objects), ``alignment.py`` (the decision, precedence, failure reasons),
 
 Public API:
     make_plan(host, worker, targets, config, *, request_policy=None) -> Plan
-    select_targets(host, worker, requested) -> tuple[int, ...]
+    resolve_targets(host, worker, request) -> TargetDecision   (the worker's NPUs, from evidence)
     resolve_policy(request_policy, config) -> str      (Conflict "policy_mismatch")
     explain_plan(host, worker, plan, config) -> str
     lint_config(config, host) -> list[str]
@@ -45,7 +45,7 @@ from .codes import ERROR_CODES, WARNING_CODES
 from .explain import explain_plan
 from .lint import lint_config
 from .plan import make_plan
-from .targets import select_targets
+from .targets import resolve_targets
 
-__all__ = ["make_plan", "select_targets", "resolve_policy", "explain_plan", "lint_config",
+__all__ = ["make_plan", "resolve_targets", "resolve_policy", "explain_plan", "lint_config",
            "ALIGNMENT_FAILURE_REASONS", "ERROR_CODES", "WARNING_CODES"]

@@ -60,7 +60,8 @@ def explain_plan(host: HostFacts, worker: WorkerFacts, plan: Plan, config: Confi
 
     source = "request" if policy != config.topology_policy else \
         ("node config" if "topology_policy" in config.explicit else "default")
-    out = [
+    out = plan.targets.lines() if plan.targets is not None else []
+    out += [
         f"alignment: topology_policy {policy} (from {source}), prefer_closest_numa "
         f"{str(config.prefer_closest_numa).lower()}, max_numa_nodes {config.max_numa_nodes}, numa_extension "
         f"{config.numa_extension}, cpu_bind_policy {config.cpu_bind_policy}",

@@ -6,8 +6,6 @@ rather than pass on a one-node machine."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -37,6 +35,7 @@ REPLAY = """#!/bin/sh
 IFS=_
 f="{dir}/cmd/npu-smi_$*.txt"
 if [ -f "$f" ]; then exec cat "$f"; fi
+IFS=' '
 echo "npu-smi (recorded): no recording for npu-smi $*" >&2
 exit 1
 """
@@ -44,17 +43,37 @@ exit 1
 
 def recorded_npu_smi(directory: str, npus: int, affinity: str) -> str:
     """A replaying npu-smi for ``npus`` fixture NPUs with CPU affinity ``affinity`` (each
-    NPU's cpulist, ``;``-separated); returns its path."""
-    env = {**os.environ, "ASCENDBIND_FAKE_NPUS": str(npus), "ASCENDBIND_FAKE_NPU_AFFINITY": affinity}
-    env.pop("ASCENDBIND_FAKE_NPU_PIDS", None)
+    NPU's cpulist, ``;``-separated); returns its path. The fixture's tables are made in
+    this process (loaded from fixtures/bin/npu-smi), not by starting it once per table."""
+    import contextlib
+    import importlib.machinery
+    import importlib.util
+    import io
+
+    loader = importlib.machinery.SourceFileLoader("fixture_npu_smi", str(FIXTURE_BIN / "npu-smi"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    fixture = importlib.util.module_from_spec(spec)
+    loader.exec_module(fixture)
+    env = {"ASCENDBIND_FAKE_NPUS": str(npus), "ASCENDBIND_FAKE_NPU_AFFINITY": affinity,
+           "ASCENDBIND_FAKE_NPU_PIDS": "", "ASCENDBIND_FIXTURE_HOST": ""}
+    saved = {k: os.environ.get(k) for k in env}
     os.makedirs(os.path.join(directory, "cmd"), exist_ok=True)
     tables = [["info"], ["info", "-m"], ["info", "-t", "topo"],
               *(["info", "-t", "board", "-i", str(k)] for k in range(npus))]
-    for argv in tables:
-        out = subprocess.run([sys.executable, str(FIXTURE_BIN / "npu-smi"), *argv], env=env, check=True,
-                             capture_output=True, text=True, timeout=600).stdout
-        with open(os.path.join(directory, "cmd", "npu-smi_" + "_".join(argv) + ".txt"), "w") as fh:
-            fh.write(out)
+    try:
+        os.environ.update(env)
+        for argv in tables:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert fixture.synthesise(argv) == 0, argv
+            with open(os.path.join(directory, "cmd", "npu-smi_" + "_".join(argv) + ".txt"), "w") as fh:
+                fh.write(out.getvalue())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     path = os.path.join(directory, "npu-smi")
     with open(path, "w") as fh:
         fh.write(REPLAY.format(dir=directory))
