@@ -69,3 +69,44 @@ def pytest_collection_modifyitems(config, items):
         import random
 
         random.Random(seed).shuffle(items)
+    # the NUMA guests boot in the background once collection ends (pytest_collection_finish);
+    # their tests wait for them at the end of the session, after everything else
+    guests = [item for item in items if item.nodeid.startswith(NUMA_GUEST_TESTS)]
+    if guests:
+        items[:] = [item for item in items if not item.nodeid.startswith(NUMA_GUEST_TESTS)] + guests
+
+
+NUMA_GUEST_TESTS = "tests/test_numa_guest.py"
+_numa_guests = None  # tests/numa_guest.py's Background run, while the session has one
+
+
+def pytest_collection_finish(session):
+    """Start the NUMA guests now, in the background: a guest is software emulation, mostly
+    CPU, while the host's tests mostly wait on real processes and the kernel."""
+    global _numa_guests
+    names = sorted({item.callspec.params["name"] for item in session.items
+                    if item.nodeid.startswith(NUMA_GUEST_TESTS) and hasattr(item, "callspec")})
+    if not names or session.config.option.collectonly:
+        return
+    from tests import numa_guest
+
+    if numa_guest.why_not() is not None:
+        return  # the tests say why (and fail in CI)
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="numa-guests-")
+    _numa_guests = numa_guest.Background(names, base)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _numa_guests is not None:
+        import shutil
+
+        _numa_guests.stop()
+        shutil.rmtree(_numa_guests.base_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def numa_guests():
+    """The session's background guest run (None when this session started none)."""
+    return _numa_guests

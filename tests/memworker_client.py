@@ -63,7 +63,8 @@ def mem_worker(*, private_mib: int = 0, shared: Sequence[tuple[str, int]] = (), 
                hugetlb_shared: Sequence[tuple[str, int]] = (), threads: Sequence[str] = (),
                membind: int | None = None) -> Iterator[MemWorker]:
     """A memory worker (see memworker.py); ``membind``: run it under ``numactl --membind``."""
-    argv = [sys.executable, MEMWORKER, "--private-mib", str(private_mib),
+    # -S: the worker is stdlib only, and the site packages' import costs seconds in a NUMA guest
+    argv = [sys.executable, "-S", MEMWORKER, "--private-mib", str(private_mib),
             "--hugetlb-private", str(hugetlb_private)]
     for path, mib in shared:
         argv += ["--shared", f"{path}:{mib}"]

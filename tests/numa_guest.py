@@ -27,9 +27,11 @@ import argparse
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
@@ -105,8 +107,41 @@ def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeou
     # vng runs the command through the guest's shell: quote every word
     line = " ".join(f"{k}={_quote(v)}" for k, v in exports.items()) + " exec " + " ".join(map(_quote, command))
     vng_env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
-    return subprocess.run(vng_argv(topology, line, out_dir), cwd=ROOT, env=vng_env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    # a session of its own, so that the whole QEMU tree can be killed, and is on a timeout
+    proc = subprocess.Popen(vng_argv(topology, line, out_dir), cwd=ROOT, env=vng_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        out, err = proc.communicate()
+        err += f"\n(the guest ran past {timeout:g} s and was killed)"
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_all() -> None:
+    """Kill every guest still running (a test session that ends early leaves none behind)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill(proc)
+        proc.wait()
 
 
 def _quote(word: str) -> str:
@@ -163,6 +198,40 @@ def _inside(topology: Topology, repeat: int) -> int:
                             _junit_path(out, topology, i), *topology.tests], cwd=ROOT)
         rc = rc or r.returncode
     return rc
+
+
+class Background:
+    """Every topology's tests run one after the other on a thread, while the caller does
+    other work (the host's test session: the guests use CPU the host tests leave idle);
+    ``result(name)`` waits for one topology's (JUnit results, the guest's output)."""
+
+    def __init__(self, names, base_dir: str, timeout: float = 2400.0) -> None:
+        self.names, self.base_dir, self.timeout = list(names), base_dir, timeout
+        self._done = {name: threading.Event() for name in self.names}
+        self._results: dict[str, tuple[list[JunitResult], subprocess.CompletedProcess]] = {}
+        self._thread = threading.Thread(target=self._run, name="numa-guests", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for name in self.names:
+            out = os.path.join(self.base_dir, name)
+            try:
+                os.makedirs(out, exist_ok=True)
+                os.chmod(out, 0o755)
+                self._results[name] = pytest_in_guest(TOPOLOGIES[name], out_dir=out, timeout=self.timeout)
+            except Exception as exc:  # reported by the test that waits for it
+                self._results[name] = ([], subprocess.CompletedProcess([], -1, "", f"{type(exc).__name__}: {exc}"))
+            finally:
+                self._done[name].set()
+
+    def result(self, name: str, timeout: float) -> tuple[list[JunitResult], subprocess.CompletedProcess] | None:
+        if not self._done[name].wait(timeout):
+            return None
+        return self._results[name]
+
+    def stop(self) -> None:
+        kill_all()
+        self._thread.join(30)
 
 
 def main(argv: list[str] | None = None) -> int:
