@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.register(sub)
     from .completion import register as register_completion
 
-    register_completion(sub)
+    register_completion(sub, parser)
     return parser
 
 

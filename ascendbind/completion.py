@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 
 __all__ = ["register", "bash_script", "verbs_and_flags"]
 
 _PATHS = {"FILE", "PATH", "DIR", "OUT_DIR"}
 
 
-def register(subparsers) -> None:
+def register(subparsers, parser: argparse.ArgumentParser) -> None:
+    """Add the ``completion`` verb to ``subparsers``; its script completes ``parser``, the
+    whole command line (handed in, so this module needs nothing of the one that builds it)."""
     p = subparsers.add_parser("completion", help="print a shell completion script (bash)")
     p.add_argument("shell", choices=("bash",), help="the shell to complete for")
-    p.set_defaults(func=cmd_completion)
+    p.set_defaults(func=functools.partial(cmd_completion, parser))
 
 
-def cmd_completion(args) -> int:
-    from .cli import build_parser
-
-    print(bash_script(build_parser()), end="")
+def cmd_completion(parser: argparse.ArgumentParser, args) -> int:
+    print(bash_script(parser), end="")
     return 0
 
 
