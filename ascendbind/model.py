@@ -7,9 +7,11 @@ Invariants:
   on Ascend 950, the ``NPU ID``). Card and chip ids appear only in ``NpuChip``.
 * Nothing here does I/O. ``Plan.to_json()`` is the plan JSON of docs/plan-json.md.
 
-The step vocabulary (``Step``, ``Outcome``, ``Reason``) lives in reasons.py and
-the planner's and the IRQ step's decisions (alignment, IRQ moves, IRQ writes)
-in decisions.py; both are re-exported here, the one import path for every layer.
+The step vocabulary (``Step``, ``Outcome``, ``Reason``) lives in reasons.py, the
+planner's and the IRQ step's decisions (alignment, IRQ moves, IRQ writes) in
+decisions.py, a bind's target request and the NPU evidence in targeting.py, and
+``frozen_map`` in frozen.py: import each from its own module. This one holds the
+facts and the plans built from them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .decisions import (ALIGNMENT_PROVIDERS, IrqBinding, NpuAlignmentResult, NpuIrqPlan, NpuIrqs, PlanAlignment,
-                        ProviderHint)
+from .decisions import IrqBinding, NpuIrqPlan, PlanAlignment
 from .frozen import frozen_map
 from .frozen import plain as _plain
 from .reasons import Outcome, Reason, Step
@@ -39,20 +40,9 @@ __all__ = [
     "NpuPlan",
     "PlanIssue",
     "Plan",
-    "Step",
-    "Outcome",
-    "Reason",
     "StepResult",
     "IrqbalanceBans",
-    "NpuIrqs",
-    "NpuIrqPlan",
-    "IrqBinding",
-    "ProviderHint",
-    "NpuAlignmentResult",
-    "PlanAlignment",
     "Binding",
-    "frozen_map",
-    "ALIGNMENT_PROVIDERS",
 ]
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ascendbind.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, WorkerFacts, frozen_map
+from ascendbind.frozen import frozen_map
+from ascendbind.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, WorkerFacts
 
 
 def distances(n: int, near: int = 20, far: int = 30, socket: int | None = None) -> dict[int, tuple[int, ...]]:

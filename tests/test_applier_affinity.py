@@ -14,7 +14,8 @@ from ascendbind.applier.affinity import (
     set_all_threads,
     thread_masks,
 )
-from ascendbind.model import Mode, NpuPlan, Outcome, Reason
+from ascendbind.model import Mode, NpuPlan
+from ascendbind.reasons import Outcome, Reason
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 
 CPUS = sorted(os.sched_getaffinity(0))

@@ -13,18 +13,16 @@ from ascendbind.applier import apply_plan, release_binding
 from ascendbind.applier.identity import proc_state, start_time, verify_identity
 from ascendbind.config import Config
 from ascendbind.errors import PlanImpossible, ProcessGone
+from ascendbind.frozen import frozen_map
 from ascendbind.model import (
     DeviceType,
     HostFacts,
     Mode,
     NpuPlan,
-    Outcome,
     Plan,
-    Reason,
-    Step,
     WorkerFacts,
-    frozen_map,
 )
+from ascendbind.reasons import Outcome, Reason, Step
 from tests.planner_hosts import one_npu_host
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 

@@ -16,6 +16,7 @@ from ascendbind.applier.irq import (bind_irqs, bind_npu_irqs, irqbalance_pids, r
                                    set_irq_affinity, with_planned_irqs)
 from ascendbind.config import Config
 from ascendbind.cpulist import parse_mask
+from ascendbind.decisions import IrqBinding
 from ascendbind.discovery.irqs import parse_interrupts
 from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError
@@ -24,13 +25,11 @@ from tests.planner_hosts import one_npu_host
 from ascendbind.model import (
     DeviceType,
     HostFacts,
-    IrqBinding,
     Mode,
     NpuPlan,
-    Outcome,
     Plan,
-    Reason,
 )
+from ascendbind.reasons import Outcome, Reason
 
 PCI = "0000:c1:00.0"
 INTERRUPTS = textwrap.dedent(

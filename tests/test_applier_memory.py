@@ -21,7 +21,8 @@ from ascendbind.config import Config
 from ascendbind.discovery import LiveHost
 from ascendbind.discovery.memmap import movable_pages
 from ascendbind.discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
-from ascendbind.model import DeviceType, HostFacts, Mode, NpuPlan, Outcome, Plan, Reason, StepResult
+from ascendbind.model import DeviceType, HostFacts, Mode, NpuPlan, Plan, StepResult
+from ascendbind.reasons import Outcome, Reason
 from tests.memworker_client import mem_worker
 from tests.planner_hosts import one_npu_host
 from tests.workers import start_worker

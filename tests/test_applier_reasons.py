@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from ascendbind.model import Reason
+from ascendbind.reasons import Reason
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reasons.md"
 

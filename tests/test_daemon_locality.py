@@ -21,6 +21,8 @@ import sys
 
 import pytest
 
+from ascendbind.reasons import Outcome, Step
+from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.auth import Peer
 from ascendbind.daemon.core import Daemon
@@ -28,7 +30,7 @@ from ascendbind.daemon.held import Held
 from ascendbind.daemon.locality import MemoryLocality, memory_rerun_due, ratios_by_npu
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.discovery.sysfs import parse_cpulist_file
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Outcome, Plan, Step, frozen_map
+from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for
 from tests.test_daemon_alignment_metrics import SplitSource, samples, two_node_host
 from tests.workers import start_worker

@@ -16,8 +16,9 @@ from ascendbind.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_processes, discover_worker
 from ascendbind.discovery.host import board_argv, detect_device_type
 from ascendbind.errors import ParseError, ProcessGone, ToolMissing, UsageError
-from ascendbind.model import DeviceType, NpuChip, NpuProcess, Outcome, Reason
+from ascendbind.model import DeviceType, NpuChip, NpuProcess
 from ascendbind.planner import make_plan, resolve_targets
+from ascendbind.reasons import Outcome, Reason
 from ascendbind.targeting import TargetRequest
 from tests.workers import start_worker
 

@@ -15,7 +15,8 @@ from ascendbind.daemon.core import Daemon, Held
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.discovery.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
                                         read_environ, task_comm, thread_count)
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan, frozen_map
+from ascendbind.frozen import frozen_map
+from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.daemon_harness import wait_for
 from tests.workers import start_worker
 

@@ -19,9 +19,10 @@ from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
 from ascendbind.applier.identity import read_identity
 from ascendbind.config import Config
+from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
-from ascendbind.model import Binding, IrqbalanceBans, Outcome, Reason, Step
+from ascendbind.model import Binding, IrqbalanceBans
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names
 from tests.test_applier_irq import host, immutable, make_tree, mask, needs_chattr, plan
 from tests.test_daemon_irq_ownership import _binding, _proc_tree

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
+from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon, Held
 from ascendbind.daemon.bans import carried_bans, split_bans
@@ -29,7 +30,7 @@ from ascendbind.discovery.irqbalance import (
     parse_setup,
 )
 from ascendbind.errors import ConfigError, ParseError
-from ascendbind.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, frozen_map
+from ascendbind.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan
 from tests.daemon_harness import wait_for
 from tests.irqbalance_harness import abstract_address_lock, fixture_proc_link
 

@@ -13,10 +13,12 @@ from ascendbind.daemon.blame import Evidence
 from ascendbind.daemon.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality, Observation,
                                          PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
                                          MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration, wanted)
+from ascendbind.decisions import IrqBinding
 from ascendbind.discovery.numa_maps import parse_numa_maps
 from ascendbind.errors import Conflict
-from ascendbind.model import (Binding, DeviceType, IrqBinding, IrqbalanceBans, Mode, NpuPlan, Outcome, Plan, Step, StepResult,
-                              frozen_map)
+from ascendbind.frozen import frozen_map
+from ascendbind.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, StepResult
+from ascendbind.reasons import Outcome, Step
 
 NOW = 1000.0
 LIMITS = Limits(reassert_limit=3, window=60.0, memory_local_threshold=0.8, memory_rerun_seconds=600.0)

@@ -14,7 +14,7 @@ import pytest
 from ascendbind.config import Config
 from ascendbind.discovery import SnapshotHost, discover_host
 from ascendbind.discovery.irqhost import discover_npu_irqs
-from ascendbind.model import Reason
+from ascendbind.reasons import Reason
 from tests.golden import HOSTS
 from tests.test_cli_plan import ROOT, ascendbind
 

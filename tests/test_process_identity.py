@@ -16,6 +16,7 @@ import pytest
 
 from ascendbind.applier import apply_plan
 from ascendbind.applier.identity import read_identity, require_identity, require_worker
+from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.auth import Peer, authorize
 from ascendbind.daemon.core import Daemon
@@ -23,7 +24,7 @@ from ascendbind.daemon.requests import claim_npus, evictable, outcome_of_error
 from ascendbind.discovery import LiveHost, discover_worker
 from ascendbind.discovery.procfs import PF_KTHREAD, parse_stat
 from ascendbind.errors import Conflict, NotPermitted, ParseError, ProcessGone
-from ascendbind.model import DeviceType, Mode, Plan, WorkerFacts, frozen_map
+from ascendbind.model import DeviceType, Mode, Plan, WorkerFacts
 from tests.daemon_harness import FIXTURE_BIN
 from tests.planner_hosts import one_npu_host
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker

@@ -22,7 +22,8 @@ from ascendbind.discovery.process import ProcessView, observe_process
 from ascendbind.discovery.procfs import cpuset_cgroup, parse_cgroup
 from ascendbind.discovery.snapshot import RecordingHost
 from ascendbind.errors import NotPermitted, ProcessGone
-from ascendbind.model import Mode, Outcome
+from ascendbind.model import Mode
+from ascendbind.reasons import Outcome
 from tests.audit import Reads
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 

@@ -15,7 +15,8 @@ import dataclasses
 import pytest
 
 from ascendbind.errors import Conflict, PlanImpossible, UsageError
-from ascendbind.model import NpuChip, NpuProcess, frozen_map
+from ascendbind.frozen import frozen_map
+from ascendbind.model import NpuChip, NpuProcess
 from ascendbind.planner import resolve_targets
 from ascendbind.targeting import RULES, CgroupDevices, DeviceNode, NpuEvidence, TargetRequest
 from tests.planner_hosts import a2_host, a950_host, worker

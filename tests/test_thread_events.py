@@ -32,12 +32,14 @@ from ascendbind.daemon.held import SeenThread
 from ascendbind.daemon.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.daemon.threadevents import LOSS_LIMIT, ThreadEvents
+from ascendbind.decisions import IrqBinding
 from ascendbind.discovery.proc_connector import ProcEventSocket
 from ascendbind.discovery.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
                                               listen_message, parse_events, socket_filter, thread_changes)
 from ascendbind.errors import DiscoveryError
 from ascendbind.cpulist import parse_mask
-from ascendbind.model import Binding, DeviceType, IrqBinding, Mode, NpuPlan, Plan, frozen_map
+from ascendbind.frozen import frozen_map
+from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.audit import Reads
 from tests.daemon_harness import ROOT, DaemonProc, base_env, metric_value, wait_for
 from tests.irqbalance_harness import restore_irq_masks

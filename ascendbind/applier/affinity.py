@@ -37,7 +37,9 @@ from typing import NamedTuple
 
 from ..cpulist import format_cpulist
 from ..discovery.process import new_tasks, read_comm, task_comm, thread_masks
-from ..model import Mode, NpuPlan, Outcome, Reason, Step, StepResult, frozen_map
+from ..frozen import frozen_map
+from ..model import Mode, NpuPlan, StepResult
+from ..reasons import Outcome, Reason, Step
 
 __all__ = [
     "ROLES",

@@ -31,18 +31,16 @@ from ..config import Config
 from ..discovery.irqhost import NpuIrqLookup
 from ..discovery.process import ProcessView
 from ..errors import PlanImpossible, ProcessGone
+from ..frozen import frozen_map
 from ..model import (
     Binding,
     HostFacts,
     NpuPlan,
-    Outcome,
     Plan,
-    Reason,
-    Step,
     StepResult,
     WorkerFacts,
-    frozen_map,
 )
+from ..reasons import Outcome, Reason, Step
 from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
 from .identity import check_may_bind, recycled, refuse_non_worker, require_live, require_worker, verify_identity
 from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks

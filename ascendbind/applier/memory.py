@@ -52,7 +52,9 @@ from ..discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
 from ..discovery.memmap import movable_pages
 from ..discovery.process import exiting
 from ..errors import DiscoveryError, ParseError, ProcessGone
-from ..model import HostFacts, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from ..frozen import frozen_map
+from ..model import HostFacts, Plan, StepResult
+from ..reasons import Outcome, Reason, Step
 from .identity import verify_identity
 
 __all__ = ["CHUNK_BYTES", "MoveCancel", "MoveProgress", "MovePages", "PageMove", "memory_target",

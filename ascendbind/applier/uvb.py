@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..cpulist import format_cpulist
-from ..model import Mode, Outcome, Plan, Reason, Step, StepResult, frozen_map
+from ..frozen import frozen_map
+from ..model import Mode, Plan, StepResult
+from ..reasons import Outcome, Reason, Step
 from .affinity import set_tid_affinity
 
 __all__ = ["bind_uvb_threads", "bind_uvb", "restore_uvb_threads", "UvbStep"]

@@ -47,8 +47,10 @@ from ..config import Config
 from ..discovery.process import ProcessView, check_same_process, observe_process
 from ..discovery.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..model import Binding, DeviceType, Outcome, ProcessIdentity, Step, frozen_map
+from ..frozen import frozen_map
+from ..model import Binding, DeviceType, ProcessIdentity
 from ..planner import make_plan, resolve_targets
+from ..reasons import Outcome, Step
 from ..targeting import TargetRequest
 from .auth import Peer, authorize
 from .held import Held

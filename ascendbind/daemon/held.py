@@ -16,7 +16,8 @@ from ..applier.affinity import role_of
 from ..cpulist import format_cpulist
 from ..discovery.numa_maps import NumaResidency
 from ..frozen import plain
-from ..model import Binding, Step
+from ..model import Binding
+from ..reasons import Step
 from .lifecycle import Record
 from .requests import alignment_of
 from .staterecord import binding_to_json

@@ -30,7 +30,9 @@ from ..applier.bind import merge_npu_plans
 from ..applier.identity import read_identity, verify_identity
 from ..applier.irq import set_irq_affinity
 from ..errors import AscendbindError, ConfigError, ProcessGone
-from ..model import Binding, Mode, Outcome, Reason, Step, StepResult, frozen_map
+from ..frozen import frozen_map
+from ..model import Binding, Mode, StepResult
+from ..reasons import Outcome, Reason, Step
 from .bans import carried_bans
 from .held import Held, SeenThread, accepted
 from .lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration

@@ -17,8 +17,9 @@ from ..applier import apply_plan
 from ..applier.affinity import thread_masks
 from ..discovery import discover_worker
 from ..errors import AscendbindError, DiscoveryError
-from ..model import DeviceType, Outcome, Step
+from ..model import DeviceType
 from ..planner import make_plan
+from ..reasons import Outcome, Step
 from .requests import resolve_policy
 
 __all__ = ["rediscover_and_replan"]

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..errors import DiscoveryError, ToolMissing
-from ..model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, frozen_map
+from ..frozen import frozen_map
+from ..model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess
 from .lscpu import LscpuSummary, parse_lscpu, parse_lscpu_e
 from .npu_smi import SRC_INFO, TopoTable, board_source, parse_board, parse_chip_map, parse_process_table, parse_topo
 from .sources import HostSource

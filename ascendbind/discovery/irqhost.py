@@ -32,7 +32,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ..model import HostFacts, NpuIrqs
+from ..decisions import NpuIrqs
+from ..model import HostFacts
 from .irqs import npu_irqs_from, parse_interrupts
 from .sources import HostSource, read_once, read_parsed
 

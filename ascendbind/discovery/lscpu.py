@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from ..cpulist import parse_cpulist
 from ..errors import ParseError
-from ..model import CpuInfo, frozen_map
+from ..frozen import frozen_map
+from ..model import CpuInfo
 from .cells import count
 from .columns import Layout, header_layout, read_row
 

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ParseError
-from ..model import frozen_map
+from ..frozen import frozen_map
 
 __all__ = ["NumaResidency", "NumaRegion", "parse_numa_maps", "numa_regions", "local_ratio"]
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..errors import ParseError, ProcessGone, UsageError
-from ..model import ProcessIdentity, ThreadInfo, frozen_map
+from ..frozen import frozen_map
+from ..model import ProcessIdentity, ThreadInfo
 from .procfs import CgroupEntry, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
 from .sources import HostSource, ProcDir, path_proc_dir, read_once
 

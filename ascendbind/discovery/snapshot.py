@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..errors import DiscoveryError, UsageError
-from ..model import Reason
+from ..reasons import Reason
 from ..targeting import ASCEND_ENV
 from .devices import format_char_devices
 from .host import NODE_ROOT, discover_cpu_topology, discover_host, discover_worker

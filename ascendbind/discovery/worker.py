@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from ..config import Config
 from ..cpulist import format_cpulist
 from ..errors import DiscoveryError, ParseError, ProcessGone
-from ..model import ProcessIdentity, WorkerFacts, frozen_map
+from ..frozen import frozen_map
+from ..model import ProcessIdentity, WorkerFacts
 from ..targeting import NpuEvidence
 from .deviceset import read_npu_evidence
 from .numa_maps import NumaResidency, parse_numa_maps

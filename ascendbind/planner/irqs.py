@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..model import Mode, NpuIrqPlan, NpuIrqs, Plan, Reason
+from ..decisions import NpuIrqPlan, NpuIrqs
+from ..model import Mode, Plan
+from ..reasons import Reason
 
 __all__ = ["plan_irqs", "step_off"]
 

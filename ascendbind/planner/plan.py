@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..config import Config
-from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanAlignment, PlanIssue, WorkerFacts
+from ..decisions import PlanAlignment
+from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts
 from .alignment import Alignment, align, resolve_policy
 from .cluster950 import cluster_pools
 from .codes import issue
