@@ -23,9 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .applier.affinity import role_of, thread_masks
+from .applier.affinity import role_of
 from .client import Client
 from .cpulist import format_cpulist
+from .discovery.process import thread_masks
 from .errors import AscendbindError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,10 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ascendbind.applier.affinity import role_of, thread_masks  # noqa: E402
+from ascendbind.applier.affinity import role_of  # noqa: E402
 from ascendbind.daemon.held import SeenThread  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.daemon.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
+from ascendbind.discovery.process import thread_masks  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 

@@ -12,8 +12,8 @@ from ascendbind.applier.affinity import (
     cpus_for_role,
     role_of,
     set_all_threads,
-    thread_masks,
 )
+from ascendbind.discovery.process import thread_masks
 from ascendbind.model import Mode, NpuPlan
 from ascendbind.reasons import Outcome, Reason
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker

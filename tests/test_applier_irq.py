@@ -12,11 +12,11 @@ import textwrap
 
 import pytest
 
-from ascendbind.applier.irq import (bind_irqs, bind_npu_irqs, irqbalance_pids, read_irq_mask, restore_irq_masks,
-                                   set_irq_affinity, with_planned_irqs)
+from ascendbind.applier.irq import bind_irqs, bind_npu_irqs, restore_irq_masks, set_irq_affinity, with_planned_irqs
 from ascendbind.config import Config
 from ascendbind.cpulist import parse_mask
 from ascendbind.decisions import IrqBinding
+from ascendbind.discovery.irqhost import irqbalance_pids, read_irq_mask
 from ascendbind.discovery.irqs import parse_interrupts
 from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError

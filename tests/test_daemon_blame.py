@@ -16,7 +16,8 @@ from ascendbind.daemon.blame import (CULPRITS, Evidence, blame_irqs, blame_threa
 from ascendbind.daemon.evidence import MAX_ANCESTORS, is_arm, read_evidence
 from ascendbind.daemon.held import YOUNG_PASSES, SeenThread, accepted
 from ascendbind.daemon.metrics import Metrics
-from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads, thread_count
+from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
+from ascendbind.discovery.tasks import thread_count
 from ascendbind.render import compact_json
 from tests.workers import reap, start_worker
 

@@ -11,7 +11,8 @@ import sys
 
 from ascendbind.applier.identity import start_time
 from ascendbind.config import Config
-from ascendbind.daemon.core import Daemon, Held
+from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.held import Held
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.discovery.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
                                         read_environ, task_comm, thread_count)

@@ -17,11 +17,12 @@ import pytest
 from ascendbind.applier import apply_plan, release_binding
 from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
-from ascendbind.applier.identity import read_identity
 from ascendbind.config import Config
+from ascendbind.discovery.process import read_identity
+from ascendbind.daemon.held import Held
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon, Held
+from ascendbind.daemon.core import Daemon
 from ascendbind.model import Binding, IrqbalanceBans
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names
 from tests.test_applier_irq import host, immutable, make_tree, mask, needs_chattr, plan

@@ -16,11 +16,12 @@ import time
 import pytest
 
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
+from ascendbind.daemon.staterecord import binding_from_json, binding_to_json
+from ascendbind.daemon.held import Held
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon, Held
+from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.bans import carried_bans, split_bans
-from ascendbind.daemon.state import binding_from_json, binding_to_json
 from ascendbind.discovery.irqbalance import (
     MAX_COMMAND,
     BanListTooLong,

@@ -15,7 +15,8 @@ import threading
 import pytest
 
 from ascendbind.applier import apply_plan
-from ascendbind.applier.identity import read_identity, require_identity, require_worker
+from ascendbind.applier.identity import require_identity, require_worker
+from ascendbind.discovery.process import read_identity
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.auth import Peer, authorize
@@ -275,7 +276,8 @@ def test_applier_refuses_init_kthreadd_and_itself_whoever_calls_it(who):
 
 def test_a_state_entry_for_a_kernel_thread_is_released_at_restore_never_kept(tmp_path):
     # a state file written by a daemon that did not refuse kthreadd, next to a real worker's entry
-    from ascendbind.daemon.state import StateFile, binding_to_json
+    from ascendbind.daemon.state import StateFile
+    from ascendbind.daemon.staterecord import binding_to_json
     from tests.test_daemon_parts import BINDING
 
     before = _cpus_allowed(2)

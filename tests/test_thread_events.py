@@ -25,14 +25,15 @@ import pytest
 
 from ascendbind.applier.affinity import bind_tasks
 from ascendbind.applier.identity import start_time
-from ascendbind.applier.irq import read_irq_mask, set_irq_affinity
+from ascendbind.applier.irq import set_irq_affinity
 from ascendbind.config import Config
-from ascendbind.daemon.core import Daemon, Held
-from ascendbind.daemon.held import SeenThread
+from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.held import Held, SeenThread
 from ascendbind.daemon.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
 from ascendbind.daemon.reconcile import Reconciler
 from ascendbind.daemon.threadevents import LOSS_LIMIT, ThreadEvents
 from ascendbind.decisions import IrqBinding
+from ascendbind.discovery.irqhost import read_irq_mask
 from ascendbind.discovery.proc_connector import ProcEventSocket
 from ascendbind.discovery.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
                                               listen_message, parse_events, socket_filter, thread_changes)

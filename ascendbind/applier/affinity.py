@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..cpulist import format_cpulist
-from ..discovery.process import new_tasks, read_comm, task_comm, thread_masks
+from ..discovery.process import new_tasks, task_comm
 from ..frozen import frozen_map
 from ..model import Mode, NpuPlan, StepResult
 from ..reasons import Outcome, Reason, Step
@@ -52,8 +52,6 @@ __all__ = [
     "ThreadMask",
     "AffinityResult",
     "set_tid_affinity",
-    "thread_masks",
-    "read_comm",
 ]
 
 ROLES = ("main", "acl", "release")

@@ -24,7 +24,7 @@ from ..discovery.process import read_identity, stat_of, status_field
 from ..errors import NotPermitted, ProcessGone
 from ..model import ProcessIdentity
 
-__all__ = ["start_time", "proc_state", "verify_identity", "check_may_bind", "may_bind", "read_identity",
+__all__ = ["start_time", "proc_state", "verify_identity", "check_may_bind", "may_bind",
            "require_identity", "require_live", "require_worker", "refuse_non_worker", "recycled", "GONE_STATES"]
 
 CAP_SYS_NICE = 23

@@ -52,10 +52,7 @@ from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, stop_irqbal
 __all__ = [
     "IrqWrite",
     "IrqStep",
-    "read_irq_mask",
     "set_irq_affinity",
-    "irqbalance_pids",
-    "stop_irqbalance",
     "bind_irqs",
     "bind_npu_irqs",
     "planned_irqs",

@@ -55,13 +55,12 @@ from ..discovery.irqbalance import (
     parse_setup,
     socket_path,
 )
-from ..discovery.irqhost import irqbalance_pids, irqbalance_socket_dir, socket_in_dir_fd
+from ..discovery.irqhost import irqbalance_socket_dir, socket_in_dir_fd
+from ..discovery.process import read_identity
 from ..errors import ParseError
 from ..model import IrqbalanceBans
-from .identity import read_identity
 
 __all__ = [
-    "irqbalance_pids",
     "stop_irqbalance",
     "Unreachable",
     "IrqbalanceLink",

@@ -19,7 +19,8 @@ import threading
 
 import structlog
 
-from ..applier.identity import read_identity, start_time
+from ..applier.identity import start_time
+from ..discovery.process import read_identity
 from ..errors import AscendbindError, DiscoveryError
 from .threadname import name_os_thread
 from .requests import outcome_of_error

@@ -42,9 +42,9 @@ import structlog
 from ..applier import release_binding
 from ..applier.bind import apply_observed
 from ..applier.irq import with_planned_irqs
-from ..applier.identity import read_identity, refuse_non_worker, require_live
+from ..applier.identity import refuse_non_worker, require_live
 from ..config import Config
-from ..discovery.process import ProcessView, check_same_process, observe_process
+from ..discovery.process import ProcessView, check_same_process, observe_process, read_identity
 from ..discovery.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
 from ..frozen import frozen_map
@@ -66,7 +66,7 @@ from .observe import role_cpus
 from .ownership import Ownership
 from .state import StateFile
 
-__all__ = ["Daemon", "Held"]
+__all__ = ["Daemon"]
 
 log = structlog.get_logger("ascendbind.daemon")
 

@@ -50,11 +50,10 @@ from ..discovery.numa_maps import local_ratio
 from ..discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
 from ..errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
 from ..model import Binding, StepResult
-from .lifecycle import (RERUN_BACKOFF_CAP, Limits, Observation, RerunMemory, decide, memory_rerun_due,
-                        rerun_was_futile)
+from .lifecycle import Limits, Observation, RerunMemory, decide, memory_rerun_due, rerun_was_futile
 from .threadname import name_os_thread
 
-__all__ = ["MemoryLocality", "memory_rerun_due", "ratios_by_npu", "pool_nodes", "RERUN_BACKOFF_CAP"]
+__all__ = ["MemoryLocality", "ratios_by_npu", "pool_nodes"]
 
 log = structlog.get_logger("ascendbind.locality")
 

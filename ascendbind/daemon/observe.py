@@ -51,10 +51,10 @@ from ..applier.affinity import ROLES, cpus_for_role, role_of
 from ..applier.bind import merge_npu_plans
 from ..discovery.tasks import list_tids, task_comm, thread_count
 from ..model import Plan
-from .held import YOUNG_PASSES, SeenThread
+from .held import SeenThread
 
-__all__ = ["COMM_SWEEP_PASSES", "YOUNG_PASSES", "comm_due", "observe_threads", "observe_marked", "role_cpus",
-           "thread_count", "sweep_slots", "slot_quiet", "Slot"]
+__all__ = ["COMM_SWEEP_PASSES", "comm_due", "observe_threads", "observe_marked", "role_cpus", "sweep_slots",
+           "slot_quiet", "Slot"]
 
 COMM_SWEEP_PASSES = 30
 

@@ -27,8 +27,9 @@ import structlog
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import merge_npu_plans
-from ..applier.identity import read_identity, verify_identity
+from ..applier.identity import verify_identity
 from ..applier.irq import set_irq_affinity
+from ..discovery.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone
 from ..frozen import frozen_map
 from ..model import Binding, Mode, StepResult
@@ -39,7 +40,7 @@ from .lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Res
 from .locality import ratios_by_npu
 from .memmove import STOPPING
 from .observe import role_cpus
-from .state import binding_from_json
+from .staterecord import binding_from_json
 
 __all__ = ["Ownership"]
 

@@ -46,8 +46,8 @@ import time
 import structlog
 
 from ..applier.identity import verify_identity
-from ..applier.irq import irqbalance_pids, read_irq_mask
 from ..cpulist import parse_mask
+from ..discovery.irqhost import irqbalance_pids, read_irq_mask
 from ..discovery.tasks import exited_pidfds, open_pidfd
 from ..errors import ProcessGone
 from .evidence import read_evidence
@@ -57,7 +57,7 @@ from .stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
 from .threadname import name_os_thread
 
-__all__ = ["Reconciler", "REASSERT_LIMIT"]
+__all__ = ["Reconciler"]
 
 log = structlog.get_logger("ascendbind.reconcile")
 

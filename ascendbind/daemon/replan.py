@@ -14,8 +14,8 @@ import dataclasses
 import structlog
 
 from ..applier import apply_plan
-from ..applier.affinity import thread_masks
 from ..discovery import discover_worker
+from ..discovery.process import thread_masks
 from ..errors import AscendbindError, DiscoveryError
 from ..model import DeviceType
 from ..planner import make_plan

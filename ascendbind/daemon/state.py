@@ -69,10 +69,10 @@ import structlog
 from ..discovery.host import read_boot_id as _boot_id_of
 from ..discovery.sources import LiveHost
 from ..errors import ConfigError
-from .staterecord import binding_from_json, binding_from_v1, binding_to_json
+from .staterecord import binding_from_v1, binding_to_json
 from .statedir import trusted_state_dir, untrusted_reason
 
-__all__ = ["StateFile", "LoadResult", "encode_record", "binding_to_json", "binding_from_json", "read_boot_id", "STATE_VERSION"]
+__all__ = ["StateFile", "LoadResult", "encode_record", "read_boot_id", "STATE_VERSION"]
 
 STATE_VERSION = 2
 log = structlog.get_logger("ascendbind.state")

@@ -28,12 +28,8 @@ from .npu_smi import SRC_INFO, TopoTable, board_source, parse_board, parse_chip_
 from .sources import HostSource
 from .sysfs import parse_cpulist_file, parse_node_distance
 
-# per-request worker facts live in worker.py; re-exported for the documented import path
-from .worker import UVB_COMM_PREFIX, discover_worker
-
 __all__ = [
     "discover_host",
-    "discover_worker",
     "discover_cpu_topology",
     "discover_processes",
     "detect_device_type",
@@ -42,7 +38,6 @@ __all__ = [
     "read_boot_id",
     "CpuTopology",
     "NPU_SMI_MISSING",
-    "UVB_COMM_PREFIX",
 ]
 
 NPU_SMI_MISSING = (

@@ -35,9 +35,10 @@ from ..errors import DiscoveryError, UsageError
 from ..reasons import Reason
 from ..targeting import ASCEND_ENV
 from .devices import format_char_devices
-from .host import NODE_ROOT, discover_cpu_topology, discover_host, discover_worker
+from .host import NODE_ROOT, discover_cpu_topology, discover_host
 from .irqhost import INTERRUPTS, discover_npu_irqs, msi_dir
 from .sources import HostSource, LiveHost, OneTimeoutPerTool, command_file_name
+from .worker import discover_worker
 
 __all__ = ["RecordingHost", "SnapshotFiles", "record_snapshot", "check_snapshot_target", "RECORDED_ENV"]
 
