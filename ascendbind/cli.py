@@ -173,7 +173,7 @@ def cmd_snapshot(args) -> int:
 
 def cmd_apply(args) -> int:
     from .applier import apply_plan
-    from .applier.identity import require_worker
+    from .discovery.identity import require_worker
     from .discovery import LiveHost
     from .render import compact_json, steps_table
 

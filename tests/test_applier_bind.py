@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ascendbind.applier import apply_plan, release_binding
-from ascendbind.applier.identity import proc_state, start_time, verify_identity
+from ascendbind.discovery.identity import proc_state, start_time, verify_identity
 from ascendbind.config import Config
 from ascendbind.errors import PlanImpossible, ProcessGone
 from ascendbind.frozen import frozen_map

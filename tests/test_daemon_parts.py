@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ascendbind.applier.identity import require_identity
+from ascendbind.discovery.identity import require_identity
 from ascendbind.daemon import systemd
 from ascendbind.daemon.auth import Peer, authorize
 from ascendbind.daemon.hotplug import Debouncer

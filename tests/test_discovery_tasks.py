@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from ascendbind.applier.identity import start_time
+from ascendbind.discovery.identity import start_time
 from ascendbind.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.held import Held

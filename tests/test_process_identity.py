@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from ascendbind.applier import apply_plan
-from ascendbind.applier.identity import require_identity, require_worker
+from ascendbind.discovery.identity import require_identity, require_worker
 from ascendbind.discovery.process import read_identity
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config

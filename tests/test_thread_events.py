@@ -24,7 +24,7 @@ import tempfile
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks
-from ascendbind.applier.identity import start_time
+from ascendbind.discovery.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
 from ascendbind.config import Config
 from ascendbind.daemon.core import Daemon

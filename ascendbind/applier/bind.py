@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..config import Config
+from ..discovery.identity import (check_may_bind, recycled, refuse_non_worker, require_live, require_worker,
+                                  verify_identity)
 from ..discovery.irqhost import NpuIrqLookup
 from ..discovery.process import ProcessView
 from ..errors import PlanImpossible, ProcessGone
@@ -42,7 +44,6 @@ from ..model import (
 )
 from ..reasons import Outcome, Reason, Step
 from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
-from .identity import check_may_bind, recycled, refuse_non_worker, require_live, require_worker, verify_identity
 from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks
 from .memory import memory_target, migrate_memory, pending_memory
 from .uvb import UvbStep, bind_uvb, restore_uvb_threads

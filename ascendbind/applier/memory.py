@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..config import Config
+from ..discovery.identity import verify_identity
 from ..discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
 from ..discovery.memmap import movable_pages
 from ..discovery.process import exiting
@@ -55,7 +56,6 @@ from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..frozen import frozen_map
 from ..model import HostFacts, Plan, StepResult
 from ..reasons import Outcome, Reason, Step
-from .identity import verify_identity
 
 __all__ = ["CHUNK_BYTES", "MoveCancel", "MoveProgress", "MovePages", "PageMove", "memory_target",
            "pending_memory", "migrate_memory"]

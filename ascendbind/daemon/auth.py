@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..applier.identity import refuse_non_worker
+from ..discovery.identity import refuse_non_worker
 from ..discovery.process import parent_of
 from ..errors import NotPermitted
 from ..model import ProcessIdentity

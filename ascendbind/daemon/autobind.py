@@ -19,7 +19,7 @@ import threading
 
 import structlog
 
-from ..applier.identity import start_time
+from ..discovery.identity import start_time
 from ..discovery.process import read_identity
 from ..errors import AscendbindError, DiscoveryError
 from .threadname import name_os_thread

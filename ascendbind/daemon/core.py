@@ -42,7 +42,7 @@ import structlog
 from ..applier import release_binding
 from ..applier.bind import apply_observed
 from ..applier.irq import with_planned_irqs
-from ..applier.identity import refuse_non_worker, require_live
+from ..discovery.identity import refuse_non_worker, require_live
 from ..config import Config
 from ..discovery.process import ProcessView, check_same_process, observe_process, read_identity
 from ..discovery.worker import discover_worker, without_process_table

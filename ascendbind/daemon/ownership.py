@@ -27,7 +27,7 @@ import structlog
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import merge_npu_plans
-from ..applier.identity import verify_identity
+from ..discovery.identity import verify_identity
 from ..applier.irq import set_irq_affinity
 from ..discovery.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone

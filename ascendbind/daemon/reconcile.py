@@ -45,7 +45,7 @@ import time
 
 import structlog
 
-from ..applier.identity import verify_identity
+from ..discovery.identity import verify_identity
 from ..cpulist import parse_mask
 from ..discovery.irqhost import irqbalance_pids, read_irq_mask
 from ..discovery.tasks import exited_pidfds, open_pidfd

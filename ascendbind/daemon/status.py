@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..applier.identity import require_identity
+from ..discovery.identity import require_identity
 from ..errors import ProcessGone, UsageError
 
 __all__ = ["parse_workers_query", "workers_answer", "explain_held"]

@@ -6,9 +6,10 @@ the next fork once the pid space wraps. The start time (field 22 of
 within a boot, so (pid, start time) is an identity. A zombie has no threads left
 to bind and no memory to migrate: it counts as gone.
 
-The reads are discovery's (``discovery/process.py``: one observation of a
-process through one open ``/proc/<pid>`` directory, so its files describe one
-process); this module holds the decisions taken on what was read.
+The reads are process.py's (one observation of a process through one open
+``/proc/<pid>`` directory, so its files describe one process); this module holds
+the checks made on what was read, which the applier, the daemon and the command
+line share: is the process live, is it still the one we mean, may it be bound.
 
 Never a worker (``ProcessIdentity.not_a_worker``): pid 1 of our pid namespace,
 kernel threads (``PF_KTHREAD``) and the binding process itself. Pinning init or
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from ..discovery.process import read_identity, stat_of, status_field
+from .process import read_identity, stat_of, status_field
 from ..errors import NotPermitted, ProcessGone
 from ..model import ProcessIdentity
 
