@@ -385,7 +385,7 @@ def test_api_md_gives_each_daemon_error_kind_its_status():
 
 
 def test_api_md_lists_every_code_the_wire_answers_with_its_status():
-    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "ascendbind" / "daemon").glob("*.py"))
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "ascendbind" / "daemon").rglob("*.py"))
     pairs = set(re.findall(r'WireError\(\s*(\d{3}),\s*"(\w+)"', source))
     pairs |= set(re.findall(r'json_response\(\s*(\d{3}),\s*\{\s*"error":\s*"(\w+)"', source))
     pairs |= {("400", c) for c in re.findall(r'_bad\([^()]*?,\s*"(\w+)"\)', source)} | {("400", "bad_http")}

@@ -30,12 +30,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CULPRITS", "Evidence", "Blame", "environ_evidence", "vllm_setting", "first_vllm_setting",
+__all__ = ["Evidence", "Blame", "environ_evidence", "vllm_setting", "first_vllm_setting",
            "split_cmdline",
            "blame_threads", "blame_irqs", "left_alone_sentence", "OPENMP_ENV"]
-
-# the fixed label set of ascendbind_drift_total{culprit}
-CULPRITS = ("self", "env", "irqbalance", "external")
 
 OPENMP_ENV = ("OMP_PROC_BIND", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
 _OPENMP_OFF = {"OMP_PROC_BIND": ("false",), "KMP_AFFINITY": ("disabled", "none")}
@@ -57,7 +54,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Blame:
-    culprit: str  # one of CULPRITS
+    culprit: str  # one of metrics.CULPRITS, the label set of ascendbind_drift_total{culprit}
     why: str  # the evidence, or its absence, as a sentence
 
 

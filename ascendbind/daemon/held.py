@@ -52,7 +52,7 @@ class Held:
     threads: dict[int, SeenThread] = field(default_factory=dict)  # tid -> mask/role we set or accepted
     reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
     irq_reasserts: deque = field(default_factory=deque)
-    culprit: str | None = None  # who moved the threads last (blame.CULPRITS)
+    culprit: str | None = None  # who moved the threads last (metrics.CULPRITS)
     blame: str | None = None  # the sentence behind ``culprit``: the evidence, or its absence
     left_alone: bool = False
     left_alone_why: str | None = None

@@ -18,7 +18,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from .. import __version__
 from ..planner import ALIGNMENT_FAILURE_REASONS
-from .blame import CULPRITS  # who moved a bound thread's or IRQ's mask: a fixed set, decided on evidence
 from .listener import Conn, Limits, Listener
 from .wire import Request, Response, WireError, json_response
 
@@ -32,6 +31,8 @@ prometheus_client.disable_created_metrics()
 OUTCOMES = ("aligned", "unaligned", "failed", "rejected")
 STEPS = ("affinity", "irq", "memory", "uvb")
 STEP_OUTCOMES = ("applied", "skipped", "failed")
+# who moved a bound thread's or IRQ's mask: the verdicts of the blame rule (blame.py), decided on evidence
+CULPRITS = ("self", "env", "irqbalance", "external")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")

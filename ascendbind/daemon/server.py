@@ -27,7 +27,6 @@ import structlog
 from ..errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, NotPermitted, PlanImpossible,
                       ProcessGone, UsageError)
 from .auth import Peer, peer_of
-from .core import Daemon
 from .listener import Conn, Limits, Listener
 from .requests import decode_json_body, parse_bind_request
 from .wire import Request, Response, WireError, error_response, json_response
@@ -103,9 +102,10 @@ def _where(exc: BaseException) -> str:
 
 
 class ApiServer:
-    """The API on ``sock`` (already bound and listening): ``serve()`` blocks, ``stop()`` ends it."""
+    """The API on ``sock`` (already bound and listening): ``serve()`` blocks, ``stop()`` ends it.
+    Each request is handed to ``daemon``, the ``Daemon`` (core.py) that alone changes what it holds."""
 
-    def __init__(self, sock: socket.socket, daemon: Daemon, *, limits: Limits = API_LIMITS) -> None:
+    def __init__(self, sock: socket.socket, daemon, *, limits: Limits = API_LIMITS) -> None:
         self.daemon = daemon
         self.listener = Listener(sock, limits, self._handle, identify=_identify, refused=self._refused, name="api")
         self._busy_lock = threading.Lock()
