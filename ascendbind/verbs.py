@@ -97,7 +97,7 @@ def _socket_of(args) -> str:
 
 
 def cmd_serve(args) -> int:
-    from .daemon.logs import configure_logging
+    from .daemon.runtime.logs import configure_logging
     from .daemon.serve import serve
 
     config = config_from_args(args)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ascendbind.discovery.identity import require_identity
-from ascendbind.daemon import systemd
+from ascendbind.daemon.runtime import systemd
 from ascendbind.daemon.auth import Peer, authorize
 from ascendbind.daemon.hotplug import Debouncer
 from ascendbind.daemon.listen import open_listen_socket
@@ -28,7 +28,7 @@ from ascendbind.daemon.staterecord import binding_from_json, binding_to_json
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.frozen import frozen_map
 from ascendbind.targeting import TargetRequest
-from ascendbind.daemon.stopflag import StopFlag
+from ascendbind.daemon.runtime.stopflag import StopFlag
 from ascendbind.daemon.state import StateFile
 from tests.daemon_harness import wait_for
 from ascendbind.settings import load_config

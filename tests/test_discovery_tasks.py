@@ -98,7 +98,7 @@ def test_the_loop_sees_a_worker_die_through_its_pidfd_and_drops_it(tmp_path):
 def test_a_daemon_thread_carries_its_name_in_comm_for_top_and_the_idle_bench():
     import threading
 
-    from ascendbind.daemon.threadname import name_os_thread
+    from ascendbind.daemon.runtime.threadname import name_os_thread
 
     seen: dict[str, str | None] = {}
     done = threading.Event()

@@ -156,12 +156,12 @@ def _host_paths(tree: ast.Module) -> list[str]:
     return found
 
 
-SHELL_FILES = sorted(p for d in ("applier", "daemon") for p in (PKG / d).glob("*.py"))
+SHELL_FILES = sorted(p for d in ("applier", "daemon") for p in (PKG / d).rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: str(p.relative_to(PKG)))
 def test_the_applier_and_the_daemon_read_the_host_only_through_discovery(path):
-    rel = f"{path.parent.name}/{path.name}"
+    rel = str(path.relative_to(PKG))
     found = _host_paths(_tree(path))
     if rel in SHELL_EXCEPTIONS:
         assert found, f"{rel} no longer spells host paths: take it off SHELL_EXCEPTIONS"

@@ -22,7 +22,7 @@ import structlog
 from ..discovery.identity import start_time
 from ..discovery.process import read_identity
 from ..errors import AscendbindError, DiscoveryError
-from .threadname import name_os_thread
+from .runtime.threadname import name_os_thread
 from .requests import outcome_of_error
 
 __all__ = ["AutoBinder"]

@@ -21,7 +21,7 @@ import structlog
 
 from ..discovery.kernel import somaxconn
 from ..errors import ConfigError
-from . import systemd
+from .runtime import systemd
 
 __all__ = ["open_listen_socket"]
 

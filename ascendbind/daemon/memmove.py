@@ -34,7 +34,7 @@ import structlog
 
 from ..applier.memory import MoveCancel, MoveProgress, PageMove
 from ..model import StepResult
-from .threadname import name_os_thread
+from .runtime.threadname import name_os_thread
 
 __all__ = ["MemoryMover", "MoveJob", "STOPPING"]
 

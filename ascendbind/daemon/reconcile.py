@@ -53,9 +53,9 @@ from ..errors import ProcessGone
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
 from .observe import Slot, observe_marked, observe_threads, role_cpus, slot_quiet, sweep_slots
-from .stopflag import StopFlag
+from .runtime.stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
-from .threadname import name_os_thread
+from .runtime.threadname import name_os_thread
 
 __all__ = ["Reconciler"]
 

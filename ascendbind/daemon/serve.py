@@ -41,7 +41,7 @@ from ..config import Config
 from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
 from ..planner import lint_config
-from . import systemd
+from .runtime import systemd
 from .autobind import AutoBinder
 from .core import Daemon
 from .hotplug import HotplugMonitor
