@@ -22,8 +22,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ascendbind.daemon.state import StateFile  # noqa: E402
-from ascendbind.daemon.staterecord import binding_from_json, binding_to_json  # noqa: E402
+from ascendbind.daemon.state.state import StateFile  # noqa: E402
+from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json  # noqa: E402
 
 HELD = ("bound_at", "topology_policy", "culprit", "blame", "left_alone", "left_alone_why", "irq_culprit",
         "irqs_left_alone", "irqs_left_alone_why")

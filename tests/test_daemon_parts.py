@@ -24,12 +24,12 @@ from ascendbind.daemon.hotplug import Debouncer
 from ascendbind.daemon.listen import open_listen_socket
 from ascendbind.daemon.metrics import Metrics
 from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
-from ascendbind.daemon.staterecord import binding_from_json, binding_to_json
+from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.frozen import frozen_map
 from ascendbind.targeting import TargetRequest
 from ascendbind.daemon.runtime.stopflag import StopFlag
-from ascendbind.daemon.state import StateFile
+from ascendbind.daemon.state.state import StateFile
 from tests.daemon_harness import wait_for
 from ascendbind.settings import load_config
 from ascendbind.errors import ConfigError, Conflict, NotPermitted, ProcessGone, UsageError

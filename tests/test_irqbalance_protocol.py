@@ -16,7 +16,7 @@ import time
 import pytest
 
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
-from ascendbind.daemon.staterecord import binding_from_json, binding_to_json
+from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.daemon.held import Held
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config

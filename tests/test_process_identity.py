@@ -276,8 +276,8 @@ def test_applier_refuses_init_kthreadd_and_itself_whoever_calls_it(who):
 
 def test_a_state_entry_for_a_kernel_thread_is_released_at_restore_never_kept(tmp_path):
     # a state file written by a daemon that did not refuse kthreadd, next to a real worker's entry
-    from ascendbind.daemon.state import StateFile
-    from ascendbind.daemon.staterecord import binding_to_json
+    from ascendbind.daemon.state.state import StateFile
+    from ascendbind.daemon.state.staterecord import binding_to_json
     from tests.test_daemon_parts import BINDING
 
     before = _cpus_allowed(2)

@@ -10,14 +10,14 @@ import shutil
 
 from ascendbind.applier import apply_plan, release_binding
 from ascendbind.config import Config
-from ascendbind.daemon.staterecord import binding_from_json, binding_to_json
+from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.frozen import frozen_map
 from ascendbind.decisions import IrqBinding
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.held import Held
-from ascendbind.daemon.state import STATE_VERSION, StateFile, encode_record
+from ascendbind.daemon.state.state import STATE_VERSION, StateFile, encode_record
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
 from ascendbind.model import Binding, IrqbalanceBans, Mode, NpuPlan, StepResult
 from ascendbind.planner import make_plan

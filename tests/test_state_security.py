@@ -14,9 +14,9 @@ import tempfile
 
 import pytest
 
-from ascendbind.daemon.state import StateFile
-from ascendbind.daemon.statedir import trusted_state_dir
-from ascendbind.daemon.staterecord import binding_to_json
+from ascendbind.daemon.state.state import StateFile
+from ascendbind.daemon.state.statedir import trusted_state_dir
+from ascendbind.daemon.state.staterecord import binding_to_json
 from ascendbind.errors import ConfigError
 from tests.daemon_harness import DaemonProc, base_env, free_port, running_daemon, wait_for
 from tests.test_daemon_parts import BINDING

@@ -64,7 +64,7 @@ from .memmove import MemoryMover
 from .metrics import Metrics
 from .observe import role_cpus
 from .ownership import Ownership
-from .state import StateFile
+from .state.state import StateFile
 
 __all__ = ["Daemon"]
 

@@ -20,8 +20,8 @@ from ..model import Binding
 from ..reasons import Step
 from .lifecycle import Record
 from .requests import alignment_of
-from .staterecord import binding_to_json
-from .state import encode_record
+from .state.staterecord import binding_to_json
+from .state.state import encode_record
 
 __all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists", "memory_state"]
 

@@ -40,7 +40,7 @@ from .lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Res
 from .locality import ratios_by_npu
 from .memmove import STOPPING
 from .observe import role_cpus
-from .staterecord import binding_from_json
+from .state.staterecord import binding_from_json
 
 __all__ = ["Ownership"]
 

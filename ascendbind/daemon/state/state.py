@@ -11,7 +11,7 @@ restarted daemon keeps reconciling its workers and ``release`` can still undo
 what an earlier daemon did.
 
 Invariants:
-* Written only in a directory no other user can change (daemon/statedir.py): the
+* Written only in a directory no other user can change (statedir.py): the
   daemon refuses to start with any other ``state_dir``, since a name planted
   there (a symlink where root's temp file goes) would make root overwrite any
   file on the host.
@@ -66,9 +66,9 @@ from typing import Any
 
 import structlog
 
-from ..discovery.host import read_boot_id as _boot_id_of
-from ..discovery.sources import LiveHost
-from ..errors import ConfigError
+from ...discovery.host import read_boot_id as _boot_id_of
+from ...discovery.sources import LiveHost
+from ...errors import ConfigError
 from .staterecord import binding_from_v1, binding_to_json
 from .statedir import trusted_state_dir, untrusted_reason
 

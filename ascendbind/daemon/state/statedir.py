@@ -26,7 +26,7 @@ import os
 import stat
 from collections import deque
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["trusted_state_dir", "untrusted_reason"]
 
