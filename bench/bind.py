@@ -62,7 +62,7 @@ from ascendbind.applier.affinity import bind_threads  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
-from ascendbind.daemon.auth import Peer  # noqa: E402
+from ascendbind.daemon.api.auth import Peer  # noqa: E402
 from ascendbind.daemon.core import Daemon  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402

@@ -18,8 +18,8 @@ import pytest
 
 from ascendbind import errors
 from ascendbind.client import Client, exchange, render_request
-from ascendbind.daemon.listener import _BUSY_BYTES
-from ascendbind.daemon.wire import json_response, render_response
+from ascendbind.daemon.api.listener import _BUSY_BYTES
+from ascendbind.daemon.api.wire import json_response, render_response
 
 
 class Peer:

@@ -15,7 +15,7 @@ from ascendbind.daemon.blame import (Evidence, blame_irqs, blame_threads, enviro
                                      left_alone_sentence, split_cmdline, vllm_setting)
 from ascendbind.daemon.evidence import MAX_ANCESTORS, is_arm, read_evidence
 from ascendbind.daemon.held import YOUNG_PASSES, SeenThread, accepted
-from ascendbind.daemon.metrics import CULPRITS, Metrics
+from ascendbind.daemon.api.metrics import CULPRITS, Metrics
 from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
 from ascendbind.discovery.tasks import thread_count
 from ascendbind.render import compact_json

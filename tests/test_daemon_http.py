@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from ascendbind.client import Client
-from ascendbind.daemon.requests import MAX_JSON_DEPTH
-from ascendbind.daemon.server import API_LIMITS
+from ascendbind.daemon.api.requests import MAX_JSON_DEPTH
+from ascendbind.daemon.api.server import API_LIMITS
 from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
 from tests.http_fuzz import exchange
 from tests.workers import start_worker
@@ -372,8 +372,8 @@ def test_seeded_fuzz_gets_a_status_line_and_json_every_time(daemon):
 
 
 def test_a_bug_at_accept_costs_one_connection_not_the_loop(tmp_path):
-    from ascendbind.daemon.listener import Limits, Listener
-    from ascendbind.daemon.wire import json_response
+    from ascendbind.daemon.api.listener import Limits, Listener
+    from ascendbind.daemon.api.wire import json_response
 
     calls = []
 
@@ -411,8 +411,8 @@ def _lowest_free_fd() -> int:
 def test_out_of_descriptors_pauses_accepting_instead_of_spinning_and_recovers(tmp_path):
     from structlog.testing import capture_logs
 
-    from ascendbind.daemon.listener import ACCEPT_PAUSE, Limits, Listener
-    from ascendbind.daemon.wire import json_response
+    from ascendbind.daemon.api.listener import ACCEPT_PAUSE, Limits, Listener
+    from ascendbind.daemon.api.wire import json_response
 
     path = str(tmp_path / "l.sock")
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

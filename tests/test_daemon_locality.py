@@ -25,11 +25,11 @@ from ascendbind.daemon.lifecycle import memory_rerun_due
 from ascendbind.reasons import Outcome, Step
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
-from ascendbind.daemon.auth import Peer
+from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.held import Held
 from ascendbind.daemon.locality import MemoryLocality, ratios_by_npu
-from ascendbind.daemon.metrics import Metrics
+from ascendbind.daemon.api.metrics import Metrics
 from ascendbind.discovery.sysfs import parse_cpulist_file
 from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for

@@ -19,11 +19,11 @@ import pytest
 
 from ascendbind.discovery.identity import require_identity
 from ascendbind.daemon.runtime import systemd
-from ascendbind.daemon.auth import Peer, authorize
+from ascendbind.daemon.api.auth import Peer, authorize
 from ascendbind.daemon.hotplug import Debouncer
-from ascendbind.daemon.listen import open_listen_socket
-from ascendbind.daemon.metrics import Metrics
-from ascendbind.daemon.requests import alignment_of, parse_bind_request, resolve_policy
+from ascendbind.daemon.api.listen import open_listen_socket
+from ascendbind.daemon.api.metrics import Metrics
+from ascendbind.daemon.api.requests import alignment_of, parse_bind_request, resolve_policy
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.frozen import frozen_map

@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from ascendbind.daemon.requests import MAX_JSON_DEPTH, NPU_MAX, PID_MAX, decode_json_body, json_depth, parse_bind_request
+from ascendbind.daemon.api.requests import (MAX_JSON_DEPTH, NPU_MAX, PID_MAX, decode_json_body, json_depth,
+                                            parse_bind_request)
 from ascendbind.targeting import TargetRequest
-from ascendbind.daemon.wire import (MAX_HEAD, MAX_HEADERS, MAX_LINE, Request, RequestReader, Response, WireError,
-                                    json_response, render_response)
+from ascendbind.daemon.api.wire import (MAX_HEAD, MAX_HEADERS, MAX_LINE, Request, RequestReader, Response, WireError,
+                                        json_response, render_response)
 from ascendbind.errors import UsageError
 
 GOOD = b'POST /v1/bind?x=1 HTTP/1.1\r\nHost: localhost\r\nContent-Length: 12\r\nX-Request-Id: a\r\n\r\n{"npu": [0]}'

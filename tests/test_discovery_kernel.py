@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from ascendbind.daemon.listen import open_listen_socket
+from ascendbind.daemon.api.listen import open_listen_socket
 from ascendbind.discovery.kernel import SOMAXCONN_FLOOR, SOMAXCONN_UNKNOWN, parse_somaxconn, somaxconn
 
 

@@ -28,7 +28,7 @@ from ascendbind.cli import build_parser
 from ascendbind.config import CHOICES, PLAN_KEYS, Config
 from ascendbind.settings import OTHER_VARIABLES
 from ascendbind.daemon.serve import RESTART_KEYS
-from ascendbind.daemon.server import ROUTES, http_status_of
+from ascendbind.daemon.api.server import ROUTES, http_status_of
 from ascendbind.discovery.snapshot import record_snapshot
 from ascendbind.planner import ALIGNMENT_FAILURE_REASONS, ERROR_CODES, WARNING_CODES
 from tests.golden import HOSTS, run_plan

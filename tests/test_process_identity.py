@@ -19,9 +19,9 @@ from ascendbind.discovery.identity import require_identity, require_worker
 from ascendbind.discovery.process import read_identity
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
-from ascendbind.daemon.auth import Peer, authorize
+from ascendbind.daemon.api.auth import Peer, authorize
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.requests import claim_npus, evictable, outcome_of_error
+from ascendbind.daemon.api.requests import claim_npus, evictable, outcome_of_error
 from ascendbind.discovery import LiveHost, discover_worker
 from ascendbind.discovery.procfs import PF_KTHREAD, parse_stat
 from ascendbind.errors import Conflict, NotPermitted, ParseError, ProcessGone

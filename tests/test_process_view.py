@@ -15,7 +15,7 @@ import pytest
 
 from ascendbind.applier.affinity import bind_tasks, cpus_for_role, role_of
 from ascendbind.config import Config
-from ascendbind.daemon.auth import Peer
+from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost
 from ascendbind.discovery.process import ProcessView, observe_process

@@ -23,7 +23,7 @@ from ..discovery.identity import start_time
 from ..discovery.process import read_identity
 from ..errors import AscendbindError, DiscoveryError
 from .runtime.threadname import name_os_thread
-from .requests import outcome_of_error
+from .api.requests import outcome_of_error
 
 __all__ = ["AutoBinder"]
 

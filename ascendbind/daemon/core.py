@@ -52,16 +52,16 @@ from ..model import Binding, DeviceType, ProcessIdentity
 from ..planner import make_plan, resolve_targets
 from ..reasons import Outcome, Step
 from ..targeting import TargetRequest
-from .auth import Peer, authorize
+from .api.auth import Peer, authorize
 from .held import Held
 from .bans import carried_bans
-from .requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request,
-                       recycled_is_a_conflict, resolve_policy)
+from .api.requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request, recycled_is_a_conflict,
+                           resolve_policy)
 from .hostcache import HostCache
 from .lifecycle import claim
 from .locality import MemoryLocality, ratios_by_npu
 from .memmove import MemoryMover
-from .metrics import Metrics
+from .api.metrics import Metrics
 from .observe import role_cpus
 from .ownership import Ownership
 from .state.state import StateFile
@@ -373,7 +373,7 @@ class Daemon(Ownership):
 
     def workers(self, query: str = "") -> dict[str, Any]:
         """GET /v1/workers[?pid=P[&explain=1]] (status.py)."""
-        from .status import workers_answer
+        from .api.status import workers_answer
 
         return workers_answer(self, query)
 

@@ -19,7 +19,7 @@ from ..frozen import plain
 from ..model import Binding
 from ..reasons import Step
 from .lifecycle import Record
-from .requests import alignment_of
+from .api.requests import alignment_of
 from .state.staterecord import binding_to_json
 from .state.state import encode_record
 

@@ -20,7 +20,7 @@ from ..errors import AscendbindError, DiscoveryError
 from ..model import DeviceType
 from ..planner import make_plan
 from ..reasons import Outcome, Step
-from .requests import resolve_policy
+from .api.requests import resolve_policy
 
 __all__ = ["rediscover_and_replan"]
 

@@ -45,11 +45,11 @@ from .runtime import systemd
 from .autobind import AutoBinder
 from .core import Daemon
 from .hotplug import HotplugMonitor
-from .listen import open_listen_socket
-from .metrics import METRICS_LIMITS, Metrics, start_tcp_listener
+from .api.listen import open_listen_socket
+from .api.metrics import METRICS_LIMITS, Metrics, start_tcp_listener
 from .reconcile import Reconciler
 from .replan import rediscover_and_replan
-from .server import API_LIMITS, ApiServer
+from .api.server import API_LIMITS, ApiServer
 
 __all__ = ["serve", "RESTART_KEYS"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..discovery.identity import require_identity
-from ..errors import ProcessGone, UsageError
+from ...discovery.identity import require_identity
+from ...errors import ProcessGone, UsageError
 
 __all__ = ["parse_workers_query", "workers_answer", "explain_held"]
 
@@ -69,7 +69,7 @@ def _record(daemon, h) -> dict[str, Any]:
 
 def explain_held(daemon, h) -> str:
     """The plan explanation of one held worker, from the facts its plan was made from."""
-    from ..planner.explain import explain_plan
+    from ...planner.explain import explain_plan
 
     b = h.binding
     if h.facts is not None:

@@ -19,9 +19,9 @@ import stat
 
 import structlog
 
-from ..discovery.kernel import somaxconn
-from ..errors import ConfigError
-from .runtime import systemd
+from ...discovery.kernel import somaxconn
+from ...errors import ConfigError
+from ..runtime import systemd
 
 __all__ = ["open_listen_socket"]
 

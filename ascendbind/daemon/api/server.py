@@ -24,8 +24,8 @@ from urllib.parse import parse_qs
 
 import structlog
 
-from ..errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, NotPermitted, PlanImpossible,
-                      ProcessGone, UsageError)
+from ...errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, NotPermitted, PlanImpossible,
+                       ProcessGone, UsageError)
 from .auth import Peer, peer_of
 from .listener import Conn, Limits, Listener
 from .requests import decode_json_body, parse_bind_request

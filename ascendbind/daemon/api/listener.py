@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..discovery.kernel import somaxconn
+from ...discovery.kernel import somaxconn
 from .wire import CONTINUE, Request, RequestReader, Response, WireError, error_response, render_response
-from .runtime.threadname import name_os_thread
+from ..runtime.threadname import name_os_thread
 
 __all__ = ["Limits", "Listener", "Conn"]
 

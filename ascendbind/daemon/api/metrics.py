@@ -16,8 +16,8 @@ import threading
 import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
-from .. import __version__
-from ..planner import ALIGNMENT_FAILURE_REASONS
+from ... import __version__
+from ...planner import ALIGNMENT_FAILURE_REASONS
 from .listener import Conn, Limits, Listener
 from .wire import Request, Response, WireError, json_response
 
