@@ -6,7 +6,7 @@ Starts W real workers of T named threads (tests/workers.py), then alternates,
 pass after pass, four looks over all of them, each timed with the calling
 thread's CPU clock (``time.thread_time``):
 
-* **cached** (the daemon's look in listing mode: daemon/observe.py): per worker one ``stat``
+* **cached** (the daemon's look in listing mode: daemon/watch/observe.py): per worker one ``stat``
   of its task directory (the thread count), per thread one ``sched_getaffinity``,
   ``comm`` only for the threads whose name can have news, the task list only
   when the count says the set changed (the daemon's liveness check, a pidfd
@@ -42,9 +42,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascendbind.applier.affinity import role_of  # noqa: E402
-from ascendbind.daemon.held import SeenThread  # noqa: E402
+from ascendbind.daemon.watch.held import SeenThread  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
-from ascendbind.daemon.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
+from ascendbind.daemon.watch.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
 from ascendbind.discovery.process import thread_masks  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from tests.workers import start_worker  # noqa: E402

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from ascendbind.daemon.blame import (Evidence, blame_irqs, blame_threads, environ_evidence, first_vllm_setting,
-                                     left_alone_sentence, split_cmdline, vllm_setting)
-from ascendbind.daemon.evidence import MAX_ANCESTORS, is_arm, read_evidence
-from ascendbind.daemon.held import YOUNG_PASSES, SeenThread, accepted
+from ascendbind.daemon.watch.blame import (Evidence, blame_irqs, blame_threads, environ_evidence, first_vllm_setting,
+                                           left_alone_sentence, split_cmdline, vllm_setting)
+from ascendbind.daemon.watch.evidence import MAX_ANCESTORS, is_arm, read_evidence
+from ascendbind.daemon.watch.held import YOUNG_PASSES, SeenThread, accepted
 from ascendbind.daemon.api.metrics import CULPRITS, Metrics
-from ascendbind.daemon.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
+from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
 from ascendbind.discovery.tasks import thread_count
 from ascendbind.render import compact_json
 from tests.workers import reap, start_worker
@@ -346,7 +346,7 @@ def test_compact_json_keeps_short_values_on_one_line_and_packs_long_lists():
 
 
 def test_verdicts_survive_the_state_file_and_an_old_unknown_reads_as_external():
-    from ascendbind.daemon.held import Held
+    from ascendbind.daemon.watch.held import Held
     from tests.test_daemon_irq_ownership import _binding
 
     b = _binding(4242, 0, 120, 121)

@@ -6,13 +6,13 @@ code reads and writes them exactly as it does /proc."""
 
 from __future__ import annotations
 
-from ascendbind.daemon.held import Held
+from ascendbind.daemon.watch.held import Held
 from ascendbind.reasons import Outcome, Step
 from ascendbind.frozen import frozen_map
 from ascendbind.decisions import IrqBinding
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.reconcile import Reconciler
+from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
 
 START = 5000

@@ -21,14 +21,14 @@ import sys
 
 import pytest
 
-from ascendbind.daemon.lifecycle import memory_rerun_due
+from ascendbind.daemon.watch.lifecycle import memory_rerun_due
 from ascendbind.reasons import Outcome, Step
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.held import Held
-from ascendbind.daemon.locality import MemoryLocality, ratios_by_npu
+from ascendbind.daemon.watch.held import Held
+from ascendbind.daemon.watch.locality import MemoryLocality, ratios_by_npu
 from ascendbind.daemon.api.metrics import Metrics
 from ascendbind.discovery.sysfs import parse_cpulist_file
 from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan

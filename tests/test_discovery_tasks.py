@@ -12,8 +12,8 @@ import sys
 from ascendbind.discovery.identity import start_time
 from ascendbind.config import Config
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.held import Held
-from ascendbind.daemon.reconcile import Reconciler
+from ascendbind.daemon.watch.held import Held
+from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.discovery.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
                                         read_environ, task_comm, thread_count)
 from ascendbind.frozen import frozen_map

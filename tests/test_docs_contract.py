@@ -364,7 +364,7 @@ def test_api_md_lists_every_endpoint_with_its_method():
 
 
 def test_api_md_worker_keys_are_those_the_daemon_lists():
-    from ascendbind.daemon.held import Held
+    from ascendbind.daemon.watch.held import Held
     from ascendbind.model import Binding, Plan
 
     plan = Plan.from_json(PLANS[0])

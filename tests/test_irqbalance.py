@@ -19,7 +19,7 @@ from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
 from ascendbind.config import Config
 from ascendbind.discovery.process import read_identity
-from ascendbind.daemon.held import Held
+from ascendbind.daemon.watch.held import Held
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon

@@ -17,11 +17,11 @@ import pytest
 
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
-from ascendbind.daemon.held import Held
+from ascendbind.daemon.watch.held import Held
 from ascendbind.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.bans import carried_bans, split_bans
+from ascendbind.daemon.watch.bans import carried_bans, split_bans
 from ascendbind.discovery.irqbalance import (
     MAX_COMMAND,
     BanListTooLong,

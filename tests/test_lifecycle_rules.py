@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from ascendbind.daemon.blame import Evidence
-from ascendbind.daemon.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality, Observation,
-                                         PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
-                                         MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration, wanted)
+from ascendbind.daemon.watch.blame import Evidence
+from ascendbind.daemon.watch.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality, Observation,
+                                               PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
+                                               MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration,
+                                               wanted)
 from ascendbind.decisions import IrqBinding
 from ascendbind.discovery.numa_maps import parse_numa_maps
 from ascendbind.errors import Conflict

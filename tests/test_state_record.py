@@ -16,7 +16,7 @@ from ascendbind.frozen import frozen_map
 from ascendbind.decisions import IrqBinding
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.held import Held
+from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.state.state import STATE_VERSION, StateFile, encode_record
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
 from ascendbind.model import Binding, IrqbalanceBans, Mode, NpuPlan, StepResult

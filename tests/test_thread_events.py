@@ -28,10 +28,10 @@ from ascendbind.discovery.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
 from ascendbind.config import Config
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.held import Held, SeenThread
-from ascendbind.daemon.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
-from ascendbind.daemon.reconcile import Reconciler
-from ascendbind.daemon.threadevents import LOSS_LIMIT, ThreadEvents
+from ascendbind.daemon.watch.held import Held, SeenThread
+from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
+from ascendbind.daemon.watch.reconcile import Reconciler
+from ascendbind.daemon.watch.threadevents import LOSS_LIMIT, ThreadEvents
 from ascendbind.decisions import IrqBinding
 from ascendbind.discovery.irqhost import read_irq_mask
 from ascendbind.discovery.proc_connector import ProcEventSocket

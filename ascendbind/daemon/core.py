@@ -53,16 +53,16 @@ from ..planner import make_plan, resolve_targets
 from ..reasons import Outcome, Step
 from ..targeting import TargetRequest
 from .api.auth import Peer, authorize
-from .held import Held
-from .bans import carried_bans
+from .watch.held import Held
+from .watch.bans import carried_bans
 from .api.requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request, recycled_is_a_conflict,
                            resolve_policy)
 from .hostcache import HostCache
-from .lifecycle import claim
-from .locality import MemoryLocality, ratios_by_npu
-from .memmove import MemoryMover
+from .watch.lifecycle import claim
+from .watch.locality import MemoryLocality, ratios_by_npu
+from .watch.memmove import MemoryMover
 from .api.metrics import Metrics
-from .observe import role_cpus
+from .watch.observe import role_cpus
 from .ownership import Ownership
 from .state.state import StateFile
 

@@ -34,12 +34,12 @@ from ..errors import AscendbindError, ConfigError, ProcessGone
 from ..frozen import frozen_map
 from ..model import Binding, Mode, StepResult
 from ..reasons import Outcome, Reason, Step
-from .bans import carried_bans
-from .held import Held, SeenThread, accepted
-from .lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration
-from .locality import ratios_by_npu
-from .memmove import STOPPING
-from .observe import role_cpus
+from .watch.bans import carried_bans
+from .watch.held import Held, SeenThread, accepted
+from .watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration
+from .watch.locality import ratios_by_npu
+from .watch.memmove import STOPPING
+from .watch.observe import role_cpus
 from .state.staterecord import binding_from_json
 
 __all__ = ["Ownership"]

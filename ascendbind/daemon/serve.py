@@ -47,7 +47,7 @@ from .core import Daemon
 from .hotplug import HotplugMonitor
 from .api.listen import open_listen_socket
 from .api.metrics import METRICS_LIMITS, Metrics, start_tcp_listener
-from .reconcile import Reconciler
+from .watch.reconcile import Reconciler
 from .replan import rediscover_and_replan
 from .api.server import API_LIMITS, ApiServer
 

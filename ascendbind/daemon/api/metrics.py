@@ -36,13 +36,13 @@ CULPRITS = ("self", "env", "irqbalance", "external")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
-# what one numa_maps read came to (daemon/locality.py)
+# what one numa_maps read came to (daemon/watch/locality.py)
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
-# how a background memory move ended (daemon/memmove.py)
+# how a background memory move ended (daemon/watch/memmove.py)
 MOVE_OUTCOMES = ("applied", "skipped", "failed", "cancelled")
 HTTP_CODES = ("200", "400", "403", "404", "405", "408", "409", "411", "413", "422", "503", "505")
 LISTENERS = ("api", "metrics")
-# how the reconcile loop learns of new, renamed and exited threads (daemon/threadevents.py):
+# how the reconcile loop learns of new, renamed and exited threads (daemon/watch/threadevents.py):
 # from the kernel's process events, or by listing and re-reading names; and why not events
 RECONCILE_MODES = ("events", "listing")
 LISTING_REASONS = ("off", "unsupported", "permission", "namespace", "no_ack", "overflow", "error")

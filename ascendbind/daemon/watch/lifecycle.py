@@ -58,12 +58,12 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from ..discovery.numa_maps import NumaResidency
-from ..frozen import frozen_map
-from ..model import Binding
+from ...discovery.numa_maps import NumaResidency
+from ...frozen import frozen_map
+from ...model import Binding
 from .bans import split_bans
 from .blame import Blame, Evidence, blame_irqs, blame_threads, left_alone_sentence
-from .api.requests import claim_npus, irq_owners
+from ..api.requests import claim_npus, irq_owners
 
 __all__ = [
     "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation", "Looks",

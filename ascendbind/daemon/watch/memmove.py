@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ..applier.memory import MoveCancel, MoveProgress, PageMove
-from ..model import StepResult
-from .runtime.threadname import name_os_thread
+from ...applier.memory import MoveCancel, MoveProgress, PageMove
+from ...model import StepResult
+from ..runtime.threadname import name_os_thread
 
 __all__ = ["MemoryMover", "MoveJob", "STOPPING"]
 

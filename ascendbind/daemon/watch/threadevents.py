@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..discovery.proc_connector import ProcEventSocket
-from ..discovery.proc_events import ThreadChanges, parse_events, thread_changes
-from ..errors import DiscoveryError
+from ...discovery.proc_connector import ProcEventSocket
+from ...discovery.proc_events import ThreadChanges, parse_events, thread_changes
+from ...errors import DiscoveryError
 
 __all__ = ["ThreadEvents", "EventLook", "LOSS_LIMIT", "RETRY_PASSES"]
 

@@ -12,16 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..applier.affinity import role_of
-from ..cpulist import format_cpulist
-from ..discovery.numa_maps import NumaResidency
-from ..frozen import plain
-from ..model import Binding
-from ..reasons import Step
+from ...applier.affinity import role_of
+from ...cpulist import format_cpulist
+from ...discovery.numa_maps import NumaResidency
+from ...frozen import plain
+from ...model import Binding
+from ...reasons import Step
 from .lifecycle import Record
-from .api.requests import alignment_of
-from .state.staterecord import binding_to_json
-from .state.state import encode_record
+from ..api.requests import alignment_of
+from ..state.staterecord import binding_to_json
+from ..state.state import encode_record
 
 __all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists", "memory_state"]
 
@@ -61,7 +61,7 @@ class Held:
     irqs_left_alone_why: str | None = None
     drift_events: int = 0
     late_threads: int = 0
-    # the locality check (daemon/locality.py); times are time.monotonic()
+    # the locality check (locality.py); times are time.monotonic()
     memory_local_ratio: float | None = None  # None: not measured yet, unreadable, or nothing resident
     memory_checked_at: float | None = None
     memory_last_run: float = field(default_factory=time.monotonic)  # the bind itself ran the memory step

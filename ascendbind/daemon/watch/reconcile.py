@@ -45,17 +45,17 @@ import time
 
 import structlog
 
-from ..discovery.identity import verify_identity
-from ..cpulist import parse_mask
-from ..discovery.irqhost import irqbalance_pids, read_irq_mask
-from ..discovery.tasks import exited_pidfds, open_pidfd
-from ..errors import ProcessGone
+from ...discovery.identity import verify_identity
+from ...cpulist import parse_mask
+from ...discovery.irqhost import irqbalance_pids, read_irq_mask
+from ...discovery.tasks import exited_pidfds, open_pidfd
+from ...errors import ProcessGone
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
 from .observe import Slot, observe_marked, observe_threads, role_cpus, slot_quiet, sweep_slots
-from .runtime.stopflag import StopFlag
+from ..runtime.stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
-from .runtime.threadname import name_os_thread
+from ..runtime.threadname import name_os_thread
 
 __all__ = ["Reconciler"]
 
