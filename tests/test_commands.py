@@ -14,7 +14,7 @@ import pytest
 
 from ascendbind import command
 from ascendbind.config import Config
-from ascendbind.daemon.hostcache import HOST_FACTS, PROCESS_TABLE, HostCache, backoff_delay
+from ascendbind.daemon.host.hostcache import HOST_FACTS, PROCESS_TABLE, HostCache, backoff_delay
 from ascendbind.discovery import LiveHost, discover_host
 from ascendbind.discovery.sources import OneTimeoutPerTool
 from ascendbind.errors import CommandFailed, DiscoveryUnavailable

@@ -20,7 +20,7 @@ import pytest
 from ascendbind.discovery.identity import require_identity
 from ascendbind.daemon.runtime import systemd
 from ascendbind.daemon.api.auth import Peer, authorize
-from ascendbind.daemon.hotplug import Debouncer
+from ascendbind.daemon.host.hotplug import Debouncer
 from ascendbind.daemon.api.listen import open_listen_socket
 from ascendbind.daemon.api.metrics import Metrics
 from ascendbind.daemon.api.requests import alignment_of, parse_bind_request, resolve_policy

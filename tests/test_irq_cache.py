@@ -15,7 +15,7 @@ import pytest
 
 from ascendbind.applier.irq import planned_irqs
 from ascendbind.config import Config
-from ascendbind.daemon.hostcache import HostCache
+from ascendbind.daemon.host.hostcache import HostCache
 from ascendbind.discovery import SnapshotHost, discover_worker
 from ascendbind.planner import make_plan
 from ascendbind.reasons import Reason

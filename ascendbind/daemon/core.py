@@ -57,7 +57,7 @@ from .watch.held import Held
 from .watch.bans import carried_bans
 from .api.requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request, recycled_is_a_conflict,
                            resolve_policy)
-from .hostcache import HostCache
+from .host.hostcache import HostCache
 from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover

@@ -42,13 +42,13 @@ from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
 from ..planner import lint_config
 from .runtime import systemd
-from .autobind import AutoBinder
+from .host.autobind import AutoBinder
 from .core import Daemon
-from .hotplug import HotplugMonitor
+from .host.hotplug import HotplugMonitor
 from .api.listen import open_listen_socket
 from .api.metrics import METRICS_LIMITS, Metrics, start_tcp_listener
 from .watch.reconcile import Reconciler
-from .replan import rediscover_and_replan
+from .host.replan import rediscover_and_replan
 from .api.server import API_LIMITS, ApiServer
 
 __all__ = ["serve", "RESTART_KEYS"]

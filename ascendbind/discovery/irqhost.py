@@ -22,7 +22,7 @@ know goes through here:
 IRQ numbers are assigned when the driver probes the device, so they change
 only with a hot-plug or a driver reload (a PCI uevent either way): the daemon
 keeps what ``discover_npu_irqs`` found for each host discovery
-(daemon/hostcache.py) instead of listing ``msi_irqs`` and reading
+(daemon/host/hostcache.py) instead of listing ``msi_irqs`` and reading
 ``/proc/interrupts``, whose size grows with CPUs x IRQs, on every bind.
 ``NpuIrqLookup`` is that cached lookup's shape.
 """

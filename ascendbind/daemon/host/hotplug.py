@@ -23,7 +23,7 @@ import time
 
 import structlog
 
-from .runtime.threadname import name_os_thread
+from ..runtime.threadname import name_os_thread
 
 __all__ = ["HotplugMonitor", "Debouncer", "SUBSYSTEMS"]
 
