@@ -1,18 +1,27 @@
 """The layering, checked on the source: a pure core inside a thin shell.
 
-* The pure modules (the planner, the text parsers, the shared values) and
-  everything they import inside the package touch nothing on the host: no
-  ``os``, ``subprocess``, ``psutil`` or ``tomllib`` import and no ``open()``
-  call. That is what lets a 2-CPU box plan a 640-CPU host exactly.
+* The pure modules (the planner, the text parsers, the shared values, the
+  daemon's rules) and everything they import inside the package touch nothing
+  on the host: no ``os``, ``subprocess``, ``psutil`` or ``tomllib`` import and no
+  ``open()`` call. That is what lets a 2-CPU box plan a 640-CPU host exactly.
 * The applier and the daemon read ``/proc`` and ``/sys`` only through
   discovery: no path under them is spelled there (no ``"/proc…"``/``"/sys…"``
   literal, no path built from ``proc_root``/``sys_root``) and no directory is
   listed there. They may pass ``proc_root`` along; discovery turns it into paths.
+* The daemon's top holds the ``Daemon`` (core.py, ownership.py), the process
+  (serve.py) and the rooms; each room's ``__init__`` is a docstring whose line
+  ``May import: from the daemon, …; from the rest of ascendbind, ….`` is the
+  rule every module of the room is held to here. Only the ``Daemon`` changes
+  the held table.
+* No import runs in a circle, and every name is imported from the module that
+  defines it (a package's ``__all__`` may list its modules' names: its API).
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +34,9 @@ PURE_ROOTS = [
     "discovery.npu_smi", "discovery.lscpu", "discovery.procfs", "discovery.sysfs", "discovery.columns",
     "discovery.cells", "discovery.numa_maps", "discovery.irqs", "discovery.irqbalance", "discovery.proc_events",
     "discovery.devices", "targeting",
+    # the daemon's rules: the lifecycle and its verdicts, requests and HTTP as values, the state record
+    "daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.api.requests", "daemon.api.wire",
+    "daemon.state.staterecord",
     *(f"planner.{p.stem}" for p in sorted((PKG / "planner").glob("*.py")) if p.stem != "__init__"),
     "planner",
 ]
@@ -176,3 +188,221 @@ def test_the_checks_catch_what_they_are_meant_to_catch():
                       '    a = f"{proc_root}/{pid}/task"\n    b = "/sys/devices/x"\n    os.listdir(proc_root)\n'
                       '    os.path.join(proc_root, "stat")\n    os.listdir(state_dir)\n    c = "/proc"\n')
     assert len(_host_paths(shell)) == 4, _host_paths(shell)
+
+
+# ---------------------------------------------------------------- the daemon's rooms
+
+DAEMON = PKG / "daemon"
+DAEMON_TOP = ("core", "ownership", "serve")  # the Daemon, and the process; the rest lives in a room
+ROOMS = sorted(p.name for p in DAEMON.iterdir() if (p / "__init__.py").is_file())
+_RULE = re.compile(r"May import: from the daemon, (?P<inside>[^;]+); "
+                   r"from the rest of ascendbind, (?P<outside>.+?)\.(?:\s|$)")
+_PATHS = re.compile(r"\b[a-z_]+/(?:[a-z_]+\.py)?|\b[a-z_]+\.py\b")
+
+
+def _modules() -> list[str]:
+    rels = (p.relative_to(PKG).with_suffix("").parts for p in sorted(PKG.rglob("*.py")))
+    return [".".join(r[:-1] if r[-1] == "__init__" else r) for r in rels if r != ("__init__",)]
+
+
+def _dotted(base: str, path: str) -> str:
+    """With base ``daemon``: ``api/requests.py`` -> ``daemon.api.requests``, ``runtime/`` -> ``daemon.runtime``."""
+    parts = [*base.split("."), *path.removesuffix("/").removesuffix(".py").split("/")]
+    return ".".join(p for p in parts if p)
+
+
+def room_rule(doc: str) -> tuple[frozenset[str], frozenset[str] | None]:
+    """(what of the daemon a room may import, what of the rest of the package it must not;
+    None: nothing of it) from the room's docstring."""
+    m = _RULE.search(" ".join(doc.split()))
+    assert m, "a room's docstring ends with 'May import: from the daemon, …; from the rest of ascendbind, ….'"
+    inside = m["inside"].strip()
+    allowed = frozenset() if inside == "nothing" else frozenset(_dotted("daemon", t) for t in _PATHS.findall(inside))
+    assert inside == "nothing" or allowed, f"no room or module named in {inside!r}"
+    outside = m["outside"].strip()
+    if outside == "nothing":
+        return allowed, None
+    assert outside == "anything" or outside.startswith("anything but "), outside
+    return allowed, frozenset(_dotted("", t) for t in _PATHS.findall(outside))
+
+
+def _under(name: str, roots) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def room_violations(room: str, rule, imports: dict[str, set[str]]) -> list[str]:
+    """``module imports dep`` for each import of the room's modules that its rule forbids."""
+    allowed, forbidden = rule
+    bad = []
+    for mod, deps in sorted(imports.items()):
+        for dep in sorted(deps):
+            if _under(dep, [f"daemon.{room}"]):
+                continue
+            inside = _under(dep, ["daemon"])
+            if (inside and not _under(dep, allowed)) or (not inside and (forbidden is None or _under(dep, forbidden))):
+                bad.append(f"{mod} imports {dep}")
+    return bad
+
+
+def test_the_daemon_top_holds_the_daemon_the_process_and_the_rooms():
+    entries = {p.name for p in DAEMON.iterdir() if p.name != "__pycache__"}
+    assert set(ROOMS) >= {"api", "host", "state", "watch", "runtime"}
+    assert entries == {"__init__.py", *(f"{m}.py" for m in DAEMON_TOP), *ROOMS}, "put a new module in a room"
+    for init in [DAEMON / "__init__.py", *(DAEMON / r / "__init__.py" for r in ROOMS)]:
+        body = _tree(init).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), \
+            f"{init.relative_to(PKG)}: a docstring and nothing else (import a name from the module that defines it)"
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_each_room_imports_only_what_its_docstring_allows(room):
+    rule = room_rule(ast.get_docstring(_tree(DAEMON / room / "__init__.py")) or "")
+    mods = [m for m in _modules() if m.startswith(f"daemon.{room}.")]
+    assert mods, room
+    imports = {m: _package_imports(m, _tree(_module_file(m))) for m in mods}
+    bad = room_violations(room, rule, imports)
+    assert not bad, f"daemon/{room}/__init__.py does not allow: {bad}"
+
+
+_MUTATORS = {"pop", "popitem", "clear", "update", "setdefault"}
+
+
+def _held_table_changes(tree: ast.Module) -> list[int]:
+    """Lines that assign or delete ``….held`` or ``….held[…]``, or call a dict mutator on ``….held``."""
+    def is_held(n):
+        return isinstance(n, ast.Attribute) and n.attr == "held"
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)) \
+                and (is_held(node) or (isinstance(node, ast.Subscript) and is_held(node.value))):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in _MUTATORS and is_held(node.func.value):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_daemon_changes_the_held_table():
+    changers = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if _held_table_changes(_tree(p))}
+    assert changers == {"daemon/core.py", "daemon/ownership.py"}, changers
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as [a, b, …, a], or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        path.append(n)
+        for m in sorted(graph.get(n, ())):
+            if m in path:
+                return path[path.index(m):] + [m]
+            if m not in done and (found := visit(m)):
+                return found
+        done.add(path.pop())
+        return None
+    for n in sorted(graph):
+        if n not in done and (found := visit(n)):
+            return found
+    return None
+
+
+def test_no_import_runs_in_a_circle():
+    graph = {m: _package_imports(m, _tree(_module_file(m))) - {m} for m in _modules()}
+    assert "cli" in graph and graph["daemon.serve"]  # the walk sees the whole package
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+# names a module lists in __all__ without defining them: its public surface for callers outside the package
+PUBLIC_REEXPORTS = {"client": {"DEFAULT_SOCKET"}}  # workers import the client module alone
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+
+    def visit(body):
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    names.update(x.id for x in ast.walk(t) if isinstance(x, ast.Name))
+            elif isinstance(n, (ast.If, ast.Try)):
+                handlers = [h.body for h in getattr(n, "handlers", [])]
+                for block in (n.body, n.orelse, getattr(n, "finalbody", []), *handlers):
+                    visit(block)
+    visit(tree.body)
+    return names
+
+
+def _all_of(tree: ast.Module) -> list[str]:
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets):
+            return list(ast.literal_eval(n.value))
+    return []
+
+
+def _imported_names(name: str | None, tree: ast.Module) -> Iterator[tuple[int, str, str]]:
+    """(line, module of the package, name) for each ``from … import name`` of the package in ``tree``;
+    ``name`` is the importing module (None outside the package: absolute imports only)."""
+    pkg = [] if name is None else name.split(".") if _module_file(name).name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level and name is not None:
+            mod = ".".join([*pkg[: len(pkg) - (node.level - 1)], *([node.module] if node.module else [])])
+        elif not node.level and node.module and node.module.split(".")[0] == "ascendbind":
+            mod = node.module.partition(".")[2]
+        else:
+            continue
+        for a in node.names:
+            yield node.lineno, mod, a.name
+
+
+def reexport_violations(files: dict[str, tuple[str | None, ast.Module]]) -> list[str]:
+    """Names imported from a module that only imports them, and ``__all__`` entries a module only imports."""
+    trees = {m: _tree(_module_file(m)) for m in _modules()}
+    defined = {m: _defined(t) for m, t in trees.items()}
+    bad = []
+    for m, t in trees.items():
+        if _module_file(m).name != "__init__.py":
+            bad += [f"{m}.__all__ lists {n}, defined elsewhere" for n in _all_of(t)
+                    if n not in defined[m] and n not in PUBLIC_REEXPORTS.get(m, ())]
+    for where, (name, tree) in files.items():
+        for line, mod, n in _imported_names(name, tree):
+            if mod not in defined or n in defined[mod] or f"{mod}.{n}" in defined:
+                continue  # the module defines it, or it is a submodule (or a module outside this walk)
+            if _module_file(mod).name == "__init__.py" and n in _all_of(trees[mod]):
+                continue  # a package's API
+            bad.append(f"{where}:{line}: {n} from {mod or 'ascendbind'}, which only imports it")
+    return bad
+
+
+def test_each_name_is_imported_from_the_module_that_defines_it():
+    root = PKG.parent
+    files = {str(_module_file(m).relative_to(root)): (m, _tree(_module_file(m))) for m in _modules()}
+    for d in ("tests", "bench"):
+        files.update({str(p.relative_to(root)): (None, _tree(p)) for p in sorted((root / d).rglob("*.py"))})
+    assert len(files) > 150
+    bad = reexport_violations(files)
+    assert not bad, bad
+
+
+def test_the_room_and_import_checks_catch_what_they_are_meant_to_catch():
+    doc = ("Owns x.\n\nMay import: from the daemon, runtime/ and api/requests.py; from the\n"
+           "rest of ascendbind, anything but applier/.\n")
+    rule = room_rule(doc)
+    assert rule == ({"daemon.runtime", "daemon.api.requests"}, {"applier"})
+    assert room_rule("May import: from the daemon, nothing; from the rest of ascendbind, nothing.") == (set(), None)
+    imports = {"daemon.watch.x": {"daemon.watch.y", "daemon.runtime.stopflag", "daemon.api.requests", "daemon.api.wire",
+                                  "daemon.core", "applier.irq", "planner"}}
+    assert room_violations("watch", rule, imports) == ["daemon.watch.x imports applier.irq",
+                                                       "daemon.watch.x imports daemon.api.wire",
+                                                       "daemon.watch.x imports daemon.core"]
+    changes = ast.parse("d.held[pid] = h\ndel self.held[p]\nd.held.pop(p)\nself.held = {}\nh = d.held.get(p)\n"
+                        "job.held is h\nn = len(self.held)\n")
+    assert _held_table_changes(changes) == [1, 2, 3, 4]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    fake = ast.parse("from ascendbind.model import Plan, Step\nfrom ascendbind.discovery import LiveHost\n")
+    assert reexport_violations({"t.py": (None, fake)}) == ["t.py:1: Step from model, which only imports it"]

@@ -1,0 +1,25 @@
+"""The daemon: binds workers on request, and keeps them bound.
+
+Its one piece of state is the held table (pid -> ``Held``). The ``Daemon`` -
+core.py (bind, release and plan requests) built on ownership.py (the table's
+keeping: restore, liveness, drop, carry out a look's actions, the memory and
+re-plan bookkeeping) - is the only code that changes the table or a record in
+it. serve.py is the process: it opens the sockets, starts every thread and
+stops them.
+
+Around them, the rooms; each one's ``__init__`` says what it owns and what it
+may import, and tests/test_structure.py holds every module to that:
+
+* runtime/  the process's plumbing: thread names, the stop flag, systemd, logs;
+* state/    the state file, its records and its directory;
+* api/      the sockets and what comes through them;
+* watch/    keeping bound workers bound: the lifecycle rules and the loops
+            around them;
+* host/     the host's facts, and binding again when they change.
+
+runtime/ and state/ import no other room; api/ imports runtime/; watch/ and
+host/ import runtime/ and the request rules of api/requests.py, watch/ the state
+room too. No room imports core.py, ownership.py or serve.py: a room is handed
+the ``Daemon`` and calls its operations. core.py and ownership.py may import
+any room, serve.py anything.
+"""
