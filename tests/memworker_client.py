@@ -16,29 +16,17 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 
-from tests.workers import reap
+from tests.workers import PipeChild, reap
 
 __all__ = ["MemWorker", "mem_worker", "MEMWORKER"]
 
 MEMWORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memworker.py")
 
 
-class MemWorker:
+class MemWorker(PipeChild):
     def __init__(self, proc: subprocess.Popen, ready: dict) -> None:
-        self.proc = proc
-        self.pid = proc.pid
+        super().__init__(proc)
         self.regions: dict[str, list[dict]] = ready["regions"]
-        with open(f"/proc/{self.pid}/stat") as fh:
-            self.start_time = int(fh.read().rpartition(")")[2].split()[19])
-
-    def _ask(self, line: str) -> str:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline().strip()
-        if not reply or reply == "?":
-            raise RuntimeError(f"memory worker {self.pid} did not answer {line!r}")
-        return reply
 
     def steps(self, n: int) -> list[float]:
         """Durations of ``n`` steps of work over its private memory (see memworker.py)."""
@@ -54,8 +42,6 @@ class MemWorker:
         self.regions.setdefault("private", []).append(region)
         return region
 
-    def close(self) -> None:
-        reap(self.proc)
 
 
 @contextlib.contextmanager

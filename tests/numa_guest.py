@@ -65,9 +65,11 @@ def _vng() -> str | None:
 
 
 def kernel_image() -> str | None:
-    """The newest /boot/vmlinuz-* whose modules are installed."""
+    """The newest /boot/vmlinuz-* whose modules are installed, Debian's generic flavour
+    (``-amd64``) first: a cloud or other flavour may be built without 9p or NUMA."""
     images = sorted(glob.glob("/boot/vmlinuz-*"), key=os.path.getmtime, reverse=True)
-    for image in images:
+    generic = [i for i in images if i.endswith("-amd64") and "-cloud-" not in i and "-rt-" not in i]
+    for image in generic + [i for i in images if i not in generic]:
         release = os.path.basename(image)[len("vmlinuz-"):]
         if os.path.isdir(f"/lib/modules/{release}") and os.access(image, os.R_OK):
             return image

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 from ascendbind.cpulist import parse_cpulist
 
-__all__ = ["Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap", "SELF_BINDER"]
+__all__ = ["PipeChild", "Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap", "SELF_BINDER"]
 
 _CHILD = r"""
 import ctypes, os, sys, threading, time
@@ -161,7 +161,10 @@ def reap(proc: subprocess.Popen) -> None:
             fh.close()
 
 
-class Worker:
+class PipeChild:
+    """A child process driven over its stdin/stdout, one command per line, one answer line
+    each; its pid and start time read at once. ``close`` kills and reaps it."""
+
     def __init__(self, proc: subprocess.Popen, *, pid: int | None = None) -> None:
         # ``pid``: the worker's host pid when ``proc`` is a launcher around it (tests/containers.py)
         self.proc = proc
@@ -177,6 +180,12 @@ class Worker:
         if not reply or reply == "?":
             raise RuntimeError(f"worker {self.pid} did not answer {line!r}")
         return reply
+
+    def close(self) -> None:
+        reap(self.proc)
+
+
+class Worker(PipeChild):
 
     def spawn(self, name: str) -> int:
         """Start a thread named ``name`` (<= 15 bytes); returns its tid once named."""
@@ -248,9 +257,6 @@ class Worker:
             if cpus is not None:
                 out[tid] = cpus
         return out
-
-    def close(self) -> None:
-        reap(self.proc)
 
 
 @contextlib.contextmanager

@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import DiscoveryError
 from .memmap import MoveRange, move_ranges, parse_maps
 from .numa_maps import NumaResidency, numa_regions, parse_numa_maps
 from .sources import HostSource
-from .worker import NUMA_MAPS_LIMIT, check_start_time
+from .worker import NUMA_MAPS_LIMIT, check_start_time, read_memory_file
 
 __all__ = ["read_move_ranges", "open_pagemap", "PageMap", "MoveRanges", "BASE_PAGE"]
 
@@ -52,16 +51,8 @@ def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int
     readable) or is longer than ``limit`` (code ``too_large``); ParseError when
     one is malformed; ProcessGone ``pid_recycled`` when ``start_time`` no longer
     names the process once both are read."""
-    texts = []
-    for name in ("maps", "numa_maps"):
-        path = f"/proc/{int(pid)}/{name}"
-        text = source.read(path, limit=limit)
-        if text is None:
-            raise DiscoveryError(f"cannot read {path}: the process is gone, or its memory map is not readable")
-        if len(text) > limit:
-            raise DiscoveryError(f"{path} is longer than {limit} characters; not read further", code="too_large")
-        texts.append((text, path))
-    (maps, maps_path), (numa, numa_path) = texts
+    maps, maps_path = read_memory_file(source, pid, "maps", limit)
+    numa, numa_path = read_memory_file(source, pid, "numa_maps", limit)
     vmas = parse_maps(maps, maps_path)
     regions = numa_regions(numa, numa_path)
     if start_time is not None:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 from ..errors import ParseError, ProcessGone, UsageError
 from ..frozen import frozen_map
 from ..model import ProcessIdentity, ThreadInfo
-from .procfs import CgroupEntry, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
+from .procfs import CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
 from .sources import HostSource, ProcDir, path_proc_dir, read_once
 
 __all__ = [
@@ -283,32 +283,29 @@ def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
     return identity_of(LiveHost(proc_root=proc_root), pid)
 
 
-def stat_of(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
-    """(state letter, start time) from ``/proc/<pid>/stat``, or None when the pid is absent."""
+def _stat(pid: int, proc_root: str) -> ProcStat | None:
     where = f"{proc_root}/{pid}/stat"
     text = _read(where)
     if text is None:
         return None
     try:
-        st = parse_stat(text, where)
+        return parse_stat(text, where)
     except ParseError:
         return None
-    return st.state, st.start_time
+
+
+def stat_of(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
+    """(state letter, start time) from ``/proc/<pid>/stat``, or None when the pid is absent."""
+    st = _stat(pid, proc_root)
+    return None if st is None else (st.state, st.start_time)
 
 
 def exiting(pid: int, proc_root: str = "/proc") -> bool:
     """Whether ``pid`` is gone or on its way out (``PF_EXITING``): a process killed while
     its memory is torn down still reads as running until it is a zombie, but has no
     address space left to act on."""
-    where = f"{proc_root}/{pid}/stat"
-    text = _read(where)
-    if text is None:
-        return True
-    try:
-        st = parse_stat(text, where)
-    except ParseError:
-        return True
-    return st.is_exiting or st.state in ("Z", "X", "x")
+    st = _stat(pid, proc_root)
+    return st is None or st.is_exiting or st.state in ("Z", "X", "x")
 
 
 def status_field(pid: int | str, name: str, proc_root: str = "/proc") -> str | None:

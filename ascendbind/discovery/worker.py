@@ -31,8 +31,8 @@ from .procfs import parse_ps_te, parse_stat_start_time, parse_status
 from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
-__all__ = ["discover_worker", "worker_facts", "without_process_table", "read_numa_residency", "check_start_time",
-           "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+__all__ = ["discover_worker", "worker_facts", "without_process_table", "read_numa_residency", "read_memory_file",
+           "check_start_time", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
 
 # characters of numa_maps read at most. A worker with the default vm.max_map_count
 # (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
@@ -192,16 +192,25 @@ def read_numa_residency(source: HostSource, pid: int, *, start_time: int | None 
     (code ``too_large``), ParseError when it is malformed. With ``start_time``, ProcessGone ``pid_recycled`` when the pid
     names another process once the file is read: the counts would be a stranger's.
     """
-    path = f"/proc/{int(pid)}/numa_maps"
+    text, path = read_memory_file(source, pid, "numa_maps", limit)
+    residency = parse_numa_maps(text, path)
+    if start_time is not None:
+        check_start_time(source, pid, start_time, "its numa_maps")
+    return residency
+
+
+def read_memory_file(source: HostSource, pid: int, name: str, limit: int) -> tuple[str, str]:
+    """(text, path) of ``/proc/<pid>/<name>`` (``maps``, ``numa_maps``): DiscoveryError when
+    it cannot be read (the process is gone, or another user's needs CAP_SYS_PTRACE) or is
+    longer than ``limit`` characters (code ``too_large``): a worker's owner may be any
+    local user, and must not make root's daemon hold hundreds of MB."""
+    path = f"/proc/{int(pid)}/{name}"
     text = source.read(path, limit=limit)
     if text is None:
         raise DiscoveryError(f"cannot read {path}: the process is gone, or its memory map is not readable")
     if len(text) > limit:
         raise DiscoveryError(f"{path} is longer than {limit} characters; not read further", code="too_large")
-    residency = parse_numa_maps(text, path)
-    if start_time is not None:
-        check_start_time(source, pid, start_time, "its numa_maps")
-    return residency
+    return text, path
 
 
 def check_start_time(source: HostSource, pid: int, start_time: int, what: str) -> None:

@@ -5,6 +5,8 @@ rather than pass on a one-node machine."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 
 import pytest
@@ -41,14 +43,27 @@ exit 1
 """
 
 
+@contextlib.contextmanager
+def environ(values: dict[str, str]):
+    """``os.environ`` with ``values`` set, as it was again afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def recorded_npu_smi(directory: str, npus: int, affinity: str) -> str:
     """A replaying npu-smi for ``npus`` fixture NPUs with CPU affinity ``affinity`` (each
     NPU's cpulist, ``;``-separated); returns its path. The fixture's tables are made in
     this process (loaded from fixtures/bin/npu-smi), not by starting it once per table."""
-    import contextlib
     import importlib.machinery
     import importlib.util
-    import io
 
     loader = importlib.machinery.SourceFileLoader("fixture_npu_smi", str(FIXTURE_BIN / "npu-smi"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
@@ -56,24 +71,16 @@ def recorded_npu_smi(directory: str, npus: int, affinity: str) -> str:
     loader.exec_module(fixture)
     env = {"ASCENDBIND_FAKE_NPUS": str(npus), "ASCENDBIND_FAKE_NPU_AFFINITY": affinity,
            "ASCENDBIND_FAKE_NPU_PIDS": "", "ASCENDBIND_FIXTURE_HOST": ""}
-    saved = {k: os.environ.get(k) for k in env}
     os.makedirs(os.path.join(directory, "cmd"), exist_ok=True)
     tables = [["info"], ["info", "-m"], ["info", "-t", "topo"],
               *(["info", "-t", "board", "-i", str(k)] for k in range(npus))]
-    try:
-        os.environ.update(env)
+    with environ(env):
         for argv in tables:
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 assert fixture.synthesise(argv) == 0, argv
             with open(os.path.join(directory, "cmd", "npu-smi_" + "_".join(argv) + ".txt"), "w") as fh:
                 fh.write(out.getvalue())
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     path = os.path.join(directory, "npu-smi")
     with open(path, "w") as fh:
         fh.write(REPLAY.format(dir=directory))

@@ -15,7 +15,7 @@ import pytest
 
 from tests.daemon_harness import running_daemon, wait_for
 from tests.memworker_client import mem_worker
-from tests.numa.conftest import recorded_npu_smi
+from tests.numa.conftest import environ, recorded_npu_smi
 from tests.workers import cpus_allowed_of
 
 SLOW = 600.0
@@ -31,18 +31,10 @@ def _plan(npu_env, *flags: str) -> dict:
     # in this process (its imports are loaded already: a new interpreter costs half a minute here)
     from ascendbind.cli import main
 
-    saved = {k: os.environ.get(k) for k in ("ASCENDBIND_CONFIG", *npu_env)}
-    os.environ.update(npu_env, ASCENDBIND_CONFIG="")
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["plan", "--npu", "0", "--small-pool", "share", "--format", "json", *flags])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ({**npu_env, "ASCENDBIND_CONFIG": ""}), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        code = main(["plan", "--npu", "0", "--small-pool", "share", "--format", "json", *flags])
     assert code == 0, err.getvalue()
     return json.loads(out.getvalue())
 
