@@ -124,7 +124,7 @@ class MovePages:
     def supported(self) -> bool:
         return self.nr is not None
 
-    def _call(self, pid: int, addrs: array, nodes: array | None) -> array:
+    def _call(self, pid: int, addrs: array, nodes: array | None) -> tuple[int, array]:
         n = len(addrs)
         # a status the kernel did not write stays UNREPORTED: after a page fails to
         # migrate, move_pages returns the count not moved and writes no status for the
@@ -138,15 +138,15 @@ class MovePages:
         if rc < 0:
             err = ctypes.get_errno()
             raise OSError(err, errno.errorcode.get(err, str(err)))
-        return status
+        return rc, status
 
     def query(self, pid: int, addrs: list[int]) -> array:
         """The node of each page, or a negative errno (ENOENT: not present)."""
-        return self._call(pid, array("Q", addrs), None)
+        return self._call(pid, array("Q", addrs), None)[1]
 
-    def move(self, pid: int, addrs: list[int], node: int) -> array:
-        """Move each page to ``node``; statuses as the kernel wrote them (see ``_call``).
-        OSError ENOMEM when the node has no room left."""
+    def move(self, pid: int, addrs: list[int], node: int) -> tuple[int, array]:
+        """Move each page to ``node``: (pages not migrated, statuses as the kernel wrote
+        them; see ``_call``). OSError ENOMEM when the node has no room left."""
         return self._call(pid, array("Q", addrs), array("i", [node]) * len(addrs))
 
 
@@ -245,9 +245,10 @@ class PageMove:
         """Move the pages of ``addrs`` that are not on the node yet; returns those that
         stayed without a reason (busy: asked about again at the end, unless ``last``).
 
-        What moved is read back with a second query rather than taken from the move's
-        statuses: pages of a transparent huge page move with its first one and report
-        EBUSY, and after a failed page the kernel leaves statuses unwritten."""
+        The move's statuses are the kernel's own when it tried every page and none
+        failed to migrate (it returned 0). Otherwise, and for pages reported busy (those
+        of a transparent huge page move with its first one and say EBUSY), where they
+        are is asked again: after a failed page the kernel leaves statuses unwritten."""
         node = self.node
         where = self.syscall.query(self.pid, addrs)
         todo = [a for a, s in zip(addrs, where) if 0 <= s != node]
@@ -255,23 +256,33 @@ class PageMove:
             return []
         full = False
         try:
-            status = self.syscall.move(self.pid, todo, node)
+            _not_moved, status = self.syscall.move(self.pid, todo, node)
         except OSError as exc:
             if exc.errno != errno.ENOMEM:
                 raise
             status, full = array("i", [UNREPORTED]) * len(todo), True
-        after = self.syscall.query(self.pid, todo)
-        busy = []
-        for a, moved, s in zip(todo, after, status):
-            if moved == node:
-                self.pages_moved += 1
-                self.moved += page
-            elif full:
-                self._count_left(errno.ENOMEM)
-            elif s < 0 and -s not in _BUSY:
-                self._count_left(-s)
-            else:
-                busy.append(a)
+        moved = status.count(node)
+        busy: list[int] = []
+        if moved < len(todo):
+            unsure = []
+            for a, s in zip(todo, status):
+                if s == node:
+                    continue
+                if s < 0 and -s not in _BUSY:
+                    self._count_left(-s)
+                else:  # busy, unwritten, or (after a failed page) not tried
+                    unsure.append(a)
+            if unsure:
+                again = self.syscall.query(self.pid, unsure)
+                moved += again.count(node)
+                for a, s in zip(unsure, again):
+                    if s != node:
+                        if full:
+                            self._count_left(errno.ENOMEM)
+                        else:
+                            busy.append(a)
+        self.pages_moved += moved
+        self.moved += moved * page
         if last:
             self.left["busy"] = self.left.get("busy", 0) + len(busy)
             busy = []
