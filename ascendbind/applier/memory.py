@@ -229,7 +229,11 @@ class PageMove:
                         n = (min(r.end, lo + span) - lo) // BASE_PAGE
                         addrs = movable_pages(pagemap.entries(lo, n), lo, r.page_size, stride)
                         if addrs:
-                            retry += [(a, r.page_size) for a in self._move_chunk(addrs, r.page_size)]
+                            # a mapping numa_maps saw wholly off the node needs no asking where
+                            # its pages are first: every one of them is to move
+                            remote = r.remote_bytes == r.private_bytes
+                            retry += [(a, r.page_size) for a in self._move_chunk(addrs, r.page_size,
+                                                                                 remote=remote)]
                 if retry and not self.cancel.wait(0.05):
                     for size in sorted({s for _, s in retry}):
                         self._move_chunk([a for a, s in retry if s == size], size, last=True)
@@ -241,17 +245,22 @@ class PageMove:
 
     # ------------------------------------------------------------ one chunk
 
-    def _move_chunk(self, addrs: list[int], page: int, *, last: bool = False) -> list[int]:
+    def _move_chunk(self, addrs: list[int], page: int, *, last: bool = False, remote: bool = False) -> list[int]:
         """Move the pages of ``addrs`` that are not on the node yet; returns those that
         stayed without a reason (busy: asked about again at the end, unless ``last``).
 
         The move's statuses are the kernel's own when it tried every page and none
         failed to migrate (it returned 0). Otherwise, and for pages reported busy (those
         of a transparent huge page move with its first one and say EBUSY), where they
-        are is asked again: after a failed page the kernel leaves statuses unwritten."""
+        are is asked again: after a failed page the kernel leaves statuses unwritten.
+        ``remote``: numa_maps saw the mapping's pages all off the node, so they are not asked
+        about first (one that came to the node since counts as moved)."""
         node = self.node
-        where = self.syscall.query(self.pid, addrs)
-        todo = [a for a, s in zip(addrs, where) if 0 <= s != node]
+        if remote:
+            todo = addrs
+        else:
+            where = self.syscall.query(self.pid, addrs)
+            todo = [a for a, s in zip(addrs, where) if 0 <= s != node]
         if not todo:
             return []
         full = False
