@@ -354,12 +354,22 @@ def test_a_rerun_moves_memory_allocated_off_the_node_after_the_bind(daemon):
         bind(daemon, a.pid, 0)
         wait_moved(daemon, a.pid)
         assert share_on(anon_kib(a.pid), 0) >= 0.9
+        moved = counter(daemon, "ascendbind_memory_moved_bytes_total")
         a.alloc(96)  # the worker's policy puts new memory on node 1: locality falls to about 1/4
-        assert wait_for(lambda: memory_of(daemon, a.pid)["memory_reruns"] >= 1, SLOW), memory_of(daemon, a.pid)
-        doc = wait_moved(daemon, a.pid)
-        assert doc["memory"]["why"] == "rerun" and doc["memory"]["bytes_moved"] >= 80 * MIB, doc["memory"]
+
+        def settled() -> bool:
+            doc = memory_of(daemon, a.pid)
+            return doc["memory_reruns"] >= 1 and doc["memory"]["state"] == "done" \
+                and (doc["memory_local_ratio"] or 0.0) >= 0.9
+        # A check that lands while the worker still touches its new pages starts a rerun that
+        # moves the pages there by then; the next rerun (its wait doubled, as the first one left
+        # the ratio below the threshold) moves the rest.
+        assert wait_for(settled, SLOW), memory_of(daemon, a.pid)
+        doc = memory_of(daemon, a.pid)
+        assert doc["memory"]["why"] == "rerun", doc["memory"]
+        assert counter(daemon, "ascendbind_memory_moved_bytes_total") - moved >= 80 * MIB
         assert share_on(anon_kib(a.pid), 0) >= 0.9, anon_kib(a.pid)
-        assert doc["memory_local_ratio"] >= 0.9 and doc["memory_reruns"] == 1, doc
+        assert 1 <= doc["memory_reruns"] <= 3, doc
 
 
 def test_two_workers_on_two_nodes_sharing_a_segment_never_take_it_from_each_other(daemon, sharing_pair):
