@@ -6,6 +6,8 @@ code reads and writes them exactly as it does /proc."""
 
 from __future__ import annotations
 
+import shutil
+
 from ascendbind.daemon.watch.held import Held
 from ascendbind.reasons import Outcome, Step
 from ascendbind.frozen import frozen_map
@@ -104,3 +106,32 @@ def test_dropping_a_gone_worker_restores_irqs_only_of_npus_nobody_live_owns(tmp_
     assert (proc / "irq/130/smp_affinity").read_text().strip() == "00000010"  # NPU 1: the live owner's
     assert (proc / "irq/131/smp_affinity").read_text().strip() == "00000020"
     assert 'ascendbind_workers_dropped_total{reason="exited"} 1.0' in d.metrics.render().decode()
+
+
+def test_workers_sharing_an_npu_give_the_host_its_irq_masks_back_whichever_leaves_last(tmp_path):
+    # allow_shared_npu: pid 300 binds NPU 2 first and saves the host's masks; pid 400 binds
+    # the same NPU later and reads 300's masks, or finds them already right and saves none
+    for first_gone, read_by_second in ((300, ("00000004", "00000008")), (400, ("00000004", "00000008")),
+                                       (300, None), (400, None)):
+        case = tmp_path / f"{first_gone}-{bool(read_by_second)}"
+        proc = _proc_tree(case, {140: "00000004", 141: "00000008"}, live_pids=[300, 400])
+        d = _daemon(case, proc)
+        first = _binding(300, 2, 140, 141, saved=("000000ff", "0000ff00"))
+        second = _binding(400, 2, 140, 141, saved=read_by_second or (None, None))
+        if read_by_second is None:
+            second = Binding(400, START, second.npus, second.plan, second.original_cpus, frozen_map({}),
+                             second.steps, irqs=second.irqs)
+        second = Daemon._inherit(second, [], [Held(first, 0.0)])
+        assert dict(second.saved_irq_masks) == {140: "000000ff", 141: "0000ff00"}
+        d.held = {300: Held(first, 0.0), 400: Held(second, 0.0)}
+
+        last = 400 if first_gone == 300 else 300
+        shutil.rmtree(proc / str(first_gone))
+        Reconciler(d).pass_once()
+        assert sorted(d.held) == [last]
+        assert (proc / "irq/140/smp_affinity").read_text().strip() == "00000004"  # the live sharer's
+        shutil.rmtree(proc / str(last))
+        Reconciler(d).pass_once()
+        assert d.held == {}
+        assert (proc / "irq/140/smp_affinity").read_text().strip() == "000000ff"  # the host's, again
+        assert (proc / "irq/141/smp_affinity").read_text().strip() == "0000ff00"

@@ -237,7 +237,11 @@ class Daemon(Ownership):
                                          move_memory=False)
             if any(b.status == "failed" for b in applied.binding.irqs):
                 self.hosts.forget_irqs()
-            binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None])
+            gone = {h.binding.pid for h in (*replaced, *evicted)}
+            sharers = [h for other, h in self.held.items()
+                       if other != pid and other not in gone and set(h.binding.npus) & set(targets)]
+            binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None],
+                                    sharers)
             for h in replaced:
                 self.held.pop(h.binding.pid, None)
                 self.mover.cancel(h.binding.pid, "replaced")
@@ -308,15 +312,21 @@ class Daemon(Ownership):
                     affinity=next((s.outcome.value for s in steps), None))
 
     @staticmethod
-    def _inherit(binding: Binding, older: list[Held]) -> Binding:
+    def _inherit(binding: Binding, older: list[Held], sharers: list[Held] = ()) -> Binding:
         """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours;
-        and the older holders' irqbalance bans, which are still ours to lift."""
+        and the older holders' irqbalance bans, which are still ours to lift. ``sharers``:
+        live workers that keep an NPU of this binding (``allow_shared_npu``); the masks this
+        bind read on that NPU's IRQs are theirs (or unchanged, so not saved at all), so the
+        host's masks they saved are kept here too, for whichever of them leaves last."""
         masks = dict(binding.saved_irq_masks)
         original = binding.original_cpus
         for h in older:
             masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in masks})
             if h.binding.pid == binding.pid:
                 original = h.binding.original_cpus
+        written = {b.irq for b in binding.irqs}
+        for h in sharers:
+            masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in written})
         return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original,
                                    irqbalance_bans=carried_bans(binding.irqbalance_bans,
                                                                 [h.binding.irqbalance_bans for h in older]))
