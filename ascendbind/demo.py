@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -80,6 +81,10 @@ def main() -> int:
     if not (FIXTURE_BIN / "npu-smi").exists():
         print(f"demo: the fixture npu-smi is missing ({FIXTURE_BIN}); run from a source checkout", file=sys.stderr)
         return 1
+    # A demo stopped by kill or a closed terminal stops its daemon and worker too (the finally
+    # below), as Ctrl-C does.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda n, _frame: sys.exit(128 + n))
     tmp = tempfile.mkdtemp(prefix="ascendbind-demo-")
     sock = os.path.join(tmp, "ascendbind.sock")
     port = _free_port()

@@ -331,3 +331,23 @@ def test_make_run_demo_binds_through_the_socket():
     assert "before:" in r.stdout and "after:" in r.stdout and "released" in r.stdout
     late = [ln for ln in r.stdout.splitlines() if "acl_thread_2" in ln]
     assert late and 'ascendbind_bind_requests_total{outcome="aligned"} 1.0' in r.stdout
+
+
+def test_a_demo_stopped_by_sigterm_leaves_neither_its_daemon_nor_its_worker():
+    demo = subprocess.Popen([sys.executable, "-m", "ascendbind.demo"], stdout=subprocess.PIPE, text=True,
+                            cwd=str(ROOT), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first = demo.stdout.readline()
+        assert first.startswith("daemon pid "), first
+        daemon_pid = int(first.split()[2])
+        worker_pid = int(demo.stdout.readline().split()[3])
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(30) in (0, 128 + signal.SIGTERM)  # 0: it had ended by itself first
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        demo.stdout.close()
+    for pid in (daemon_pid, worker_pid):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped by the demo: not even a zombie is left
