@@ -13,7 +13,7 @@ import os
 import pytest
 
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.numa_maps import local_ratio, parse_numa_maps
+from ascendbind.discovery.numa_maps import local_ratio, numa_regions, parse_numa_maps, residency_of
 from ascendbind.discovery.sysfs import parse_cpulist_file
 from ascendbind.discovery.worker import read_numa_residency
 from ascendbind.errors import DiscoveryError, ParseError, ProcessGone
@@ -37,6 +37,15 @@ def test_the_4_node_fixture_worker_per_node_in_pages_and_in_bytes():
     assert dict(res.pages) == {n: FIXTURE_4K[n] + FIXTURE_2M.get(n, 0) for n in range(4)}
     assert dict(res.kib) == {n: 4 * FIXTURE_4K[n] + 2048 * FIXTURE_2M.get(n, 0) for n in range(4)}
     assert res.total_kib == sum(res.kib.values())
+
+
+def test_the_regions_a_move_reads_sum_to_the_residency_of_the_whole_file():
+    with open(os.path.join(HOST_950, "proc", "5151", "numa_maps")) as fh:
+        text = fh.read()
+    whole = parse_numa_maps(text)
+    assert sum(whole.private_kib.values()) and sum(whole.shared_kib.values())  # both kinds to add up
+    assert residency_of(numa_regions(text)) == whole
+    assert residency_of(()) == parse_numa_maps("")
 
 
 def test_a_numa_maps_longer_than_the_limit_is_refused_not_held():

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from ..errors import ParseError
 from ..frozen import frozen_map
 
-__all__ = ["NumaResidency", "NumaRegion", "parse_numa_maps", "numa_regions", "local_ratio"]
+__all__ = ["NumaResidency", "NumaRegion", "parse_numa_maps", "numa_regions", "residency_of", "local_ratio"]
 
 # the kernel's own counters besides N<node>; anything else ends the trailing run of fields
 _COUNTERS = frozenset(("kernelpagesize_kB", "anon", "dirty", "mapped", "mapmax", "swapcache", "active", "writeback"))
@@ -183,10 +183,20 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
     with a hex address and a policy, a malformed ``N``/page-size field, or node
     counts without a page size (the kernel prints one whenever it prints counts).
     """
+    return _residency((nodes, page_kib, anon) for _addr, nodes, page_kib, anon in _rows(text, source))
+
+
+def residency_of(regions: Iterable[NumaRegion]) -> NumaResidency:
+    """What ``parse_numa_maps`` reads from the text ``regions`` were read from."""
+    return _residency((r.nodes, r.page_kib, r.anon) for r in regions)
+
+
+def _residency(rows: Iterable[tuple[Mapping[int, int], int, int]]) -> NumaResidency:
+    """The sums over (node -> pages, page size in KiB, anonymous pages) of each mapping."""
     kib: dict[int, int] = {}
     pages: dict[int, int] = {}
     private: dict[int, int] = {}
-    for _addr, nodes, page_kib, anon in _rows(text, source):
+    for nodes, page_kib, anon in rows:
         for node, count in nodes.items():
             pages[node] = pages.get(node, 0) + count
             kib[node] = kib.get(node, 0) + count * page_kib

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 
 from .memmap import MoveRange, move_ranges, parse_maps
-from .numa_maps import NumaResidency, numa_regions, parse_numa_maps
+from .numa_maps import NumaResidency, numa_regions, residency_of
 from .sources import HostSource
 from .worker import NUMA_MAPS_LIMIT, check_start_time, read_memory_file
 
@@ -57,7 +57,7 @@ def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int
     regions = numa_regions(numa, numa_path)
     if start_time is not None:
         check_start_time(source, pid, start_time, "its memory map")
-    return MoveRanges(move_ranges(vmas, regions, node), parse_numa_maps(numa, numa_path))
+    return MoveRanges(move_ranges(vmas, regions, node), residency_of(regions))
 
 
 class PageMap:
