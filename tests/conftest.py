@@ -1,5 +1,6 @@
 import functools
 import os
+import stat
 import subprocess
 import sys
 
@@ -14,9 +15,12 @@ collect_ignore = [] if os.environ.get("NUMA_GUEST_TOPOLOGY") else ["numa"]
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
 
 
-@functools.cache
-def _nobody_can_run_ascendbind() -> str | None:
-    """None if uid 65534 can import ascendbind from this checkout, else why not."""
+# directories given search permission for others so that uid 65534 can reach the checkout
+# (a clone under `mktemp -d` is 0700), with the modes to put back when the session ends
+_opened: dict[str, int] = {}
+
+
+def _try_as_nobody() -> str | None:
     try:
         r = subprocess.run([*NOBODY, sys.executable, "-c", "import ascendbind"], cwd=ROOT,
                            capture_output=True, text=True, timeout=30)
@@ -25,6 +29,37 @@ def _nobody_can_run_ascendbind() -> str | None:
     if r.returncode != 0:
         return f"uid 65534 cannot run this checkout's python: {r.stderr.strip()[-200:]}"
     return None
+
+
+def _open_the_way() -> None:
+    """Add search (never read) permission for others on the directories above the checkout
+    and its interpreter that lack it; ``pytest_unconfigure`` takes it back."""
+    for start in (ROOT, os.path.dirname(sys.executable)):
+        path = os.path.abspath(start)
+        while True:
+            st = os.stat(path)
+            if not st.st_mode & stat.S_IXOTH and path not in _opened:
+                _opened[path] = stat.S_IMODE(st.st_mode)
+                os.chmod(path, _opened[path] | stat.S_IXOTH)
+            if path == os.path.dirname(path):
+                break
+            path = os.path.dirname(path)
+
+
+@functools.cache
+def _nobody_can_run_ascendbind() -> str | None:
+    """None if uid 65534 can import ascendbind from this checkout, else why not."""
+    why = _try_as_nobody()
+    if why and os.geteuid() == 0 and not why.startswith("setpriv"):
+        _open_the_way()
+        why = _try_as_nobody()
+    return why
+
+
+def pytest_unconfigure(config):
+    while _opened:
+        path, mode = _opened.popitem()
+        os.chmod(path, mode)
 
 
 @pytest.fixture
