@@ -15,8 +15,10 @@ the other:
   ``request_timeout`` (a client trickling bytes does not extend it), else 408;
   idle and slow clients therefore hold no thread at all;
 * only a complete request reaches a worker thread: ``workers`` threads for
-  everyone, plus ``root_workers`` that serve uid 0 only, so a flood of other
-  users' requests queues behind their own kind;
+  everyone, shared fairly (fairshare.py: one peer runs at most
+  ``peer_workers`` requests at once and waits its turn behind the others), plus
+  ``root_workers`` that serve uid 0 only, so neither a flood of one user's
+  requests nor a few slow ones delay another user's or root's;
 * an answer the loop makes itself (400, 408, 413, 503) is sent without
   blocking; the socket is then drained for at most ``LINGER`` seconds, so the
   client reads the answer instead of a reset while it is still sending;
@@ -41,12 +43,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
 
 from ...discovery.kernel import somaxconn
+from .fairshare import FairPool
 from .wire import CONTINUE, Request, RequestReader, Response, WireError, error_response, render_response
 from ..runtime.threadname import name_os_thread
 
@@ -68,6 +70,8 @@ class Limits:
     per_peer: int
     root_reserve: int = 0
     workers: int = 4
+    # how many of the shared ``workers`` one peer may hold at once (0: all of them)
+    peer_workers: int = 0
     root_workers: int = 0
     line_timeout: float = 2.0
     request_timeout: float = 5.0
@@ -113,10 +117,8 @@ class Listener:
         self._open = 0
         self._per_key: collections.Counter = collections.Counter()
         self._conns: dict[int, Conn] = {}  # fd -> connection the loop is reading
-        self._pool = ThreadPoolExecutor(limits.workers, thread_name_prefix=f"{name}-worker",
-                                         initializer=name_os_thread)
-        self._root_pool = (ThreadPoolExecutor(limits.root_workers, thread_name_prefix=f"{name}-root",
-                                              initializer=name_os_thread)
+        self._pool = FairPool(limits.workers, limits.peer_workers or limits.workers, name=f"{name}-worker")
+        self._root_pool = (FairPool(limits.root_workers, limits.root_workers, name=f"{name}-root")
                            if limits.root_workers else None)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = False
@@ -264,7 +266,7 @@ class Listener:
         self._forget(conn)
         pool = self._root_pool if conn.is_root and self._root_pool is not None else self._pool
         try:
-            pool.submit(self._work, conn, request)
+            pool.submit(conn.key, self._work, conn, request)
         except RuntimeError:  # shutting down
             self._release(conn)
 
@@ -319,7 +321,8 @@ class Listener:
             pass
         for pool in (self._pool, self._root_pool):
             if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+                for _work, (conn, _request) in pool.stop():
+                    self._release(conn)
 
     def _close_all(self) -> None:
         for conn in list(self._conns.values()):

@@ -37,8 +37,9 @@ log = structlog.get_logger("ascendbind.api")
 
 MAX_BODY = 64 * 1024
 # File descriptors: 128 connections at most; uid 0 alone may use the last 32,
-# one other uid at most 16. Threads: 6 for everyone plus 2 that serve root only.
-API_LIMITS = Limits(max_total=128, per_peer=16, root_reserve=32, workers=6, root_workers=2,
+# one other uid at most 16. Threads: 6 for everyone, of which one uid holds at most 2 at
+# once (its other requests wait their turn behind other uids'), plus 2 that serve root only.
+API_LIMITS = Limits(max_total=128, per_peer=16, root_reserve=32, workers=6, peer_workers=2, root_workers=2,
                     line_timeout=2.0, request_timeout=5.0, write_timeout=5.0, max_body=MAX_BODY)
 _REQ_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -202,7 +203,7 @@ class ApiServer:
         if req.path == "/v1/release":
             return json_response(200, daemon.release_request(peer, decode_json_body(req.body)))
         if req.path == "/v1/workers":
-            return json_response(200, daemon.workers(req.query))
+            return json_response(200, daemon.workers(req.query, peer))
         if req.path == "/v1/plan":
             pid, target, policy = _plan_query(req.query)
             return json_response(200, daemon.plan_request(peer, pid, target, policy))
