@@ -196,6 +196,20 @@ def test_a_listed_holder_is_never_evicted_even_by_root(daemon):
         assert [x["pid"] for x in daemon.client.workers()["workers"]] == [a.pid]
 
 
+def test_explain_is_for_root_and_the_workers_owner_and_reads_nothing_for_others(daemon, nobody_prefix):
+    with start_worker(plain=1, acl=0, release=0) as w:
+        assert daemon.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})[0] == 200
+        os.chmod(daemon.sock, 0o666)
+        status, body = daemon.curl("GET", f"/v1/workers?pid={w.pid}&explain=1", prefix=nobody_prefix)
+        assert (status, body["error"]) == (403, "not_permitted"), body
+        assert "explanation" not in body
+        # the plain listing stays open to every user; only the explanation reads the worker again
+        status, body = daemon.curl("GET", f"/v1/workers?pid={w.pid}", prefix=nobody_prefix)
+        assert status == 200 and "explanation" not in body["workers"][0], body
+        status, body = daemon.curl("GET", f"/v1/workers?pid={w.pid}&explain=1")
+        assert status == 200 and "decision" in body["workers"][0]["explanation"], body
+
+
 # ---------------------------------------------------------------- auto-bind
 
 

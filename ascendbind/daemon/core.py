@@ -381,11 +381,11 @@ class Daemon(Ownership):
 
     # ---------------------------------------------------------- read-only
 
-    def workers(self, query: str = "") -> dict[str, Any]:
-        """GET /v1/workers[?pid=P[&explain=1]] (status.py)."""
+    def workers(self, query: str = "", peer: Peer | None = None) -> dict[str, Any]:
+        """GET /v1/workers[?pid=P[&explain=1]] asked by ``peer`` (status.py)."""
         from .api.status import workers_answer
 
-        return workers_answer(self, query)
+        return workers_answer(self, query, peer)
 
     def plan_request(self, peer: Peer, pid: int | None, request: TargetRequest | tuple[int, ...] | None,
                      policy: str | None) -> dict[str, Any]:

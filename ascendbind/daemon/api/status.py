@@ -7,7 +7,10 @@ decision, config lint) for the plan the worker is bound with. It is derived from
 the facts the plan was made from, which the daemon keeps with each binding; a
 binding restored from the state file has none, so its facts are read again
 (the explanation says so). Explaining is read-only and runs outside the
-daemon's lock: a slow discovery never stalls a bind.
+daemon's lock: a slow discovery never stalls a bind. Only root and a caller who
+may release the worker (its uid, and the worker itself or its descendant) get
+an explanation: it may read the worker's files again, so the caller is checked
+before anything of the worker is read (403 otherwise).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from urllib.parse import parse_qs
 
 from ...discovery.identity import require_identity
 from ...errors import ProcessGone, UsageError
+from .auth import Peer, authorize
 
 __all__ = ["parse_workers_query", "workers_answer", "explain_held"]
 
@@ -49,7 +53,8 @@ def parse_workers_query(query: str) -> tuple[int | None, bool]:
     return pid, explain
 
 
-def workers_answer(daemon, query: str = "") -> dict[str, Any]:
+def workers_answer(daemon, query: str = "", peer: Peer | None = None) -> dict[str, Any]:
+    """The answer to ``GET /v1/workers?query`` asked by ``peer`` (None: the daemon itself)."""
     pid, explain = parse_workers_query(query)
     with daemon.lock:
         if pid is None:
@@ -59,8 +64,19 @@ def workers_answer(daemon, query: str = "") -> dict[str, Any]:
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
         record = _record(daemon, h)
     if explain:
+        if peer is not None and not peer.is_root:
+            _authorize_explain(daemon, peer, h)
         record["explanation"] = explain_held(daemon, h)
     return {"workers": [record]}
+
+
+def _authorize_explain(daemon, peer: Peer, h) -> None:
+    """NotPermitted unless ``peer`` may release the worker ``h`` holds; read: its stat and
+    status, nothing more."""
+    target = require_identity(h.binding.pid, daemon.config.proc_root)
+    if target.start_time != h.binding.start_time:
+        raise ProcessGone(f"process {h.binding.pid} is no longer the bound worker (pid reused)", code="not_bound")
+    authorize(peer, target, daemon_pid=daemon.pid, proc_root=daemon.config.proc_root, binding=False)
 
 
 def _record(daemon, h) -> dict[str, Any]:
