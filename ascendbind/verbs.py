@@ -11,6 +11,7 @@ config file (when readable) > the default path.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .client import Client, run_bound
@@ -102,7 +103,17 @@ def cmd_serve(args) -> int:
 
     config = config_from_args(args)
     configure_logging()
-    return serve(config, reload=lambda: config_from_args(args))
+    code = serve(config, reload=lambda: config_from_args(args))
+    # serve() returned: the state is saved and every tool reaped. A thread may still be stuck in
+    # the kernel (a read a worker's filesystem never answers); the interpreter's exit would join
+    # some of them (executors register such joins), so leave without it: exiting interrupts
+    # their waits, and nothing else is pending.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _cl(cpus) -> str:

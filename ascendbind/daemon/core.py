@@ -105,8 +105,12 @@ class Daemon(Ownership):
 
     # ---------------------------------------------------------- state
 
-    def save(self) -> None:
-        with self.lock:
+    def save(self, timeout: float | None = None) -> bool:
+        """Write the state file and sync the gauges from the held table; with ``timeout``, give
+        up (False) when the lock is not had within it (a stop that cannot wait)."""
+        if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
             records = [h.state_record() for h in self.held.values()]
             try:
                 self.state.save_encoded(records)
@@ -117,6 +121,9 @@ class Daemon(Ownership):
             self.metrics.bound_workers.set(len(self.held))
             # a released or gone worker's locality series goes with it
             self.metrics.memory_local(ratios_by_npu(self.held.values()))
+        finally:
+            self.lock.release()
+        return True
 
     # ---------------------------------------------------------- bind
 

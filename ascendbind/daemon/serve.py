@@ -19,6 +19,14 @@ SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
 has its process group killed and reaped before anything else
 stops, so nothing the daemon started outlives it, under systemd or not.
 
+The stop is bounded: its parts get ``STOP_SECONDS`` together. A thread can be
+stuck where no flag reaches it (a request reading a file that a worker's own
+filesystem never serves), so a part still waiting then is named in the log, the
+state file is written if the daemon's lock can be had at once (it is written
+after every change anyway, so the file on disk is the last complete state),
+and ``serve()`` returns; the ``serve`` verb then ends the process without
+waiting for such threads, and the kernel's exit interrupts their waits.
+
 File descriptors are budgeted: each listener's connection cap is its share, and
 the rest (state file, /proc reads, command pipes, udev, epoll) needs at most a
 hundred or so. The daemon checks the soft RLIMIT_NOFILE covers the sum at start
@@ -51,12 +59,15 @@ from .watch.reconcile import Reconciler
 from .host.replan import rediscover_and_replan
 from .api.server import API_LIMITS, ApiServer
 
-__all__ = ["serve", "RESTART_KEYS"]
+__all__ = ["serve", "RESTART_KEYS", "STOP_SECONDS"]
 
 log = structlog.get_logger("ascendbind.serve")
 
 # descriptors besides the listeners' connections: see the module docstring
 FD_OVERHEAD = 128
+
+# SIGTERM to exit, whatever a thread is stuck on: below systemd's default TimeoutStopSec
+STOP_SECONDS = 4.0
 
 # keys a running daemon cannot change on SIGHUP
 RESTART_KEYS = ("socket", "state_dir", "metrics_listen", "socket_group", "proc_root", "sys_root")
@@ -75,6 +86,7 @@ class _Service:
         self.autobind: AutoBinder | None = None
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.owned_path: str | None = None
+        self.stopping: str | None = None  # the part stop() is waiting for
         # the config whose lint is still to be logged; None once it has been
         self._lint_due: Config | None = config
         self._lint_lock = threading.Lock()
@@ -164,22 +176,43 @@ class _Service:
     def stop(self) -> None:
         systemd.notify("STOPPING=1")
         # first: a part's stop() may wait for a thread that waits for a hung tool
+        self.stopping = "tools"
         left = stop_commands()
         if left:
             log.error("tools still unreaped after SIGKILL to their process groups", groups=left)
+        self.stopping = "api"
         if self.server is not None:
             self.server.stop()
-        for part in (self.reconciler, self.hotplug, self.autobind):
+        for name, part in (("reconcile loop", self.reconciler), ("hot-plug monitor", self.hotplug),
+                           ("auto-bind", self.autobind), ("metrics listener", self.tcp)):
             if part is not None:
+                self.stopping = name
                 part.stop()
-        if self.tcp is not None:
-            self.tcp.stop()
         # moving pages stop before their next chunk; their marks stay in the state file
+        self.stopping = "memory moves"
         self.daemon.close()
+        self.stopping = "state file"
         self.daemon.save()
+        self.stopping = None
+        self._unlink_socket()
+        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.held))
+
+    def stop_within(self, seconds: float) -> bool:
+        """stop(), for at most ``seconds``: False (and logged) when a part was still waiting."""
+        t = threading.Thread(target=self.stop, name="stop", daemon=True)
+        t.start()
+        t.join(seconds)
+        if not t.is_alive():
+            return True
+        saved = self.daemon.save(timeout=0.2)
+        self._unlink_socket()
+        log.error("stop did not finish in time; exiting anyway, bindings left in place", seconds=seconds,
+                  waiting_for=self.stopping, state_saved=saved, workers=len(self.daemon.held))
+        return False
+
+    def _unlink_socket(self) -> None:
         if self.owned_path:
             _unlink_if_socket(self.owned_path)
-        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.held))
 
 
 def ensure_fd_budget(needed: int) -> int:
@@ -235,5 +268,5 @@ def serve(config: Config, *, reload=None) -> int:
             systemd.notify("READY=1", "STATUS=serving (config reloaded)")
             continue
         break
-    svc.stop()
+    svc.stop_within(STOP_SECONDS)
     return 0
