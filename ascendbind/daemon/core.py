@@ -61,6 +61,7 @@ from .host.hostcache import HostCache
 from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover
+from .watch.npucheck import NpuChecker
 from .api.metrics import Metrics
 from .watch.observe import role_cpus
 from .ownership import Ownership
@@ -96,12 +97,15 @@ class Daemon(Ownership):
         # that measures where a worker's memory is and asks for reruns (locality.py)
         self.mover = MemoryMover(self)
         self.locality = MemoryLocality(self)
+        # a bind that names its NPU, checked against npu-smi's process table after its answer
+        self.npu_check = NpuChecker(self)
 
     def close(self) -> None:
         """Stop the background parts: moving pages stop before their next chunk (their marks
         stay in the state file), the locality thread ends after its round."""
         self.mover.close()
         self.locality.close()
+        self.npu_check.close()
 
     # ---------------------------------------------------------- state
 
@@ -266,6 +270,8 @@ class Daemon(Ownership):
                 self.mover.cancel(pid, "bound again")  # an earlier binding's move, if any
             self.save()
         self.metrics.step_results(binding.steps)
+        if request.names_npus:
+            self.npu_check.submit(pid, binding.start_time, binding.npus, request, host, worker)
         if not aligned:
             self.metrics.alignment_failure(reason)
         outcome = "aligned" if aligned else "unaligned"
@@ -367,7 +373,9 @@ class Daemon(Ownership):
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
         return self.release_pid(pid)
 
-    def release_pid(self, pid: int) -> dict[str, Any]:
+    def release_pid(self, pid: int, reason: str = "released") -> dict[str, Any]:
+        """Undo ``pid``'s binding; ``reason`` labels the drop (a release, or a named NPU that
+        npu-smi contradicts)."""
         with self.lock:
             h = self.held.get(pid)
             if h is None:
@@ -380,11 +388,28 @@ class Daemon(Ownership):
             b = self._restorable(h)
             steps = release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
             self.held.pop(pid)
-            self.mover.cancel(pid, "released")
-            self.metrics.dropped_worker("released")
+            self.mover.cancel(pid, reason)
+            self.metrics.dropped_worker(reason)
             self.save()
-        log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks))
+        log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks), reason=reason)
         return {"pid": pid, "irqs_restored": sorted(b.saved_irq_masks), "steps": [s.to_json() for s in steps]}
+
+    def npu_checked(self, pid: int, start_time: int, npus: tuple[int, ...], verdict: str, why: str) -> None:
+        """The process table's verdict on a named bind (watch/npucheck.py), for the binding it
+        was made for only; a contradicted one is undone."""
+        with self.lock:
+            h = self.held.get(pid)
+            if h is None or h.binding.start_time != start_time or tuple(h.binding.npus) != npus:
+                return  # released, re-bound or gone meanwhile: the verdict is about another binding
+            h.npu_check = {"verdict": verdict, "detail": why}
+            self.metrics.npu_check(verdict)
+            if verdict == "contradicted":
+                log.warning("named NPU contradicted by npu-smi; binding undone", pid=pid, npus=list(npus),
+                            detail=why)
+                self.release_pid(pid, reason="npu_mismatch")
+            elif verdict != "confirmed":
+                log.info("named NPU not confirmed by npu-smi", pid=pid, npus=list(npus), verdict=verdict,
+                         detail=why)
 
     # ---------------------------------------------------------- read-only
 

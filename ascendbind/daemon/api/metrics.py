@@ -34,7 +34,9 @@ STEP_OUTCOMES = ("applied", "skipped", "failed")
 # who moved a bound thread's or IRQ's mask: the verdicts of the blame rule (blame.py), decided on evidence
 CULPRITS = ("self", "env", "irqbalance", "external")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
-DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
+DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot", "npu_mismatch")
+# npu-smi's verdict on a bind that named its NPU (watch/npucheck.py)
+NPU_CHECK_VERDICTS = ("confirmed", "unlisted", "unverified", "contradicted")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 # what one numa_maps read came to (daemon/watch/locality.py)
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
@@ -130,6 +132,10 @@ class Metrics:
         self.dropped = Counter(
             "ascendbind_workers_dropped", "Workers no longer held, by reason", ["reason"], registry=r
         )
+        self.npu_checks = Counter(
+            "ascendbind_npu_checks", "Binds that named their NPU, checked against npu-smi's process table after "
+            "the answer, by verdict", ["verdict"], registry=r,
+        )
         self.http = Counter(
             "ascendbind_http_requests", "Socket API requests by path and status", ["path", "code"], registry=r
         )
@@ -185,6 +191,8 @@ class Metrics:
             self.discovery_errors.labels(c)
         for d in DROP_REASONS:
             self.dropped.labels(d)
+        for v in NPU_CHECK_VERDICTS:
+            self.npu_checks.labels(v)
         for name in LISTENERS:
             self.refused.labels(name)
         for c in MEMORY_CHECK_RESULTS:
@@ -222,6 +230,10 @@ class Metrics:
     def dropped_worker(self, reason: str) -> None:
         if reason in DROP_REASONS:
             self.dropped.labels(reason).inc()
+
+    def npu_check(self, verdict: str) -> None:
+        if verdict in NPU_CHECK_VERDICTS:
+            self.npu_checks.labels(verdict).inc()
 
     def memory_local(self, ratios) -> None:
         """Export exactly ``ratios`` (NPU -> 0..1): an NPU no longer listed loses its series."""

@@ -74,6 +74,8 @@ class Held:
     # (host, worker, config) the plan was made from: explains it without a new discovery.
     # Not persisted; a binding restored from the state file is explained from fresh facts.
     facts: tuple | None = field(default=None, repr=False)
+    # npu-smi's verdict on a bind that named its NPU (npucheck.py); None: not checked. Not persisted.
+    npu_check: dict | None = None
     # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
     _saved: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -160,6 +162,7 @@ class Held:
                       "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
                       "irqs_left_alone_why": self.irqs_left_alone_why},
             "late_threads_pinned": self.late_threads,
+            "npu_check": self.npu_check,
             "memory_local_ratio": None if self.memory_local_ratio is None else round(self.memory_local_ratio, 4),
             "memory_reruns": self.memory_reruns,
             "memory": memory_state(self, move),
