@@ -17,8 +17,12 @@ the other:
 * only a complete request reaches a worker thread: ``workers`` threads for
   everyone, shared fairly (fairshare.py: one peer runs at most
   ``peer_workers`` requests at once and waits its turn behind the others), plus
-  ``root_workers`` that serve uid 0 only, so neither a flood of one user's
-  requests nor a few slow ones delay another user's or root's;
+  ``root_workers`` that serve uid 0 only, shared the same way between the
+  callers ``share_key`` tells apart (root in each PID namespace, on the API), so
+  neither a flood of one user's requests nor a few slow ones delay another
+  user's or root's;
+* a request ``inline`` picks (a liveness probe: cheap, lock-free) is answered
+  on the loop itself, so it never waits for a thread, whoever holds them;
 * an answer the loop makes itself (400, 408, 413, 503) is sent without
   blocking; the socket is then drained for at most ``LINGER`` seconds, so the
   client reads the answer instead of a reset while it is still sending;
@@ -73,6 +77,8 @@ class Limits:
     # how many of the shared ``workers`` one peer may hold at once (0: all of them)
     peer_workers: int = 0
     root_workers: int = 0
+    # how many of the ``root_workers`` one root caller (its share key) may hold at once (0: all)
+    root_peer_workers: int = 0
     line_timeout: float = 2.0
     request_timeout: float = 5.0
     write_timeout: float = 5.0
@@ -103,13 +109,19 @@ class Conn:
 Handler = Callable[[Conn, Request], Response]
 Refused = Callable[["Conn | None", WireError], None]
 Identify = Callable[[socket.socket], tuple[object, object, bool]]
+# inline(request) -> True: answer it on the loop; share_key(conn) -> whose share of the threads it uses
+Inline = Callable[[Request], bool]
+ShareKey = Callable[[Conn], object]
 
 
 class Listener:
     def __init__(self, sock: socket.socket, limits: Limits, handle: Handler, *, identify: Identify,
-                 refused: Refused | None = None, name: str = "listener") -> None:
+                 refused: Refused | None = None, name: str = "listener", inline: Inline | None = None,
+                 share_key: ShareKey | None = None) -> None:
         self.sock, self.limits, self.handle, self.identify = sock, limits, handle, identify
         self.refused = refused or (lambda conn, err: None)
+        self.inline = inline or (lambda request: False)
+        self.share_key = share_key or (lambda conn: conn.key)
         self.name = name
         sock.listen(somaxconn())  # a second listen() on a listening socket only resizes its backlog
         sock.setblocking(False)
@@ -118,7 +130,8 @@ class Listener:
         self._per_key: collections.Counter = collections.Counter()
         self._conns: dict[int, Conn] = {}  # fd -> connection the loop is reading
         self._pool = FairPool(limits.workers, limits.peer_workers or limits.workers, name=f"{name}-worker")
-        self._root_pool = (FairPool(limits.root_workers, limits.root_workers, name=f"{name}-root")
+        self._root_pool = (FairPool(limits.root_workers, limits.root_peer_workers or limits.root_workers,
+                                    name=f"{name}-root")
                            if limits.root_workers else None)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = False
@@ -263,10 +276,16 @@ class Listener:
                 conn.continued = True
                 _send_now(conn.sock, CONTINUE)
             return
+        if self.inline(request):
+            # sent without blocking: a small answer fits an empty socket buffer (a client that
+            # does not read it loses it), then linger-drained like the loop's refusals
+            resp = self.handle(conn, request)
+            self._send_and_linger(conn, render_response(resp, request_id=conn.id, head_only=request.method == "HEAD"))
+            return
         self._forget(conn)
         pool = self._root_pool if conn.is_root and self._root_pool is not None else self._pool
         try:
-            pool.submit(conn.key, self._work, conn, request)
+            pool.submit(self.share_key(conn), self._work, conn, request)
         except RuntimeError:  # shutting down
             self._release(conn)
 
@@ -282,8 +301,11 @@ class Listener:
 
     def _answer_here(self, conn: Conn, err: WireError) -> None:
         """Answer from the loop without blocking, then linger-drain so the client sees it."""
-        _send_now(conn.sock, render_response(error_response(err), request_id=conn.id))
+        self._send_and_linger(conn, render_response(error_response(err), request_id=conn.id))
         self.refused(conn, err)
+
+    def _send_and_linger(self, conn: Conn, data: bytes) -> None:
+        _send_now(conn.sock, data)
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -15,6 +15,7 @@ costs one request, never a traceback in the journal or the daemon.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -38,8 +39,11 @@ log = structlog.get_logger("ascendbind.api")
 MAX_BODY = 64 * 1024
 # File descriptors: 128 connections at most; uid 0 alone may use the last 32,
 # one other uid at most 16. Threads: 6 for everyone, of which one uid holds at most 2 at
-# once (its other requests wait their turn behind other uids'), plus 2 that serve root only.
-API_LIMITS = Limits(max_total=128, per_peer=16, root_reserve=32, workers=6, peer_workers=2, root_workers=2,
+# once (its other requests wait their turn behind other uids'), plus 4 that serve root only,
+# of which root in one PID namespace (the host's, or a container's) holds at most 2.
+# /healthz needs no thread: the loop answers it.
+API_LIMITS = Limits(max_total=128, per_peer=16, root_reserve=32, workers=6, peer_workers=2, root_workers=4,
+                    root_peer_workers=2,
                     line_timeout=2.0, request_timeout=5.0, write_timeout=5.0, max_body=MAX_BODY)
 _REQ_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -108,7 +112,8 @@ class ApiServer:
 
     def __init__(self, sock: socket.socket, daemon, *, limits: Limits = API_LIMITS) -> None:
         self.daemon = daemon
-        self.listener = Listener(sock, limits, self._handle, identify=_identify, refused=self._refused, name="api")
+        self.listener = Listener(sock, limits, self._handle, identify=_identify, refused=self._refused, name="api",
+                                 inline=_answered_on_the_loop, share_key=_share_key)
         self._busy_lock = threading.Lock()
         self._busy_since_log = 0
         self._busy_logged_at = -60.0
@@ -210,6 +215,23 @@ class ApiServer:
         if req.path == "/healthz":
             return json_response(200, daemon.health())
         return Response(200, daemon.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+
+
+def _answered_on_the_loop(req: Request) -> bool:
+    # the liveness probe reads no lock and no file: it never waits for a thread
+    return req.path == "/healthz"
+
+
+def _share_key(conn: Conn):
+    """Whose share of the threads a request uses: its uid; for root, root in its PID
+    namespace, so a container running as uid 0 cannot take the host root's threads.
+    (Other uids are not split further: any user can make PID namespaces at will.)"""
+    if not conn.is_root or conn.peer is None:
+        return conn.key
+    try:
+        return 0, os.readlink(f"/proc/{conn.peer.pid}/ns/pid")
+    except OSError:
+        return 0, None
 
 
 def _identify(sock: socket.socket) -> tuple[Peer, int, bool]:
