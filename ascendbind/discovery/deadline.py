@@ -27,8 +27,8 @@ it returns (its result is then dropped, and its thread serves again). The limits
 keep one worker's trouble its own, and fail at once (the same error) rather than
 start another thread:
 
-* one stuck read per worker: a worker whose read is stuck is not read again until
-  that read returns;
+* one read of a worker at a time: a second one waits for the first (within its own
+  deadline), and once a read is stuck the worker is not read again until it returns;
 * ``per_owner`` stuck reads per owner (the real uid of the process read): a user
   with many hung processes uses up its own share, not everyone's;
 * ``max_stuck`` stuck reads in all, and at most ``max_busy`` more threads at work:
