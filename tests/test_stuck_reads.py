@@ -73,6 +73,14 @@ def timed(call):
     return result, time.monotonic() - started
 
 
+def thread_names(pid: int) -> list[str]:
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+            names.append(fh.read().strip())
+    return names
+
+
 def no_fuse_mount_on_the_host() -> bool:
     with open("/proc/self/mountinfo") as fh:
         return " unserved " not in fh.read()
@@ -109,6 +117,7 @@ def test_a_worker_whose_dev_nobody_serves_gets_503_within_the_deadline_and_nobod
         assert reads(daemon, "stuck") == {"environ": 0, "cmdline": 0, "dev": 1}
         # the second bind stopped at its first read of the worker: its environment
         assert reads(daemon, "refused_total") == {"environ": 1, "cmdline": 0, "dev": 0}
+        assert "worker-read" in thread_names(daemon.pid)  # the stuck reader, as ps -L shows it
         daemon_pid = daemon.pid
     # the worker exited: its FUSE connection is aborted, and the read that was left behind returns
     assert wait_for(lambda: reads(daemon, "stuck")["dev"] == 0, 15), daemon.log()[-2000:]

@@ -35,7 +35,8 @@ start another thread:
   the threads one daemon can lose are bounded.
 
 An idle reader waits ``idle_seconds`` for the next read, then ends. ``READERS`` is the
-process's one set, which every LiveHost uses unless it is given another.
+process's one set, which every LiveHost uses unless it is given another; the daemon
+sets its ``thread_init`` to name each reader's OS thread (``worker-read`` in ``ps -L``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Readers:
         self.deadline = deadline
         self.max_stuck, self.per_owner, self.max_busy = max_stuck, per_owner, max_busy
         self.idle_seconds = idle_seconds
+        self.thread_init: Callable[[], None] | None = None  # called first on each new reader thread
         self._lock = threading.Lock()
         self._idle: list[_Reader] = []
         self._threads = 0
@@ -191,6 +193,8 @@ class Readers:
     # ------------------------------------------------------------ a reader thread
 
     def _serve(self, reader: _Reader) -> None:
+        if self.thread_init is not None:
+            self.thread_init()
         while True:
             try:
                 job = reader.jobs.get(timeout=self.idle_seconds)
