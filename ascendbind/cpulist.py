@@ -8,38 +8,52 @@ Two textual forms of a CPU set appear on a Linux host:
 * the *hex mask* ("00000000,0000000f"), comma-separated 32-bit groups, most
   significant first, as the kernel prints ``/proc/irq/<n>/smp_affinity``.
 
-Invariants (round-trip tested): ``parse_cpulist(format_cpulist(s)) == s`` and
-``parse_mask(format_mask(s)) == s`` for every finite set of non-negative ints.
+Invariants (round-trip tested): ``parse_cpulist(format_cpulist(s)) == s`` for every
+set of CPU numbers up to ``MAX_CPU``, and ``parse_mask(format_mask(s)) == s`` for
+every finite set of non-negative ints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask", "bits"]
+from .digits import ascii_int
+
+__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask", "bits", "MAX_CPU"]
+
+# no kernel numbers CPUs this far (NR_CPUS is at most 8192 on any architecture)
+MAX_CPU = (1 << 16) - 1
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse "0-3, 8,10-11" into a frozenset. Empty or blank text is the empty set.
 
-    Raises ValueError naming the bad item; callers wrap it with the source.
+    Raises ValueError naming the bad item; callers wrap it with the source. CPU
+    numbers are ASCII digits up to ``MAX_CPU``, and a list naming more than
+    ``MAX_CPU + 1`` CPUs (repeats included) is refused, each range before it is
+    expanded: a tool's garbled ``0-99999999`` costs nothing.
     """
     cpus: set[int] = set()
     text = text.strip()
     if not text:
         return frozenset()
+    named = 0
     for raw in text.split(","):
         item = raw.strip()
         if not item:
-            raise ValueError(f"empty item in cpu list {text!r}")
+            raise ValueError(f"empty item in cpu list {text[:80]!r}")
         lo, sep, hi = item.partition("-")
-        try:
-            start = int(lo)
-            end = int(hi) if sep else start
-        except ValueError:
-            raise ValueError(f"bad item {item!r} in cpu list {text!r}") from None
-        if start < 0 or end < start:
-            raise ValueError(f"bad range {item!r} in cpu list {text!r}")
+        start = ascii_int(lo.strip())
+        end = ascii_int(hi.strip()) if sep else start
+        if start is None or end is None:
+            raise ValueError(f"bad item {item[:40]!r} in cpu list {text[:80]!r}")
+        if end < start:
+            raise ValueError(f"bad range {item[:40]!r} in cpu list {text[:80]!r}")
+        if end > MAX_CPU:
+            raise ValueError(f"CPU {end} in cpu list {text[:80]!r} is past the largest CPU number, {MAX_CPU}")
+        named += end - start + 1
+        if named > MAX_CPU + 1:
+            raise ValueError(f"cpu list {text[:80]!r} names more than {MAX_CPU + 1} CPUs")
         cpus.update(range(start, end + 1))
     return frozenset(cpus)
 

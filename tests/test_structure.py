@@ -30,7 +30,7 @@ PKG = Path(__file__).resolve().parent.parent / "ascendbind"
 
 # the pure roots; whatever they import inside the package must be pure too
 PURE_ROOTS = [
-    "model", "cpulist", "errors", "config",
+    "model", "cpulist", "digits", "errors", "config",
     "discovery.npu_smi", "discovery.lscpu", "discovery.procfs", "discovery.sysfs", "discovery.columns",
     "discovery.cells", "discovery.numa_maps", "discovery.irqs", "discovery.irqbalance", "discovery.proc_events",
     "discovery.devices", "targeting",

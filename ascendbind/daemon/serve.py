@@ -46,10 +46,12 @@ import structlog
 from .. import __version__
 from ..command import allow_commands, stop_commands
 from ..config import Config
+from ..discovery.deadline import READERS
 from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
 from ..planner import lint_config
 from .runtime import systemd
+from .runtime.threadname import name_os_thread
 from .host.autobind import AutoBinder
 from .core import Daemon
 from .host.hotplug import HotplugMonitor
@@ -78,6 +80,7 @@ class _Service:
         self.config = config
         self.reload_config = reload
         self.metrics = Metrics()
+        READERS.thread_init = name_os_thread  # a stuck reader shows as worker-read in ps -L
         self.daemon = Daemon(config, metrics=self.metrics)
         self.server: ApiServer | None = None
         self.tcp = None

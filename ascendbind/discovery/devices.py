@@ -29,10 +29,10 @@ __all__ = ["DEVDRV_CDEV", "devdrv_major", "allowed_minors", "trs_core_udevids", 
 
 DEVDRV_CDEV = "devdrv-cdev"
 
-_DEVICES_LINE = re.compile(r"\s*(\d+)\s+(\S.*?)\s*")
-_LIST_LINE = re.compile(r"([abc]) (\*|\d+):(\*|\d+) ([rwm]+)")
-_TRS_NAME = re.compile(r"(\d+)-(\d+)-dev-(\d+)")
-_NODE_LINE = re.compile(r"(\S+)\s+(\d+):(\d+)")
+_DEVICES_LINE = re.compile(r"\s*([0-9]+)\s+(\S.*?)\s*", re.ASCII)
+_LIST_LINE = re.compile(r"([abc]) (\*|[0-9]+):(\*|[0-9]+) ([rwm]+)")
+_TRS_NAME = re.compile(r"([0-9]+)-([0-9]+)-dev-([0-9]+)")
+_NODE_LINE = re.compile(r"(\S+)\s+([0-9]+):([0-9]+)", re.ASCII)
 
 
 def devdrv_major(text: str, source: str = "/proc/devices") -> int | None:

@@ -13,7 +13,10 @@ The reads (all small, all through ``source``, so a snapshot records and replays 
 * ``/proc/trs_core/proc``: the driver's process map, on drivers that have one.
 
 A read that fails is recorded in ``unavailable`` with the reason; nothing here raises
-for a missing or malformed file. After reading, the worker's start time is read again:
+for a missing or malformed file. The worker's ``/dev`` is whatever its mount namespace
+mounted there, possibly a filesystem nobody serves: a live source lists it on
+deadline.py's readers, and a listing that does not answer in time fails the request
+(DiscoveryError ``read_timeout``, naming the directory) rather than weigh less evidence. After reading, the worker's start time is read again:
 a pid recycled meanwhile would have lent its device set to the newcomer.
 """
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..digits import ascii_int
 from ..errors import ParseError
 
 __all__ = [
@@ -68,10 +69,10 @@ class BanListTooLong(ValueError):
 def _int(token: str | None, what: str, text: str) -> int:
     if token is None:
         raise ParseError(SOURCE, f"ends where {what} was expected", text=text)
-    try:
-        return int(token, 10)
-    except ValueError:
-        raise ParseError(SOURCE, f"{what} is not a number: {token!r}", text=text) from None
+    value = ascii_int(token)
+    if value is None:
+        raise ParseError(SOURCE, f"{what} is not a number: {token!r}", text=text)
+    return value
 
 
 def parse_setup(text: str) -> IrqbalanceSetup:

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ..decisions import NpuIrqs
 from ..model import HostFacts
 from .irqs import npu_irqs_from, parse_interrupts
-from .sources import HostSource, read_once, read_parsed
+from .procdir import read_once
+from .sources import HostSource, read_parsed
 
 __all__ = ["discover_npu_irqs", "NpuIrqLookup", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
            "irqbalance_pids", "irqbalance_socket_dir", "socket_in_dir_fd", "INTERRUPTS"]

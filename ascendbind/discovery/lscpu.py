@@ -89,7 +89,7 @@ class LscpuSummary:
     numa_cpus: Mapping[int, frozenset[int]] = field(default_factory=frozen_map)
 
 
-_NUMA_LINE = re.compile(r"^NUMA node(\d+) CPU\(s\)$")
+_NUMA_LINE = re.compile(r"^NUMA node([0-9]+) CPU\(s\)$")
 
 
 def parse_lscpu(text: str, source: str = SRC_LSCPU) -> LscpuSummary:

@@ -195,7 +195,7 @@ def parse_process_table(text: str, source: str = SRC_INFO) -> tuple[RawProcessRo
 
 # ---------------------------------------------------------------- npu-smi info -t topo
 
-_LABEL = re.compile(r"^(NPU|Phy-ID)(\d+)$")
+_LABEL = re.compile(r"^(NPU|Phy-ID)([0-9]+)$")
 _TOKEN = re.compile(r"\S+")
 
 

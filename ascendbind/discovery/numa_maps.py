@@ -103,7 +103,7 @@ def _line_fields(fields: list[str], source: str, lineno: int,
     kernel fields of one line.
 
     A word is a field when it is ``<counter>=<digits>`` or ``N<digits>=<digits>``
-    (digits as ``\\d`` reads them: Unicode decimals); a word in field position that
+    (ASCII digits, as the kernel prints them); a word in field position that
     starts like one (``N…=``, ``kernelpagesize_kB=``) but is not is malformed. String
     methods rather than a regular expression per word: a big worker prints thousands
     of lines, and the locality check reads every bound worker's."""
@@ -113,9 +113,9 @@ def _line_fields(fields: list[str], source: str, lineno: int,
     for word in reversed(fields[2:]):
         key, eq, value = word.partition("=")
         digits = key[1:]
-        is_node = key[:1] == "N" and digits.isdecimal()
-        if not (eq and value.isdecimal() and (is_node or key in _COUNTERS)):
-            if eq and (key == "kernelpagesize_kB" or (key[:1] == "N" and (not digits or digits.isdecimal()))):
+        is_node = key[:1] == "N" and digits.isascii() and digits.isdecimal()
+        if not (eq and value.isascii() and value.isdecimal() and (is_node or key in _COUNTERS)):
+            if eq and (key == "kernelpagesize_kB" or (key[:1] == "N" and (not digits or is_node))):
                 raise ParseError(source, f"bad field {word!r}", line=lineno, text=line)
             break
         count = int(value)

@@ -27,11 +27,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..digits import is_ascii_digits
 from ..errors import ParseError, ProcessGone, UsageError
 from ..frozen import frozen_map
 from ..model import ProcessIdentity, ThreadInfo
-from .procfs import CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
-from .sources import HostSource, ProcDir, path_proc_dir, read_once
+from .procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, cut_environ, parse_cgroup,
+                     parse_environ, parse_stat, parse_status)
+from .procdir import ProcDir, read_once
+from .sources import HostSource, path_proc_dir
 
 __all__ = [
     "ProcessView",
@@ -54,8 +57,6 @@ __all__ = [
 
 # a comm is at most 15 bytes plus the newline
 _COMM_BYTES = 64
-# an environment is bounded by the kernel's argument limit (a quarter of the stack rlimit)
-_ENVIRON_LIMIT = 8 << 20
 
 
 class TaskView(NamedTuple):
@@ -98,7 +99,7 @@ class ProcessView:
     def pid(self) -> int:
         if self.identity is not None:
             return self.identity.pid
-        if self.key.isdigit():
+        if is_ascii_digits(self.key):
             return int(self.key)
         if self.status.tgid is None:
             raise ParseError(f"/proc/{self.key}/status", "no Tgid line")
@@ -192,6 +193,10 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
     mask (live host only); ``tasks``/``environ`` False skip what a caller does not need.
     ``vet`` is called with the identity as soon as stat and status are read, before
     anything else is: a request refused there reads no environment and no threads.
+
+    The environment: its complete entries within ``ENVIRON_LIMIT`` bytes (a warning when
+    cut), a key's first entry winning as in getenv; DiscoveryError ``read_timeout`` when
+    it does not answer in time (it is copied out of the worker's memory: deadline.py).
     """
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
         raise UsageError(f"pid must be a positive integer, got {pid!r}")
@@ -206,6 +211,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         if status_text is None:
             raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
         status = parse_status(status_text, f"/proc/{key}/status")
+        d.owner = status.uids[0] if status.uids else None
         real = pid if pid is not None else status.tgid
         if real is None:
             raise ParseError(f"/proc/{key}/status", "no Tgid line")
@@ -215,7 +221,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
                 raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
             vet(identity)
         cg_text = d.read("cgroup")
-        env_text = d.read("environ", _ENVIRON_LIMIT) if environ else None
+        env_text = d.read("environ", ENVIRON_LIMIT) if environ else None
         task_views = _tasks(d, masks) if tasks else ()
         last_stat = d.read("stat") if not d.pinned and stat_text is not None else stat_text
     finally:
@@ -228,13 +234,15 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
             raise ProcessGone(f"pid {real} was recycled while it was being read: started at tick "
                               f"{again.start_time}, not {identity.start_time}", code="pid_recycled")
     cgroup = parse_cgroup(cg_text, f"/proc/{key}/cgroup") if cg_text is not None else None
+    env, cut = cut_environ(env_text) if env_text is not None else (None, None)
     return ProcessView(
         key=key,
         status=status,
         identity=identity,
         cpuset=_cpuset(source, cgroup),
-        environ=frozen_map(parse_environ(env_text)) if env_text is not None else None,
+        environ=frozen_map(parse_environ(env)) if env is not None else None,
         tasks=task_views,
+        warnings=(f"/proc/{key}/{cut}",) if cut is not None else (),
         cgroup=cgroup,
     )
 

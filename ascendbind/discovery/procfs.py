@@ -6,7 +6,10 @@ Kernel facts these rely on:
   Field 22 is the start time in clock ticks since boot; with the pid it
   identifies a process across pid reuse. Field 9 is the task's ``PF_*`` flags:
   ``PF_KTHREAD`` marks a kernel thread, whatever name it chose.
-* ``/proc/<pid>/environ`` is NUL-separated ``KEY=value`` entries.
+* ``/proc/<pid>/environ`` is NUL-separated ``KEY=value`` entries, as the process's
+  memory holds them now (it may have rewritten them; nothing stops a key appearing
+  twice). ``getenv(3)`` scans from the start and returns the first ``KEY=``, and so
+  do the runtimes that read the Ascend variables: the first entry of a key wins here too.
 * ``/proc/<pid>/cgroup`` lines are ``id:controllers:path``; cgroup v1 names
   ``cpuset`` among the controllers, the v2 line is ``0::/path``.
 """
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..cpulist import parse_cpulist
+from ..digits import ascii_int
 from ..errors import ParseError
 
 __all__ = [
@@ -29,6 +33,9 @@ __all__ = [
     "parse_stat",
     "parse_stat_start_time",
     "parse_environ",
+    "cut_environ",
+    "ENVIRON_LIMIT",
+    "real_uid",
     "parse_cgroup",
     "cpuset_cgroup",
     "parse_ps_te",
@@ -88,6 +95,16 @@ def parse_status(text: str, source: str = "/proc/self/status") -> ProcStatus:
     )
 
 
+def real_uid(text: str) -> int | None:
+    """The real uid (the first ``Uid:`` field) of ``/proc/<pid>/status`` text, or None."""
+    start = text.find("\nUid:")
+    if start < 0:
+        return None
+    end = text.find("\n", start + 5)
+    fields = (text[start + 5 :] if end < 0 else text[start + 5 : end]).split()
+    return ascii_int(fields[0]) if fields else None
+
+
 # include/linux/sched.h: set on every kernel thread (kthreadd and its children)
 PF_KTHREAD = 0x00200000
 PF_EXITING = 0x00000004  # set as do_exit begins, before the memory is torn down
@@ -138,12 +155,33 @@ def parse_stat_start_time(text: str, source: str = "/proc/self/stat") -> int:
 
 
 def parse_environ(text: str) -> dict[str, str]:
+    """``KEY=value`` entries -> a dict, the first entry of a key winning (getenv's answer).
+    Entries without ``=`` or with an empty key are skipped, as getenv never matches them."""
     env: dict[str, str] = {}
+    setdefault = env.setdefault
     for entry in text.split("\0"):
         key, sep, value = entry.partition("=")
         if sep and key:
-            env[key] = value
+            setdefault(key, value)
     return env
+
+
+# the most of a worker's environ the daemon reads: a real one is a few KiB (tens with a
+# namespace's service links); past this, its first complete entries are used (cut_environ)
+ENVIRON_LIMIT = 256 << 10
+
+
+def cut_environ(text: str, limit: int = ENVIRON_LIMIT) -> tuple[str, str | None]:
+    """(the complete entries of ``text`` that lie within its first ``limit`` characters, and a
+    sentence when anything was left out, else None). An environment read with a cap ends
+    where the cap fell, possibly inside an entry: that entry is dropped whole rather than
+    read as a shorter value (a cut ``0,1,2`` would name other devices). ``text`` is what a
+    capped read returned: more than ``limit`` characters means the file went on."""
+    if len(text) <= limit and (not text or text.endswith("\0")):
+        return text, None
+    kept = text[: text.rfind("\0", 0, limit) + 1]
+    over = f"longer than the {limit}-byte cap" if len(text) > limit else "not NUL-terminated"
+    return kept, f"environ {over}: its first {kept.count(chr(0))} complete entries read, the rest ignored"
 
 
 @dataclass(frozen=True)
@@ -207,11 +245,9 @@ def parse_ps_te(text: str, source: str = "ps -Te") -> tuple[PsThread, ...]:
         if len(cells) < len(header) - 1:
             raise ParseError(source, f"row has {len(cells)} cells, header has {len(header)}", line=lineno, text=line)
         row = dict(zip(header, cells))
-        try:
-            pid = int(row["PID"])
-            tid = int(row[tid_col])
-        except ValueError:
-            raise ParseError(source, "PID/SPID is not a number", line=lineno, text=line) from None
+        pid, tid = ascii_int(row["PID"]), ascii_int(row[tid_col])
+        if pid is None or tid is None:
+            raise ParseError(source, "PID/SPID is not a number", line=lineno, text=line)
         out.append(PsThread(pid, tid, row.get(header[-1], "")))
     if header is None:
         raise ParseError(source, "no 'PID SPID ...' header found (empty output)")

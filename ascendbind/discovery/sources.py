@@ -28,8 +28,13 @@ unavailable): ``readlink(path)`` -> a link's target (a namespace link such as
 text file at the same path, since it cannot hold device nodes).
 
 ``open_process(key)`` (optional) opens one process's ``/proc/<key>`` as a
-``ProcDir`` whose reads all describe that one process (LiveHost holds the
-directory open; ``path_proc_dir`` adapts any other source path by path).
+``ProcDir`` (procdir.py) whose reads all describe that one process (LiveHost holds
+the directory open; ``path_proc_dir`` adapts any other source path by path).
+
+What a worker controls may never answer: LiveHost lists a ``/dev`` under
+``/proc/<pid>/root`` and reads a process's ``environ`` and ``cmdline`` (copied out
+of its memory) on deadline.py's readers, so such a read costs a request at most
+their deadline (DiscoveryError ``read_timeout``).
 
 ``OneTimeoutPerTool`` wraps a source for one discovery pass: after a tool
 timed out, the pass's later runs of that tool (one board query per NPU die)
@@ -46,11 +51,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..command import CommandsStopped, run_command, tool_env
+from ..digits import ascii_int
 from ..errors import CommandFailed
 from ..targeting import DeviceNode
+from .deadline import MEMORY_FILES, READERS, Readers
+from .procdir import LiveProcDir, ProcDir, read_once
+from .procfs import real_uid
 
 __all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir",
-           "ProcDir", "LiveProcDir", "path_proc_dir", "read_parsed"]
+           "path_proc_dir", "read_parsed"]
 
 
 class HostSource(Protocol):
@@ -61,127 +70,18 @@ class HostSource(Protocol):
     def listdir(self, path: str) -> list[str] | None: ...
 
 
-def read_once(path: str, limit: int, dir_fd: int | None = None) -> str | None:
-    """One read of at most ``limit`` bytes of a small /proc file, or None when it cannot be
-    opened or read (ESRCH: the task exited between open and read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-class ProcDir(Protocol):
-    """One process's ``/proc/<key>``: names are relative to it (``stat``, ``task/12/comm``).
-    ``pinned``: every read is of the process the directory was opened on."""
-
-    pinned: bool
-
-    def read(self, name: str, limit: int | None = None) -> str | None: ...
-
-    def listdir(self, name: str) -> list[str] | None: ...
-
-    def close(self) -> None: ...
-
-
-class LiveProcDir:
-    """``/proc/<pid>`` held open: the kernel ties the directory to the task it was opened
-    on, so after that task is reaped reads fail (ESRCH) rather than reach a newcomer."""
-
-    pinned = True
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def read(self, name: str, limit: int | None = None) -> str | None:
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        try:
-            # one read returns a small /proc file whole; loop for the long ones (environ)
-            chunks = [os.read(fd, 65536)]
-            total = len(chunks[0])
-            while chunks[-1] and (limit is None or total <= limit):
-                chunks.append(os.read(fd, 65536))
-                total += len(chunks[-1])
-        except OSError:
-            # ESRCH: the task exited between open and read
-            return None
-        finally:
-            os.close(fd)
-        text = b"".join(chunks).decode("utf-8", "replace")
-        return text if limit is None else text[: limit + 1]
-
-    def read_small(self, name: str, size: int) -> str | None:
-        """One read of at most ``size`` bytes (a thread's comm): the per-thread hot path."""
-        return read_once(name, size, dir_fd=self.fd)
-
-    def task_comms(self) -> list[tuple[int, str]] | None:
-        """(tid, comm) of every thread under ``task/`` (one listing, one read per thread; a
-        thread that exits meanwhile is left out); None when the process is gone. One plain
-        loop, relative to the open task directory: a bind reads hundreds of these, and a
-        call or a full path walk per thread would show in its time."""
-        try:
-            task_fd = os.open("task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        out = []
-        flags = os.O_RDONLY | os.O_CLOEXEC
-        open_, read, close = os.open, os.read, os.close
-        try:
-            for name in os.listdir(task_fd):
-                try:
-                    fd = open_(f"{name}/comm", flags, dir_fd=task_fd)
-                except OSError:
-                    continue
-                try:
-                    raw = read(fd, 64)
-                except OSError:
-                    continue
-                finally:
-                    close(fd)
-                out.append((int(name), raw.decode("utf-8", "replace").rstrip("\n")))
-        except OSError:
-            return None
-        finally:
-            close(task_fd)
-        return out
-
-    def listdir(self, name: str) -> list[str] | None:
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        try:
-            return os.listdir(fd)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
 class _PathProcDir:
     """``/proc/<key>`` of any HostSource, read path by path (a snapshot is one moment anyway)."""
 
     pinned = False
+    owner = None
 
     def __init__(self, source: HostSource, key: str) -> None:
         self.source, self.base = source, f"/proc/{key}"
 
     def read(self, name: str, limit: int | None = None) -> str | None:
-        # the limit guards a live process's long files; a recorded one is what it is
-        return self.source.read(f"{self.base}/{name}")
+        path = f"{self.base}/{name}"
+        return self.source.read(path) if limit is None else self.source.read(path, limit=limit)
 
     def listdir(self, name: str) -> list[str] | None:
         return self.source.listdir(f"{self.base}/{name}")
@@ -225,7 +125,9 @@ class LiveHost:
         timeout: float = 10.0,
         proc_root: str = "/proc",
         sys_root: str = "/sys",
+        readers: Readers | None = None,
     ) -> None:
+        self.readers = readers if readers is not None else READERS
         self.tools = {"npu-smi": npu_smi}
         self.timeout = timeout
         self.proc_root = proc_root.rstrip("/") or "/"
@@ -273,6 +175,13 @@ class LiveHost:
         return path
 
     def read(self, path: str, limit: int | None = None) -> str | None:
+        key, name = self._proc_file(path)
+        if name in MEMORY_FILES:
+            return self.readers.read(name, path, lambda: self._read(path, limit), worker=ascii_int(key),
+                                     owner=self._owner(key))
+        return self._read(path, limit)
+
+    def _read(self, path: str, limit: int | None) -> str | None:
         try:
             with open(self.host_path(path), encoding="utf-8", errors="replace") as fh:
                 return fh.read(-1 if limit is None else limit + 1)
@@ -281,6 +190,17 @@ class LiveHost:
         except OSError:
             # e.g. ESRCH while a task exits under us
             return None
+
+    @staticmethod
+    def _proc_file(path: str) -> tuple[str, str]:
+        """("<key>", "rest") of a path ``/proc/<key>/rest``, else ("", "")."""
+        parts = path.split("/", 3)
+        return (parts[2], parts[3]) if len(parts) == 4 and parts[1] == "proc" else ("", "")
+
+    def _owner(self, key: str) -> int | None:
+        """The real uid of process ``key``, to charge a stuck read of it to (deadline.py)."""
+        text = read_once(self.host_path(f"/proc/{key}/status"), 4096) if ascii_int(key) is not None else None
+        return None if text is None else real_uid(text)
 
     def listdir(self, path: str) -> list[str] | None:
         try:
@@ -295,16 +215,20 @@ class LiveHost:
             return None
 
     def char_devices(self, path: str, major: int) -> list[DeviceNode] | None:
+        """On ``readers``: under ``/proc/<pid>/root`` the directory is the worker's to mount."""
         from .devnodes import scan_char_devices
 
-        return scan_char_devices(self.host_path(path), major)
+        key = self._proc_file(path)[0]
+        return self.readers.read("dev", path, lambda: scan_char_devices(self.host_path(path), major),
+                                 worker=ascii_int(key), owner=self._owner(key))
 
     def open_process(self, key: str) -> LiveProcDir | None:
         """``/proc/<key>`` held open (None when there is no such process)."""
         try:
-            return LiveProcDir(os.open(self.host_path(f"/proc/{key}"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            fd = os.open(self.host_path(f"/proc/{key}"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return None
+        return LiveProcDir(fd, key, self.readers)
 
 
 class OneTimeoutPerTool:

@@ -5,7 +5,9 @@ line and the parent, and a pidfd that says when the process has exited.
 Every reader takes ``proc_root`` and answers None (or empty) for a process or
 thread that is gone or unreadable: between two looks anything may exit, and
 that is news for the caller, not an error. Reads are bounded and use
-``os.open``/``os.read`` (no buffering, no decoding surprises).
+``os.open``/``os.read`` (no buffering, no decoding surprises); the environment and
+the command line, copied out of the process's memory, are read on deadline.py's
+readers, and one that does not answer in time reads as unreadable.
 
 Kernel facts these rely on:
 
@@ -24,12 +26,14 @@ import os
 import select
 from collections.abc import Iterable
 
-from .procfs import parse_environ
+from ..digits import is_ascii_digits
+from ..errors import DiscoveryError
+from .deadline import READERS
+from .procfs import ENVIRON_LIMIT, cut_environ, parse_environ, real_uid
 
 __all__ = ["thread_count", "list_tids", "task_comm", "read_environ", "read_cmdline", "parent_pid",
-           "open_pidfd", "exited_pidfds", "ENVIRON_LIMIT", "CMDLINE_LIMIT"]
+           "open_pidfd", "exited_pidfds", "CMDLINE_LIMIT"]
 
-ENVIRON_LIMIT = 1 << 20
 CMDLINE_LIMIT = 1 << 16
 
 
@@ -66,7 +70,7 @@ def list_tids(pid: int, proc_root: str = "/proc") -> list[int] | None:
         names = os.listdir(f"{proc_root}/{pid}/task")
     except OSError:
         return None
-    return [int(n) for n in names if n.isdigit()]
+    return [int(n) for n in names if is_ascii_digits(n)]
 
 
 def task_comm(pid: int, tid: int, proc_root: str = "/proc") -> str | None:
@@ -75,15 +79,28 @@ def task_comm(pid: int, tid: int, proc_root: str = "/proc") -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace").rstrip("\n")
 
 
+def _read_memory_file(pid: int, name: str, proc_root: str, limit: int) -> bytes | None:
+    """``/proc/<pid>/<name>`` (environ, cmdline), on the readers: None when unreadable or
+    when it did not answer in time."""
+    status = _read(f"{proc_root}/{pid}/status", 4096)
+    owner = None if status is None else real_uid(status.decode("utf-8", "replace"))
+    try:
+        return READERS.read(name, f"{proc_root}/{pid}/{name}", lambda: _read(f"{proc_root}/{pid}/{name}", limit),
+                            worker=pid, owner=owner)
+    except DiscoveryError:
+        return None
+
+
 def read_environ(pid: int, proc_root: str = "/proc", limit: int = ENVIRON_LIMIT) -> dict[str, str]:
-    """``pid``'s environment (its first ``limit`` bytes); {} when unreadable."""
-    raw = _read(f"{proc_root}/{pid}/environ", limit)
-    return parse_environ(raw.decode("utf-8", "replace")) if raw else {}
+    """``pid``'s environment (getenv's view: the first entry of a key), from the complete
+    entries within its first ``limit`` bytes; {} when unreadable."""
+    raw = _read_memory_file(pid, "environ", proc_root, limit + 1)
+    return parse_environ(cut_environ(raw.decode("utf-8", "replace"), limit)[0]) if raw else {}
 
 
 def read_cmdline(pid: int, proc_root: str = "/proc", limit: int = CMDLINE_LIMIT) -> bytes:
     """``pid``'s raw command line (NUL-separated); b"" when unreadable."""
-    return _read(f"{proc_root}/{pid}/cmdline", limit) or b""
+    return _read_memory_file(pid, "cmdline", proc_root, limit) or b""
 
 
 def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:

@@ -15,8 +15,10 @@ import threading
 
 import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ... import __version__
+from ...discovery.deadline import READ_FILES, READERS, Readers
 from ...planner import ALIGNMENT_FAILURE_REASONS
 from .listener import Conn, Limits, Listener
 from .wire import Request, Response, WireError, json_response
@@ -53,11 +55,37 @@ LISTING_REASONS = ("off", "unsupported", "permission", "namespace", "no_ack", "o
 ALIGNMENT_REASONS = (*ALIGNMENT_FAILURE_REASONS, "other")
 
 
-class Metrics:
-    """All series of one daemon. Methods take domain values and map them to labels."""
+class WorkerReads:
+    """The reads of what workers control (discovery/deadline.py), as they stand at each scrape:
+    abandoned at the deadline, refused at once (a limit reached), stuck now; by file. The
+    registry learns the names from one collect (it describes by collecting)."""
 
-    def __init__(self) -> None:
+    ABANDONED = ("ascendbind_worker_reads_abandoned", "Reads of a worker's /dev, environ or cmdline left behind at "
+                 "their deadline (a filesystem nobody serves, a hung device)")
+    REFUSED = ("ascendbind_worker_reads_refused", "Reads of a worker's files failed at once: an earlier read of the "
+               "worker, too many of its owner's, or too many in all are stuck")
+    STUCK = ("ascendbind_worker_reads_stuck", "Reads left behind that have not returned yet (each holds a thread)")
+
+    def __init__(self, readers: Readers) -> None:
+        self.readers = readers
+
+    def collect(self):
+        stats = self.readers.stats()
+        for family, values in ((CounterMetricFamily(*self.ABANDONED, labels=["file"]), stats.abandoned),
+                               (CounterMetricFamily(*self.REFUSED, labels=["file"]), stats.refused),
+                               (GaugeMetricFamily(*self.STUCK, labels=["file"]), stats.stuck)):
+            for name in READ_FILES:
+                family.add_metric([name], values[name])
+            yield family
+
+
+class Metrics:
+    """All series of one daemon. Methods take domain values and map them to labels.
+    ``readers``: the worker reads whose counts it exports (the process's own by default)."""
+
+    def __init__(self, readers: Readers = READERS) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        r.register(WorkerReads(readers))
         self.bind_requests = Counter(
             "ascendbind_bind_requests", "Bind requests by outcome", ["outcome"], registry=r
         )

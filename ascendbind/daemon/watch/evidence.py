@@ -2,9 +2,9 @@
 lines of the worker and its nearest ancestors.
 
 Read only when a drift is seen (rare), through discovery (bounded: environ up
-to 1 MiB, each command line up to 64 KiB), at most ``MAX_ANCESTORS`` parents,
-never past pid 1. A process that vanishes or cannot be read simply contributes
-no evidence.
+to 256 KiB, each command line up to 64 KiB, each within a deadline), at most
+``MAX_ANCESTORS`` parents, never past pid 1. A process that vanishes, cannot be
+read or does not answer in time simply contributes no evidence.
 """
 
 from __future__ import annotations
