@@ -32,7 +32,7 @@ from .deadline import READERS
 from .procfs import ENVIRON_LIMIT, cut_environ, parse_environ, real_uid
 
 __all__ = ["thread_count", "list_tids", "task_comm", "read_environ", "read_cmdline", "parent_pid",
-           "open_pidfd", "exited_pidfds", "CMDLINE_LIMIT"]
+           "pid_namespace", "open_pidfd", "exited_pidfds", "CMDLINE_LIMIT"]
 
 CMDLINE_LIMIT = 1 << 16
 
@@ -101,6 +101,14 @@ def read_environ(pid: int, proc_root: str = "/proc", limit: int = ENVIRON_LIMIT)
 def read_cmdline(pid: int, proc_root: str = "/proc", limit: int = CMDLINE_LIMIT) -> bytes:
     """``pid``'s raw command line (NUL-separated); b"" when unreadable."""
     return _read_memory_file(pid, "cmdline", proc_root, limit) or b""
+
+
+def pid_namespace(pid: int, proc_root: str = "/proc") -> str | None:
+    """``pid``'s PID namespace (``pid:[inode]``, the link ``/proc/<pid>/ns/pid``); None when gone."""
+    try:
+        return os.readlink(f"{proc_root}/{pid}/ns/pid")
+    except OSError:
+        return None
 
 
 def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:

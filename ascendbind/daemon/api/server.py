@@ -15,7 +15,6 @@ costs one request, never a traceback in the journal or the daemon.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import threading
@@ -25,6 +24,7 @@ from urllib.parse import parse_qs
 
 import structlog
 
+from ...discovery.tasks import pid_namespace
 from ...errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, NotPermitted, PlanImpossible,
                        ProcessGone, UsageError)
 from .auth import Peer, peer_of
@@ -228,10 +228,7 @@ def _share_key(conn: Conn):
     (Other uids are not split further: any user can make PID namespaces at will.)"""
     if not conn.is_root or conn.peer is None:
         return conn.key
-    try:
-        return 0, os.readlink(f"/proc/{conn.peer.pid}/ns/pid")
-    except OSError:
-        return 0, None
+    return 0, pid_namespace(conn.peer.pid)
 
 
 def _identify(sock: socket.socket) -> tuple[Peer, int, bool]:
