@@ -31,6 +31,7 @@ from ..errors import ParseError, ProcessGone, UsageError
 from ..frozen import frozen_map
 from ..model import ProcessIdentity, ThreadInfo
 from .procfs import CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, parse_cgroup, parse_environ, parse_stat, parse_status
+from .pin import ProcessPin, pin_observed
 from .sources import HostSource, ProcDir, path_proc_dir, read_once
 
 __all__ = [
@@ -93,6 +94,8 @@ class ProcessView:
     warnings: tuple[str, ...] = field(default=())
     # every line of /proc/<pid>/cgroup (None when unreadable): the devices controller's path
     cgroup: tuple[CgroupEntry, ...] | None = None
+    # the process held by its pidfd and open directory (observe_process(pin=True)), else None
+    pin: ProcessPin | None = field(default=None, compare=False, repr=False)
 
     @property
     def pid(self) -> int:
@@ -183,7 +186,8 @@ def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> Cpuse
 
 
 def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
-                    environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None) -> ProcessView:
+                    environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None,
+                    pin: bool = False) -> ProcessView:
     """One observation of ``pid`` (None: ``/proc/self``, the snapshot's recording process).
 
     ProcessGone (``pid_gone``) when there is no such process, ParseError when its
@@ -192,6 +196,8 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
     mask (live host only); ``tasks``/``environ`` False skip what a caller does not need.
     ``vet`` is called with the identity as soon as stat and status are read, before
     anything else is: a request refused there reads no environment and no threads.
+    ``pin``: on the live host, the view's ``pin`` holds the process (pin.py) from
+    before its stat is read, and keeps its directory open; the caller closes it.
     """
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
         raise UsageError(f"pid must be a positive integer, got {pid!r}")
@@ -200,6 +206,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
     d = opener(key) if opener is not None else path_proc_dir(source, key)
     if d is None:
         raise ProcessGone(f"no process {key}: /proc/{key} is absent", code="pid_gone")
+    held = pin_observed(source, d, pid) if pin else None  # before stat: the reads below prove it
     try:
         stat_text = d.read("stat")
         status_text = d.read("status")
@@ -218,8 +225,13 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         env_text = d.read("environ", _ENVIRON_LIMIT) if environ else None
         task_views = _tasks(d, masks) if tasks else ()
         last_stat = d.read("stat") if not d.pinned and stat_text is not None else stat_text
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
     finally:
-        d.close()
+        if held is None:
+            d.close()
     if identity is not None and last_stat != stat_text:
         again = _identity(real, last_stat, status, f"/proc/{key}/stat")
         if again is None:
@@ -236,6 +248,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         environ=frozen_map(parse_environ(env_text)) if env_text is not None else None,
         tasks=task_views,
         cgroup=cgroup,
+        pin=held,
     )
 
 
