@@ -35,6 +35,8 @@ STEP_OUTCOMES = ("applied", "skipped", "failed")
 CULPRITS = ("self", "env", "irqbalance", "external")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot")
+# what became of an affinity write that reached another process's thread (applier/confirm.py)
+RECYCLED_WRITE_RESULTS = ("undone", "failed")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 # what one numa_maps read came to (daemon/watch/locality.py)
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
@@ -130,6 +132,12 @@ class Metrics:
         self.dropped = Counter(
             "ascendbind_workers_dropped", "Workers no longer held, by reason", ["reason"], registry=r
         )
+        self.recycled = Counter(
+            "ascendbind_recycled_writes",
+            "Affinity writes found, right after writing, on a thread of another process than the worker's "
+            "(its pid or a thread id recycled since it was observed): undone (mask set back as read before "
+            "the write) or failed (could not be)", ["result"], registry=r,
+        )
         self.http = Counter(
             "ascendbind_http_requests", "Socket API requests by path and status", ["path", "code"], registry=r
         )
@@ -185,6 +193,8 @@ class Metrics:
             self.discovery_errors.labels(c)
         for d in DROP_REASONS:
             self.dropped.labels(d)
+        for res in RECYCLED_WRITE_RESULTS:
+            self.recycled.labels(res)
         for name in LISTENERS:
             self.refused.labels(name)
         for c in MEMORY_CHECK_RESULTS:
@@ -222,6 +232,15 @@ class Metrics:
     def dropped_worker(self, reason: str) -> None:
         if reason in DROP_REASONS:
             self.dropped.labels(reason).inc()
+
+    def recycled_writes(self, step) -> None:
+        """Count the writes of an affinity step (a StepResult, or None) that its check after
+        writing found on another process's thread, by what became of them."""
+        confirmed = step.data.get("confirmed") if step is not None else None
+        for res in RECYCLED_WRITE_RESULTS:
+            n = confirmed.get(res, 0) if confirmed else 0
+            if n:
+                self.recycled.labels(res).inc(n)
 
     def memory_local(self, ratios) -> None:
         """Export exactly ``ratios`` (NPU -> 0..1): an NPU no longer listed loses its series."""
