@@ -92,6 +92,10 @@ class ProcessPin:
     def closed(self) -> bool:
         return self._fd < 0
 
+    def fileno(self) -> int:
+        """The pidfd itself (-1 once closed), for a ``poll`` over many; it stays this pin's."""
+        return self._fd
+
     def exited(self) -> bool:
         """Whether the process has exited (a zombie counts), or this pin is closed."""
         with self._lock:
