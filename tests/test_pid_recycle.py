@@ -35,6 +35,7 @@ from ascendbind.discovery.process import observe_process
 from ascendbind.discovery.tasks import exited_pidfds, open_pidfd
 from ascendbind.errors import ProcessGone
 from ascendbind.frozen import frozen_map
+from ascendbind.reasons import Reason
 from tests.daemon_harness import FIXTURE_BIN, metric_value, wait_for
 from tests.deploy_tools import in_ci
 from tests.golden import HOSTS, ROOT
@@ -165,6 +166,24 @@ def test_a_restarted_daemon_compares_the_pidfd_inode_the_state_file_kept(tmp_pat
         for bad in (-1, 0, True, "7", 1.5):
             with pytest.raises(ValueError):
                 binding_from_json({**rec, "pidfd_ino": bad})
+
+
+def test_a_memory_move_asks_the_workers_pidfd_not_its_start_time(tmp_path):
+    d = _daemon(tmp_path)
+    try:
+        with start_worker(plain=1, acl=0, release=0) as w:
+            d.bind_request(ROOT_PEER, {"pid": w.pid, "npu": 0})
+            h = d.held[w.pid]
+            fd = open_pidfd(w.pid)
+            os.kill(w.pid, signal.SIGKILL)  # not reaped: its pid and start time still read as before
+            assert wait_for(lambda: exited_pidfds([fd]), 10, 0.002)
+            os.close(fd)
+            job = d.move_memory(h, 0, "rerun")
+            assert job is not None and job.finished.wait(30)
+            assert job.result.reason is Reason.PID_GONE
+            assert job.result.detail == f"process {w.pid} has exited: nothing moved"
+    finally:
+        d.close()
 
 
 def test_binds_releases_refusals_drops_and_restarts_leave_no_descriptor_behind(tmp_path):
