@@ -157,6 +157,8 @@ def test_a_restarted_daemon_compares_the_pidfd_inode_the_state_file_kept(tmp_pat
                 assert (a.pid in d.held) == bool(kept)
                 if kept:
                     assert d.held[a.pid].pin is not None and d.is_alive(d.held[a.pid])
+                    # the next file keeps the inode, an older record's included
+                    assert d.state.load().workers[0]["pidfd_ino"] == inos[a.pid]
             finally:
                 d.close()
         # the inode survives the file; anything but a positive integer makes the entry malformed

@@ -78,6 +78,8 @@ class Ownership:
                 try:  # the pidfd first, then the start time and the pidfd inode the file kept
                     h.pin = pin_identity(b.pid, b.start_time, b.pidfd_ino, self.config.proc_root)
                     alive.append(True)
+                    if b.pidfd_ino is None and h.pin is not None and h.pin.ino is not None:
+                        h.binding = dataclasses.replace(b, pidfd_ino=h.pin.ino)  # an older record: kept from now on
                 except ProcessGone:
                     alive.append(False)
                 candidates.append(h)
