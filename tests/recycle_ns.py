@@ -156,8 +156,9 @@ def _child(names: tuple[str, ...], report_w: int, cmd_r: int) -> None:
             gate, t = gates.pop(int(line))
             gate.set()
             t.join()
-            while os.path.exists(f"/proc/self/task/{int(line)}"):
-                time.sleep(0.0005)  # the kernel releases a joined thread's id a moment later
+            deadline = time.monotonic() + 10
+            while os.path.exists(f"/proc/self/task/{int(line)}") and time.monotonic() < deadline:
+                time.sleep(0.0005)  # the kernel releases a joined thread's id a moment after the join
             os.write(report_w, b"ok\n")
     # the harness closed the command pipe: wait to be killed
     while True:

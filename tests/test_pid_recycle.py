@@ -23,6 +23,7 @@ import warnings
 
 import pytest
 
+from ascendbind.applier.affinity import bind_tasks
 from ascendbind.config import Config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
@@ -35,12 +36,13 @@ from ascendbind.discovery.process import observe_process
 from ascendbind.discovery.tasks import exited_pidfds, open_pidfd
 from ascendbind.errors import ProcessGone
 from ascendbind.frozen import frozen_map
-from ascendbind.reasons import Reason
+from ascendbind.model import Mode
+from ascendbind.reasons import Outcome, Reason
 from tests.daemon_harness import FIXTURE_BIN, metric_value, wait_for
 from tests.deploy_tools import in_ci
 from tests.golden import HOSTS, ROOT
 from tests.test_daemon_parts import BINDING
-from tests.workers import start_worker
+from tests.workers import small_pool_plan, start_worker
 
 HARNESS = os.path.join(ROOT, "tests", "recycle_ns.py")
 ROOT_PEER = Peer(os.getpid(), 0, 0)
@@ -131,6 +133,28 @@ def test_an_observation_pins_the_process_it_read_and_the_pin_outlives_the_number
         kept.close()
     # a snapshot, or another proc root, holds no process
     assert observe_process(SnapshotHost(os.path.join(HOSTS, "a2-8x910b3")), 4242, pin=True).pin is None
+
+
+def test_threads_that_exit_after_their_write_are_no_recycled_writes():
+    # short-lived threads come and go while the worker is bound through its pin: a write to a
+    # thread that exited since is checked (its tid is no longer the worker's) and let be
+    cpus = sorted(os.sched_getaffinity(0))
+    with start_worker(plain=2, acl=1, release=1) as w, pin_identity(w.pid, w.start_time) as pin:
+        w.churn(True)
+        try:
+            gone = 0
+            for _ in range(500):
+                bound = bind_tasks(w.pid, small_pool_plan(cpus), Mode.TOPO_AFFINITY, pin=pin)
+                c = bound.confirmed
+                assert bound.result.outcome is Outcome.APPLIED, bound.result.detail
+                assert not c.exited and c.landed_elsewhere == 0
+                assert not {s.tid for s in c.stray} & set(bound.threads)  # not held as the worker's
+                gone += c.count("gone")
+                if gone >= 3:
+                    break
+            assert gone >= 3  # the check did meet threads gone after their write
+        finally:
+            w.churn(False)
 
 
 def test_a_restarted_daemon_compares_the_pidfd_inode_the_state_file_kept(tmp_path):
