@@ -21,7 +21,8 @@ stops, so nothing the daemon started outlives it, under systemd or not.
 
 File descriptors are budgeted: each listener's connection cap is its share, and
 the rest (state file, /proc reads, command pipes, udev, epoll) needs at most a
-hundred or so. The daemon checks the soft RLIMIT_NOFILE covers the sum at start
+hundred or so, plus two pidfds per bound worker (its record's, and the
+reconcile loop's copy). The daemon checks the soft RLIMIT_NOFILE covers the sum at start
 (raising it to the hard limit if needed) and says so when it cannot.
 """
 
@@ -55,8 +56,9 @@ __all__ = ["serve", "RESTART_KEYS"]
 
 log = structlog.get_logger("ascendbind.serve")
 
-# descriptors besides the listeners' connections: see the module docstring
-FD_OVERHEAD = 128
+# descriptors besides the listeners' connections: see the module docstring (128 for the
+# daemon's own files, 128 for the pidfds of 64 bound workers)
+FD_OVERHEAD = 256
 
 # keys a running daemon cannot change on SIGHUP
 RESTART_KEYS = ("socket", "state_dir", "metrics_listen", "socket_group", "proc_root", "sys_root")
