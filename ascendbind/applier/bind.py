@@ -200,7 +200,6 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
         affinity = StepResult(Step.AFFINITY, Outcome.FAILED, Reason(gone),
                               f"process {pid} exited while it was being bound ({gone})", affinity.data)
     steps.append(affinity)
-    gone = gone or _gone(pid, start, proc_root, pin)
     if gone is None:
         irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs))
     else:
