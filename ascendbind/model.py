@@ -404,6 +404,9 @@ class Binding:
     reconcile loop holds it); ``uvb_previous`` maps each Ascend 950 UVB poll
     thread bound to its mask before binding (restored when the last 950 worker goes).
 
+    ``pidfd_ino`` is the worker's pidfd inode where the kernel makes it unique (pidfs):
+    a restarted daemon compares it beside the start time, which counts clock ticks.
+
     ``saved_irq_masks`` starts as the ``previous`` of the writes that changed a
     mask, but a worker that takes over an NPU inherits the older holder's saved
     masks (the host's, not an earlier bind's), so it is kept beside ``irqs``
@@ -420,6 +423,9 @@ class Binding:
     irqbalance_bans: IrqbalanceBans | None = None
     irqs: tuple[IrqBinding, ...] = ()
     uvb_previous: Mapping[int, frozenset[int]] = field(default_factory=frozen_map)
+    # the inode of the worker's pidfd where pidfs makes it unique to the process (Linux 6.9+),
+    # else None: what tells the worker from a newcomer forked in the tick it was born in
+    pidfd_ino: int | None = None
 
     @property
     def failed(self) -> bool:

@@ -16,7 +16,9 @@ contenders, alternated within each round so drift hits them all alike:
                   reference's cost with a free npu-smi;
 * ``apply_plan``  ascendbind's applier, all four steps (host facts discovered once,
                   as the daemon caches them);
-* ``bind_threads`` the applier's affinity step alone;
+* ``bind_threads`` the applier's affinity step alone, holding the worker by a pin
+                  (its pidfd, opened once, as a held record's): each mask read
+                  before it is written, every write confirmed afterwards;
 * ``daemon``      POST /v1/bind to a real ``ascendbind serve`` (fixture one-NPU
                   host, ``small_pool = share``) through ascendbind.client: the
                   socket round trip, the worker's observation, the plan, all four
@@ -31,8 +33,9 @@ contenders, alternated within each round so drift hits them all alike:
 * ``round-trip``  GET /v1/health through the same client: what the socket, HTTP
                   and client cost a request that does no work;
 * ``bare``        a loop of the same /proc reads and syscalls as bind_threads
-                  (list tasks, read comm, sched_setaffinity, sched_getaffinity,
-                  re-list until stable) with no ascendbind code.
+                  (list tasks, read comm, sched_getaffinity, sched_setaffinity,
+                  sched_getaffinity, re-list until stable, one poll of a pidfd)
+                  with no ascendbind code.
 
 Prints the median of each and the ratios. Goals: daemon / bare <= 1.5,
 reference / daemon and reference / apply_plan >= 10 (also against the floor),
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -61,6 +65,7 @@ from ascendbind.applier import apply_plan  # noqa: E402
 from ascendbind.applier.affinity import bind_threads  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
+from ascendbind.discovery.pin import open_pin  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
 from ascendbind.daemon.core import Daemon  # noqa: E402
@@ -98,9 +103,10 @@ def reference(pid: int, main: list[int], acl: list[int], rel: list[int], npu_smi
     run_quiet([npu_smi, "info", "-t", "board", "-i", "0"], env)
 
 
-def bare(pid: int, main: frozenset, acl: frozenset, rel: frozenset) -> int:
+def bare(pid: int, main: frozenset, acl: frozenset, rel: frozenset, pidfd: int) -> int:
     task = f"/proc/{pid}/task"
     seen: set[str] = set()
+    before = {}
     bad = 0
     for _ in range(8):
         new = [n for n in os.listdir(task) if n not in seen]
@@ -119,12 +125,15 @@ def bare(pid: int, main: frozenset, acl: frozenset, rel: frozenset) -> int:
             cpus = acl if comm.startswith("acl_thread") else rel if comm.startswith("release_thread") else main
             tid = int(n)
             try:
+                before[tid] = os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, cpus)
                 if os.sched_getaffinity(tid) != cpus:
                     bad += 1
             except ProcessLookupError:
                 pass
-    return bad
+    poller = select.poll()  # the last listing confirms the writes while the process has not exited
+    poller.register(pidfd, select.POLLIN)
+    return bad + len(poller.poll(0))
 
 
 class CoreContender:
@@ -253,6 +262,8 @@ def main(argv=None) -> int:
             m, a, r = frozenset(npu.main), frozenset(npu.acl), frozenset(npu.release)
             n_threads = len(os.listdir(f"/proc/{pid}/task"))
             fake = os.path.join(FIXTURE_BIN, "npu-smi")
+            pin = open_pin(pid)
+            assert pin is not None, "no pidfd on this kernel"
 
             # a contender returns None (timed from outside), its own elapsed seconds, or (elapsed, CPU)
             contenders = {
@@ -260,8 +271,8 @@ def main(argv=None) -> int:
                 "reference-floor": lambda: reference(pid, list(npu.main), list(npu.acl), list(npu.release),
                                                      floor_npu_smi),
                 "apply_plan": lambda: apply_plan(plan, worker, host, config),
-                "bind_threads": lambda: bind_threads(pid, npu, plan.mode),
-                "bare": lambda: bare(pid, m, a, r),
+                "bind_threads": lambda: bind_threads(pid, npu, plan.mode, pin=pin),
+                "bare": lambda: bare(pid, m, a, r, pin.fileno()),
             }
             contenders["daemon-core"] = lambda: core(pid)
             contenders["core-no-state"] = lambda: no_state(pid)
@@ -271,7 +282,7 @@ def main(argv=None) -> int:
             # warm-up: imports, page cache, first-touch of /proc entries
             for fn in contenders.values():
                 fn()
-            res = bind_threads(pid, npu, plan.mode)
+            res = bind_threads(pid, npu, plan.mode, pin=pin)
             assert res.outcome.value == "applied" and res.data["bound"] == n_threads, res.detail
 
             times: dict[str, list[float]] = {k: [] for k in contenders}
@@ -294,6 +305,7 @@ def main(argv=None) -> int:
                     times[name].append(spent)
                     cpus[name].append(cpu)
             core.close(pid)
+            pin.close()
             no_state.close(pid)
             server_ms = None
             if daemon is not None:

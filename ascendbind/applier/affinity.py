@@ -36,10 +36,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..cpulist import format_cpulist
+from ..discovery.pin import ProcessPin
 from ..discovery.process import new_tasks, task_comm
 from ..frozen import frozen_map
 from ..model import Mode, NpuPlan, StepResult
 from ..reasons import Outcome, Reason, Step
+from .confirm import Confirmation, confirm_writes
 
 __all__ = [
     "ROLES",
@@ -101,11 +103,13 @@ class ThreadMask(NamedTuple):
 
 @dataclass(frozen=True)
 class AffinityResult:
-    """The affinity step's outcome and, per thread it reached, the mask it read back
-    right after writing (tid -> ThreadMask): the held record starts from these."""
+    """The affinity step's outcome and, per thread of the worker it reached, the mask it
+    read back right after writing (tid -> ThreadMask): the held record starts from these.
+    ``confirmed``: with a pin, what the check after the writes found (confirm.py)."""
 
     result: StepResult
     threads: Mapping[int, ThreadMask]
+    confirmed: Confirmation | None = None
 
 
 def set_tid_affinity(tid: int, cpus: frozenset[int]) -> tuple[str, frozenset[int]]:
@@ -148,9 +152,10 @@ def bind_threads(
     proc_root: str = "/proc",
     only_tids: Collection[int] | None = None,
     tasks: Iterable[tuple] | None = None,
+    pin: ProcessPin | None = None,
 ) -> StepResult:
     """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop)."""
-    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks).result
+    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks, pin=pin).result
 
 
 def bind_tasks(
@@ -161,21 +166,28 @@ def bind_tasks(
     proc_root: str = "/proc",
     only_tids: Collection[int] | None = None,
     tasks: Iterable[tuple] | None = None,
+    pin: ProcessPin | None = None,
 ) -> AffinityResult:
     """``bind_threads``, with the masks read back. ``tasks``: (tid, comm, ...) of the threads as
     already observed; the first pass binds those without listing or reading a name, later
-    passes list the task directory for threads born meanwhile."""
+    passes list the task directory for threads born meanwhile. ``pin``: the worker held by
+    its pidfd; each thread's mask is read before it is written, later passes list through
+    the pin, and once done every write is confirmed (confirm.py): one that reached another
+    process's thread is undone, and the step fails ``pid_recycled`` (``pid_gone`` when the
+    worker exited and nothing of it was written elsewhere)."""
     role_cpus = {role: cpus_for_role(npu_plan, role, mode) for role in ROLES}
-    return _bind(pid, role_cpus, proc_root=proc_root, only_tids=only_tids, by_role=not _is_950(mode), tasks=tasks)
+    return _bind(pid, role_cpus, proc_root=proc_root, only_tids=only_tids, by_role=not _is_950(mode), tasks=tasks,
+                 pin=pin)
 
 
 def set_all_threads(
-    pid: int, cpus: frozenset[int], *, proc_root: str = "/proc", step: Step = Step.AFFINITY
+    pid: int, cpus: frozenset[int], *, proc_root: str = "/proc", step: Step = Step.AFFINITY,
+    pin: ProcessPin | None = None,
 ) -> StepResult:
     """Give every thread of ``pid`` the same mask (release: back to the allowed CPUs)."""
     cpus = frozenset(cpus)
     return _bind(pid, {r: cpus for r in ROLES}, proc_root=proc_root, only_tids=None, by_role=False,
-                 step=step).result
+                 step=step, pin=pin).result
 
 
 def _bind(
@@ -187,6 +199,7 @@ def _bind(
     by_role: bool,
     step: Step = Step.AFFINITY,
     tasks: Iterable[tuple] | None = None,
+    pin: ProcessPin | None = None,
 ) -> AffinityResult:
     main_cpus = role_cpus["main"]
     acl_cpus = role_cpus["acl"]
@@ -196,6 +209,8 @@ def _bind(
     vanished = 0
     problems: dict[str, list[dict]] = {"denied": [], "refused": [], "narrowed": []}
     readback: dict[int, ThreadMask] = {}
+    before: dict[int, set[int]] = {}  # with a pin: tid -> its mask right before our write
+    listed_after = None  # with a pin: the task list of the pass that found nothing new, after every write
     listed_any = False
     stable = only_tids is not None
     passes = 0
@@ -209,12 +224,14 @@ def _bind(
         elif passes == 1 and tasks is not None:
             batch = [(str(t[0]), t[1]) for t in tasks]
         else:
-            batch = new_tasks(pid, seen, proc_root)
+            batch = new_tasks(pid, seen, proc_root) if pin is None else pin.new_tasks(seen)
             if batch is None:
                 break
         listed_any = listed_any or bool(batch) or bool(seen)
         if not batch:
             stable = True
+            if pin is not None and only_tids is None:
+                listed_after = pin.listed
             break
         for name, comm in batch:
             seen.add(name)
@@ -229,6 +246,8 @@ def _bind(
                 role, cpus = "main", main_cpus
             tid = int(name)
             try:
+                if pin is not None:
+                    before[tid] = getaff(tid)
                 setaff(tid, cpus)
                 got = getaff(tid)
             except ProcessLookupError:
@@ -250,11 +269,43 @@ def _bind(
             readback[tid] = ThreadMask(comm, cpus)
             counts[role] += 1
 
+    confirmed = None
+    if pin is not None and readback:
+        confirmed = confirm_writes(pin, {tid: (frozenset(before[tid]), m.mask) for tid, m in readback.items()
+                                         if tid in before}, listed_after)
+        for s in confirmed.stray:
+            gone = readback.pop(s.tid)
+            role = role_of(gone.comm) if by_role else "main"
+            if gone.mask == role_cpus[role]:
+                counts[role] -= 1
     result = _result(
         step, pid, role_cpus, by_role, counts, vanished, problems, listed_any or only_tids is not None,
         stable, passes, len(seen), whole=only_tids is None,
     )
-    return AffinityResult(result, frozen_map(readback))
+    if confirmed is not None and (confirmed.exited or confirmed.landed_elsewhere):
+        result = _unconfirmed(result, pid, confirmed, len(readback))
+    return AffinityResult(result, frozen_map(readback), confirmed)
+
+
+def _unconfirmed(result: StepResult, pid: int, c: Confirmation, kept: int) -> StepResult:
+    """The step's result once the check after the writes found the worker gone, or a write on
+    another process's thread (undone): failed, ``pid_recycled`` when anything of ours reached
+    another process, else ``pid_gone``."""
+    data = {**result.data, "confirmed": c.to_json()}
+    elsewhere, undone = c.landed_elsewhere, c.count("undone")
+    if elsewhere:
+        what = (f"{elsewhere} of the writes reached threads of another process (their ids recycled since "
+                f"process {pid} was observed); {undone} undone, their masks set back as read before the write")
+        if c.count("failed"):
+            what += f", {c.count('failed')} could not be"
+        reason = Reason.PID_RECYCLED
+    else:
+        what, reason = "nothing was written to another process", Reason.PID_GONE
+    if c.exited:
+        head = f"process {pid} exited while it was being bound"
+    else:
+        head = f"process {pid} kept {kept} thread masks, but {elsewhere} thread ids were recycled"
+    return StepResult(result.step, Outcome.FAILED, reason, f"{head}: {what}", frozen_map(data))
 
 
 def _note(bucket: list[dict], tid: int, comm: str, role: str, wanted: frozenset[int], kept: frozenset[int]) -> None:

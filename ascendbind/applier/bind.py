@@ -11,11 +11,19 @@ without being reported. The binding keeps what release and the reconcile loop
 need as typed values: the IRQ writes (``Binding.irqs``), the masks to write
 back, the irqbalance bans and the UVB threads' previous masks.
 
-Identity: the worker's pid and start time are verified before anything is
-touched (ProcessGone: ``pid_gone`` / ``pid_recycled``) and again after the
-affinity step, so a pid recycled mid-way is reported rather than silently
-treated as our worker. Whoever calls, pid 1, a kernel thread or the binding
-process itself is refused first (NotPermitted ``not_a_worker``).
+Identity: the worker is held by a pidfd (discovery/pin.py: the request's
+observation took it, or it is opened here before the identity is read) and its
+pid and start time are verified before anything is touched (ProcessGone:
+``pid_gone`` / ``pid_recycled``). Each thread's mask is read before it is
+written; after the writes, every one is confirmed to have reached the worker,
+and one that reached another process (the pid, or a thread id, recycled
+meanwhile) is undone (applier/confirm.py). A worker that exited by then is not
+acted for any further: the IRQ, memory and UVB steps are skipped with its
+reason, and ``Applied.gone`` says so, so that nobody holds the newcomer as the
+worker. Without a pidfd (another ``proc_root``, an old kernel) the start time
+is read again after the affinity step instead. Whoever calls, pid 1, a kernel
+thread or the binding process itself is refused first (NotPermitted
+``not_a_worker``).
 
 A worker driving several NPUs gets, per role, the union of those NPUs' role
 CPUs (the role split is defined per NPU; the union keeps multi-NPU workers on their
@@ -28,10 +36,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..config import Config
-from ..discovery.identity import (check_may_bind, recycled, refuse_non_worker, require_live, require_worker,
-                                  verify_identity)
+from ..discovery.identity import (GONE_STATES, check_may_bind, recycled, refuse_non_worker, require_live,
+                                  require_worker, verify_identity)
 from ..discovery.irqhost import NpuIrqLookup
-from ..discovery.process import ProcessView
+from ..discovery.pin import LIVE_PROC, ProcessPin, open_pin
+from ..discovery.process import ProcessView, stat_of
 from ..errors import PlanImpossible, ProcessGone
 from ..frozen import frozen_map
 from ..model import (
@@ -99,10 +108,13 @@ def _guard_uvb(run: Callable[[], UvbStep]) -> UvbStep:
 
 @dataclass(frozen=True)
 class Applied:
-    """A binding and the per-thread masks its affinity step read back (tid -> ThreadMask)."""
+    """A binding and the per-thread masks its affinity step read back (tid -> ThreadMask).
+    ``gone``: ``pid_gone`` / ``pid_recycled`` when the worker had exited by the end of the
+    affinity step (the later steps were skipped; the binding is no worker's to hold)."""
 
     binding: Binding
     threads: Mapping[int, ThreadMask]
+    gone: str | None = None
 
 
 def _guard_affinity(run: Callable[[], AffinityResult]) -> AffinityResult:
@@ -114,31 +126,51 @@ def _guard_affinity(run: Callable[[], AffinityResult]) -> AffinityResult:
 
 
 def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
-               view: ProcessView | None = None, move_memory: bool = True) -> Binding:
+               view: ProcessView | None = None, move_memory: bool = True, pin: ProcessPin | None = None) -> Binding:
     """Steps affinity, irq, memory, uvb; each yields a StepResult; a failed step never stops
     the independent ones. Verifies pid + start time first (ProcessGone if gone/recycled)
-    and refuses what is never a worker (NotPermitted ``not_a_worker``). ``move_memory``:
-    see ``apply_observed``.
+    and refuses what is never a worker (NotPermitted ``not_a_worker``). ``move_memory``
+    and ``pin``: see ``apply_observed``.
     """
-    return apply_observed(plan, worker, host, config, view=view, move_memory=move_memory).binding
+    return apply_observed(plan, worker, host, config, view=view, move_memory=move_memory, pin=pin).binding
 
 
 def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
                    view: ProcessView | None = None, npu_irqs: NpuIrqLookup | None = None,
-                   move_memory: bool = True) -> Applied:
+                   move_memory: bool = True, pin: ProcessPin | None = None,
+                   before_writes: Callable[[int], None] | None = None) -> Applied:
     """``apply_plan``, also returning the masks the affinity step read back.
 
     With ``view`` (the request's one observation of the worker), the identity checks
     are decided on it and the affinity step's first pass binds its threads as listed
     and named there; only threads born since are listed and named again. Without
     one, the identity is read here and the affinity step lists the threads itself.
-    ``npu_irqs`` answers which IRQs each NPU owns (the daemon's cache); without it the
+    ``pin``: the worker held by its pidfd (a held record's); else the view's, else
+    one is opened here, before the identity is read. ``npu_irqs`` answers which IRQs
+    each NPU owns (the daemon's cache); without it the
     IRQ step looks them up on the host. ``move_memory`` False leaves the pages to the
     caller: the memory step is then ``pending`` with its target node (the daemon moves
     them in the background), or skipped when there is nowhere to move them.
+    ``before_writes(pid)`` runs once every check has passed, right before the first
+    write (tests recycle the pid there).
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
+    pid, proc_root = worker.pid, config.proc_root
+    if pin is None and view is not None:
+        pin = view.pin
+    own = open_pin(pid) if pin is None and view is None and proc_root == LIVE_PROC else None
+    pin = pin or own
+    try:
+        return _apply(plan, worker, host, config, view, pin, npu_irqs, move_memory, before_writes)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, view: ProcessView | None,
+           pin: ProcessPin | None, npu_irqs: NpuIrqLookup | None, move_memory: bool,
+           before_writes: Callable[[int], None] | None) -> Applied:
     pid, proc_root = worker.pid, config.proc_root
     if view is not None:
         identity = require_live(view.identity, pid)
@@ -153,31 +185,35 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
         raise recycled(pid, identity.start_time, worker.start_time)
     start = identity.start_time
     check_may_bind(identity if view is not None else pid, proc_root)
+    gone = _gone(pid, start, proc_root, pin)
+    if gone is not None:
+        raise ProcessGone(f"process {pid} exited before it was bound; nothing was written", code=gone)
     merged = merge_npu_plans(plan.npus)
+    if before_writes is not None:
+        before_writes(pid)
 
     steps: list[StepResult] = []
-    bound = _guard_affinity(lambda: bind_tasks(pid, merged, plan.mode, proc_root=proc_root, tasks=tasks))
+    bound = _guard_affinity(lambda: bind_tasks(pid, merged, plan.mode, proc_root=proc_root, tasks=tasks, pin=pin))
     affinity = bound.result
-    alive = True
-    try:
-        verify_identity(pid, start, proc_root)
-    except ProcessGone as exc:
-        alive = False
-        if exc.code == "pid_recycled":
-            affinity = StepResult(
-                Step.AFFINITY, Outcome.FAILED, Reason.PID_RECYCLED, f"{exc} while binding", affinity.data
-            )
+    gone = _gone(pid, start, proc_root, pin)
+    if gone is not None and affinity.reason not in (Reason.PID_GONE, Reason.PID_RECYCLED):
+        affinity = StepResult(Step.AFFINITY, Outcome.FAILED, Reason(gone),
+                              f"process {pid} exited while it was being bound ({gone})", affinity.data)
     steps.append(affinity)
-    irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs))
+    if gone is None:
+        irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs))
+    else:
+        irq = IrqStep(_not_for_a_stranger(Step.IRQ, pid, gone))
     steps.append(irq.result)
-    if alive and not move_memory:
+    if gone is None and not move_memory:
         target = memory_target(plan, host)
         steps.append(target if isinstance(target, StepResult) else pending_memory(target))
-    elif alive:
+    elif gone is None:
         steps.append(_guard(Step.MEMORY, lambda: migrate_memory(plan, pid, host, config, start_time=start)))
     else:
-        steps.append(StepResult(Step.MEMORY, Outcome.SKIPPED, Reason.PID_GONE, f"process {pid} exited while binding"))
-    uvb = _guard_uvb(lambda: bind_uvb(plan))
+        steps.append(_not_for_a_stranger(Step.MEMORY, pid, gone))
+    gone = gone or _gone(pid, start, proc_root, pin)
+    uvb = _guard_uvb(lambda: bind_uvb(plan)) if gone is None else UvbStep(_not_for_a_stranger(Step.UVB, pid, gone))
     steps.append(uvb.result)
 
     binding = Binding(
@@ -191,12 +227,34 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
         irqbalance_bans=irq.bans,
         irqs=irq.bindings,
         uvb_previous=uvb.previous,
+        pidfd_ino=pin.ino if pin is not None else None,
     )
-    return Applied(binding, bound.threads)
+    return Applied(binding, bound.threads, gone)
+
+
+def _gone(pid: int, start: int, proc_root: str, pin: ProcessPin | None) -> str | None:
+    """None while ``pid`` is still the worker (by its pidfd, else by its start time), else
+    ``pid_gone`` (no process has the number) or ``pid_recycled`` (another one has)."""
+    if pin is not None:
+        if not pin.exited():
+            return None
+        st = stat_of(pid, proc_root)  # the worker's zombie, not reaped yet, or nobody: gone
+        return "pid_gone" if st is None or st[0] in GONE_STATES else "pid_recycled"
+    try:
+        verify_identity(pid, start, proc_root)
+    except ProcessGone as exc:
+        return exc.code
+    return None
+
+
+def _not_for_a_stranger(step: Step, pid: int, gone: str) -> StepResult:
+    return StepResult(step, Outcome.SKIPPED, Reason(gone),
+                      f"process {pid} exited while it was being bound: nothing done for whoever has its pid now")
 
 
 def release_binding(
-    binding: Binding, config: Config, *, restore_irqs: bool = True, restore_uvb: bool = False
+    binding: Binding, config: Config, *, restore_irqs: bool = True, restore_uvb: bool = False,
+    pin: ProcessPin | None = None,
 ) -> tuple[StepResult, ...]:
     """Restore the worker's original affinity (all threads) and, if asked, the saved IRQ
     masks, taking the IRQs it banned in irqbalance off that ban list again.
@@ -204,16 +262,18 @@ def release_binding(
     ``restore_uvb`` puts the Ascend 950 UVB poll threads back on their old masks;
     the daemon asks for it only when the last 950 worker is released, since the
     threads serve every worker. A worker that has exited (or whose pid now names
-    another process) is skipped, never touched.
+    another process) is skipped, never touched. ``pin``: the worker held by its pidfd
+    (the held record's), which decides that, and confirms the writes (see ``apply_observed``).
     """
     proc_root = config.proc_root
     steps: list[StepResult] = []
     try:
-        verify_identity(binding.pid, binding.start_time, proc_root)
+        verify_identity(binding.pid, binding.start_time, proc_root, pin=pin)
     except ProcessGone as exc:
         steps.append(StepResult(Step.AFFINITY, Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing to restore"))
     else:
-        res = _guard(Step.AFFINITY, lambda: set_all_threads(binding.pid, binding.original_cpus, proc_root=proc_root))
+        res = _guard(Step.AFFINITY, lambda: set_all_threads(binding.pid, binding.original_cpus, proc_root=proc_root,
+                                                            pin=pin))
         if res.outcome is Outcome.FAILED and res.reason is Reason.PID_GONE:
             res = StepResult(Step.AFFINITY, Outcome.SKIPPED, Reason.PID_GONE, res.detail, res.data)
         steps.append(res)

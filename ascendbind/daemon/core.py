@@ -11,6 +11,11 @@ Identity: a request observes its target once (discovery's ``ProcessView``: pid,
 start time, kernel thread flag, uids, status, cpuset, environ, threads) and
 carries that one value through authorization, the worker's facts, binding and
 the held record; a start time that changes on the way is a 409 ``pid_recycled``.
+A bind's observation also pins the process (discovery/pin.py): the applier
+binds through that pidfd and confirms its writes against it, undoing any that
+reached a newcomer; a worker gone by then is never held (409 ``pid_recycled``,
+404 ``pid_gone``). The held record keeps a copy, and wherever the worker is
+recognised again its pidfd decides, whatever the start time says.
 
 Ownership rules:
 * one live worker per NPU unless ``allow_shared_npu``; a bind for an NPU whose
@@ -30,6 +35,7 @@ Ownership rules:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -42,9 +48,9 @@ import structlog
 from ..applier import release_binding
 from ..applier.bind import apply_observed
 from ..applier.irq import with_planned_irqs
-from ..discovery.identity import refuse_non_worker, require_live
+from ..discovery.identity import recycled, refuse_non_worker, require_live
 from ..config import Config
-from ..discovery.process import ProcessView, check_same_process, observe_process, read_identity
+from ..discovery.process import ProcessView, observe_process, read_identity
 from ..discovery.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
 from ..frozen import frozen_map
@@ -79,8 +85,11 @@ _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 
 
 class Daemon(Ownership):
-    def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None) -> None:
+    def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None,
+                 before_writes: Callable[[int], None] | None = None) -> None:
         self.config = config
+        # the applier's hook right before a bind's first write (apply_observed): tests recycle the pid there
+        self.before_writes = before_writes
         self.metrics = metrics or Metrics()
         self.hosts = HostCache(config, self.metrics, source=source)
         self.state = StateFile(config.state_dir, proc_root=config.proc_root)
@@ -102,10 +111,14 @@ class Daemon(Ownership):
 
     def close(self) -> None:
         """Stop the background parts: moving pages stop before their next chunk (their marks
-        stay in the state file), the locality thread ends after its round."""
+        stay in the state file), the locality thread ends after its round; then let go of
+        the workers' pidfds (the daemon is ending: the state file remembers them)."""
         self.mover.close()
         self.locality.close()
         self.npu_check.close()
+        with self.lock:
+            for h in self.held.values():
+                h.close()
 
     # ---------------------------------------------------------- state
 
@@ -131,23 +144,25 @@ class Daemon(Ownership):
 
     # ---------------------------------------------------------- bind
 
-    def observe(self, peer: Peer, pid: int) -> ProcessView:
+    def observe(self, peer: Peer, pid: int, *, pin: bool = False) -> ProcessView:
         """The request's one observation of ``pid``, authorized for ``peer`` as soon as its
-        identity is read (a refused caller has the daemon read nothing more of it).
-        ProcessGone ``pid_gone`` when it is absent, a zombie, or has no readable stat."""
+        identity is read (a refused caller has the daemon read nothing more of it); with
+        ``pin``, holding it (``view.pin``, the caller's to close). ProcessGone ``pid_gone``
+        when it is absent, a zombie, or has no readable stat."""
         def vet(identity: ProcessIdentity) -> None:
             require_live(identity, pid)
             authorize(peer, identity, daemon_pid=self.pid, proc_root=self.config.proc_root)
 
-        return observe_process(self.hosts.source, pid, vet=vet)
+        return observe_process(self.hosts.source, pid, vet=vet, pin=pin)
 
     def bind_request(self, peer: Peer, body: Any) -> dict[str, Any]:
         """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total."""
         t0 = time.monotonic()
         try:
             pid, request, policy = parse_bind_request(body)
-            view = self.observe(peer, pid or peer.pid)
-            result = self.bind_process(view, request, policy)
+            view = self.observe(peer, pid or peer.pid, pin=True)
+            with view.pin or contextlib.nullcontext():
+                result = self.bind_process(view, request, policy)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -164,13 +179,18 @@ class Daemon(Ownership):
         an identity alone is observed now, and must name the process observed)."""
         return self._facts_of(self._view_of(target), TargetRequest.of(npus), policy)[:3]
 
-    def _view_of(self, target: ProcessIdentity | ProcessView) -> ProcessView:
+    def _view_of(self, target: ProcessIdentity | ProcessView, *, pin: bool = False) -> ProcessView:
+        """``target`` itself, or a new observation of the process the identity names (with
+        ``pin``, holding it: the caller closes ``view.pin``)."""
         if isinstance(target, ProcessView):
             return target
+
+        def same(seen: ProcessIdentity) -> None:
+            if seen.start_time != target.start_time:
+                raise recycled(target.pid, seen.start_time, target.start_time)
+
         with recycled_is_a_conflict():
-            view = observe_process(self.hosts.source, target.pid)
-            check_same_process(view, target)
-        return view
+            return observe_process(self.hosts.source, target.pid, pin=pin, vet=same)
 
     def _facts_of(self, view: ProcessView, request: TargetRequest, policy: str | None):
         """(config, host, worker, the process table's failure or None). A request that names its
@@ -219,10 +239,13 @@ class Daemon(Ownership):
         identity = target.identity if isinstance(target, ProcessView) else target
         if identity is None:
             raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
-        pid = identity.pid
         refuse_non_worker(identity, self.pid)
-        request = TargetRequest.of(request)
-        view = self._view_of(target)
+        view = self._view_of(target, pin=True)
+        with (view.pin if view is not target else None) or contextlib.nullcontext():
+            return self._bind_view(view, TargetRequest.of(request), policy)
+
+    def _bind_view(self, view: ProcessView, request: TargetRequest, policy: str | None) -> dict[str, Any]:
+        pid = view.pid
         config, host, worker, failure = self._facts_of(view, request, policy)
         decision = self._targets(host, worker, request, failure)
         targets = decision.npus
@@ -230,7 +253,7 @@ class Daemon(Ownership):
         listed = self._listed_if_contested(pid, targets, fresh)
         with self.lock:
             prev = self.held.get(pid)
-            if prev is not None and prev.binding.start_time != worker.start_time:
+            if prev is not None and not self.still_bound(prev, worker.start_time):
                 self.held.pop(pid)
                 self._undo_gone(prev, "recycled")
                 prev = None
@@ -245,7 +268,10 @@ class Daemon(Ownership):
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             with recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
-                                         move_memory=False)
+                                         move_memory=False, before_writes=self.before_writes)
+                self.metrics.recycled_writes(applied.binding.step(Step.AFFINITY))
+                if applied.gone is not None:
+                    self._gone_while_binding(applied, prev)
             if any(b.status == "failed" for b in applied.binding.irqs):
                 self.hosts.forget_irqs()
             gone = {h.binding.pid for h in (*replaced, *evicted)}
@@ -256,11 +282,13 @@ class Daemon(Ownership):
             for h in replaced:
                 self.held.pop(h.binding.pid, None)
                 self.mover.cancel(h.binding.pid, "replaced")
+                h.close()
                 self.metrics.dropped_worker("replaced")
                 log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
             for h in evicted:
                 self._evict(h, by=pid)
-            held = Held(binding, time.time(), policy, facts=(host, worker, config))
+            held = Held(binding, time.time(), policy, facts=(host, worker, config),
+                        pin=view.pin.keep() if view.pin is not None else None)
             held.remember_threads(applied.threads, role_cpus(plan))
             self.held[pid] = held
             memory = binding.step(Step.MEMORY)
@@ -268,6 +296,8 @@ class Daemon(Ownership):
                 self.move_memory(held, memory.data["target_node"], "bind")
             else:
                 self.mover.cancel(pid, "bound again")  # an earlier binding's move, if any
+            if prev is not None:
+                prev.close()
             self.save()
         self.metrics.step_results(binding.steps)
         if request.names_npus:
@@ -317,9 +347,10 @@ class Daemon(Ownership):
         """Release a live holder npu-smi does not list: its threads go back to their
         original CPUs; its saved IRQ masks now travel with the new owner's binding."""
         b = dataclasses.replace(h.binding, saved_irq_masks=frozen_map({}))
-        steps = release_binding(b, self.config, restore_irqs=False)
+        steps = release_binding(b, self.config, restore_irqs=False, pin=h.pin)
         self.held.pop(b.pid, None)
         self.mover.cancel(b.pid, "evicted")
+        h.close()
         self.metrics.dropped_worker("evicted")
         log.warning("unlisted holder evicted", pid=b.pid, npus=list(b.npus), by=by,
                     affinity=next((s.outcome.value for s in steps), None))
@@ -372,27 +403,6 @@ class Daemon(Ownership):
         if held is None:
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
         return self.release_pid(pid)
-
-    def release_pid(self, pid: int, reason: str = "released") -> dict[str, Any]:
-        """Undo ``pid``'s binding; ``reason`` labels the drop (a release, or a named NPU that
-        npu-smi contradicts)."""
-        with self.lock:
-            h = self.held.get(pid)
-            if h is None:
-                raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
-            if not self.is_alive(h):
-                self.held.pop(pid)
-                self._undo_gone(h, "exited")
-                self.save()
-                return {"pid": pid, "steps": [], "note": "the process had exited; only IRQ masks were considered"}
-            b = self._restorable(h)
-            steps = release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h))
-            self.held.pop(pid)
-            self.mover.cancel(pid, reason)
-            self.metrics.dropped_worker(reason)
-            self.save()
-        log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks), reason=reason)
-        return {"pid": pid, "irqs_restored": sorted(b.saved_irq_masks), "steps": [s.to_json() for s in steps]}
 
     def npu_checked(self, pid: int, start_time: int, npus: tuple[int, ...], verdict: str, why: str) -> None:
         """The process table's verdict on a named bind (watch/npucheck.py), for the binding it

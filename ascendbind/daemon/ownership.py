@@ -7,7 +7,9 @@ own, ask the pure rules (lifecycle.py) what to do, and call in here to do it;
 none of them assigns to a held record or to the table.
 
 What lives here: loading the table from the state file at start, liveness
-("is this record's process still the one we bound?"), what goes back to the
+("is this record's process still the one we bound?": its pidfd says, where the
+record holds one; a restarted daemon pins each worker again, proven by the
+start time and, with pidfs, the pidfd inode the state file kept), what goes back to the
 host when a worker leaves (lifecycle.restoration: IRQ masks of NPUs nobody
 live owns, bans nobody live pins, the UVB masks with the last 950 worker),
 dropping a gone worker, executing a look's actions, and the locality and
@@ -27,7 +29,7 @@ import structlog
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import merge_npu_plans
-from ..discovery.identity import verify_identity
+from ..discovery.identity import pin_identity, verify_identity
 from ..applier.irq import set_irq_affinity
 from ..discovery.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone
@@ -64,6 +66,7 @@ class Ownership:
         kept = gone = bad = 0
         with self.lock:
             candidates: list[Held] = []
+            alive: list[bool] = []
             for raw in loaded.workers:
                 try:
                     b = binding_from_json(raw)
@@ -71,8 +74,15 @@ class Ownership:
                     bad += 1
                     log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
                     continue
-                candidates.append(Held.from_state(b, raw, time.time()))
-            alive = [self.is_alive(h) for h in candidates]
+                h = Held.from_state(b, raw, time.time())
+                try:  # the pidfd first, then the start time and the pidfd inode the file kept
+                    h.pin = pin_identity(b.pid, b.start_time, b.pidfd_ino, self.config.proc_root)
+                    alive.append(True)
+                    if b.pidfd_ino is None and h.pin is not None and h.pin.ino is not None:
+                        h.binding = dataclasses.replace(b, pidfd_ino=h.pin.ino)  # an older record: kept from now on
+                except ProcessGone:
+                    alive.append(False)
+                candidates.append(h)
             self.held = {h.binding.pid: h for h, ok in zip(candidates, alive) if ok}
             for h, ok in zip(candidates, alive):
                 if not ok:
@@ -83,7 +93,8 @@ class Ownership:
                 why = ident.not_a_worker(self.pid) if ident is not None else None
                 if why:  # bound by a daemon that did not refuse it: undo it, never keep it
                     self.held.pop(pid)
-                    release_binding(self._restorable(h), self.config, restore_irqs=True)
+                    release_binding(self._restorable(h), self.config, restore_irqs=True, pin=h.pin)
+                    h.close()
                     self.metrics.dropped_worker("released")
                     log.warning("state entry is no worker; released", pid=pid, reason=why)
             kept = len(self.held)
@@ -101,10 +112,32 @@ class Ownership:
 
     def is_alive(self, h: Held) -> bool:
         try:
-            verify_identity(h.binding.pid, h.binding.start_time, self.config.proc_root)
+            verify_identity(h.binding.pid, h.binding.start_time, self.config.proc_root, pin=h.pin)
         except ProcessGone:
             return False
         return True
+
+    @staticmethod
+    def still_bound(h: Held, start_time: int | None) -> bool:
+        """Whether a process just observed at ``h``'s pid, started at ``start_time``, is the one
+        ``h`` holds: same start time, and ``h``'s pidfd (where it has one) not exited; then
+        the number never left that process, so the observation is of it."""
+        return h.binding.start_time == start_time and (h.pin is None or not h.pin.exited())
+
+    def _gone_while_binding(self, applied, prev: Held | None) -> None:
+        """The worker exited before the bind was done (``applied.gone``): its number may
+        name a newcomer, which is never held or acted for. An earlier binding of the same
+        process leaves the table too. Raises ProcessGone with that code."""
+        pid = applied.binding.pid
+        if prev is not None and self.held.get(pid) is prev:
+            self.held.pop(pid)
+            self._undo_gone(prev, "exited")
+            self.save()
+        self.metrics.step_results(applied.binding.steps)
+        affinity = applied.binding.step(Step.AFFINITY)
+        detail = affinity.detail if affinity is not None else f"process {pid} exited while it was being bound"
+        log.warning("worker gone while being bound; not held", pid=pid, reason=applied.gone, detail=detail)
+        raise ProcessGone(f"{detail}; not bound", code=applied.gone)
 
     def live_owner_of(self, npus, *, except_pid: int) -> int | None:
         for pid, h in self.held.items():
@@ -147,12 +180,37 @@ class Ownership:
         b = r.binding
         if b.saved_irq_masks or b.irqbalance_bans or r.restore_uvb:
             try:
-                release_binding(b, self.config, restore_irqs=True, restore_uvb=r.restore_uvb)
+                release_binding(b, self.config, restore_irqs=True, restore_uvb=r.restore_uvb, pin=h.pin)
             except AscendbindError as exc:
                 log.warning("restoring IRQ masks of a gone worker failed", pid=b.pid, error=str(exc))
+        h.close()
         self.metrics.dropped_worker(reason)
         log.info("worker dropped", pid=b.pid, npus=list(b.npus), reason=reason,
                  irqs_restored=sorted(b.saved_irq_masks))
+
+    def release_pid(self, pid: int, reason: str = "released") -> dict[str, Any]:
+        """Give a held worker back to the host: its threads' original CPUs (through its pidfd),
+        and the IRQ masks, bans and UVB masks no other live worker still needs. ``reason``
+        labels the drop (a release, or a named NPU that npu-smi contradicts)."""
+        with self.lock:
+            h = self.held.get(pid)
+            if h is None:
+                raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
+            if not self.is_alive(h):
+                self.held.pop(pid)
+                self._undo_gone(h, "exited")
+                self.save()
+                return {"pid": pid, "steps": [], "note": "the process had exited; only IRQ masks were considered"}
+            b = self._restorable(h)
+            steps = release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h), pin=h.pin)
+            self.metrics.recycled_writes(steps[0] if steps else None)
+            self.held.pop(pid)
+            self.mover.cancel(pid, reason)
+            h.close()
+            self.metrics.dropped_worker(reason)
+            self.save()
+        log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks), reason=reason)
+        return {"pid": pid, "irqs_restored": sorted(b.saved_irq_masks), "steps": [s.to_json() for s in steps]}
 
     def drop(self, pid: int, reason: str) -> None:
         with self.lock:
@@ -191,8 +249,8 @@ class Ownership:
     def _pin_late(self, h: Held, a: PinThreads) -> None:
         b = h.binding
         tids = [tid for tid, _ in a.threads]
-        bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=self.config.proc_root,
-                     only_tids=tids)
+        self.metrics.recycled_writes(bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode,
+                                                  proc_root=self.config.proc_root, only_tids=tids, pin=h.pin))
         self._remember(h, a.threads)
         h.late_threads += len(tids)
         self.metrics.late_threads.inc(len(tids))
@@ -216,8 +274,9 @@ class Ownership:
                 set_irq_affinity(irq, cpus, proc_root=self.config.proc_root)
             what = f"IRQ masks {[irq for irq, _ in a.irqs]}"
         else:
-            bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode, proc_root=self.config.proc_root,
-                         only_tids=list(a.tids))
+            self.metrics.recycled_writes(bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode,
+                                                      proc_root=self.config.proc_root, only_tids=list(a.tids),
+                                                      pin=h.pin))
             self._remember(h, [(tid, h.threads[tid].role) for tid in a.tids if tid in h.threads])
             what = f"{len(a.tids)} thread masks of {b.pid}"
         self.metrics.reasserts.inc()

@@ -29,7 +29,8 @@ waiting for such threads, and the kernel's exit interrupts their waits.
 
 File descriptors are budgeted: each listener's connection cap is its share, and
 the rest (state file, /proc reads, command pipes, udev, epoll) needs at most a
-hundred or so. The daemon checks the soft RLIMIT_NOFILE covers the sum at start
+hundred or so, plus two pidfds per bound worker (its record's, and the
+reconcile loop's copy). The daemon checks the soft RLIMIT_NOFILE covers the sum at start
 (raising it to the hard limit if needed) and says so when it cannot.
 """
 
@@ -65,8 +66,9 @@ __all__ = ["serve", "RESTART_KEYS", "STOP_SECONDS"]
 
 log = structlog.get_logger("ascendbind.serve")
 
-# descriptors besides the listeners' connections: see the module docstring
-FD_OVERHEAD = 128
+# descriptors besides the listeners' connections: see the module docstring (128 for the
+# daemon's own files, 128 for the pidfds of 64 bound workers)
+FD_OVERHEAD = 256
 
 # SIGTERM to exit, whatever a thread is stuck on: below systemd's default TimeoutStopSec
 STOP_SECONDS = 4.0

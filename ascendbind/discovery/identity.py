@@ -2,9 +2,14 @@
 
 A pid alone names a process only until it exits; the kernel hands the number to
 the next fork once the pid space wraps. The start time (field 22 of
-``/proc/<pid>/stat``, clock ticks since boot) never repeats for one pid number
-within a boot, so (pid, start time) is an identity. A zombie has no threads left
-to bind and no memory to migrate: it counts as gone.
+``/proc/<pid>/stat``) counts clock ticks since boot (100 a second), so (pid,
+start time) tells apart every two holders of one number but those forked in the
+same tick: a worker that exits in the tick it was born in leaves its number to a
+newcomer with its very start time. A pidfd (pin.py) has no such blind spot, so
+wherever one is held it decides (``verify_identity(pin=...)``), and a process
+known only from a state file is compared by its pidfs inode too
+(``pin_identity``). A zombie has no threads left to bind and no memory to
+migrate: it counts as gone.
 
 The reads are process.py's (one observation of a process through one open
 ``/proc/<pid>`` directory, so its files describe one process); this module holds
@@ -21,11 +26,12 @@ from __future__ import annotations
 
 import os
 
+from .pin import LIVE_PROC, ProcessPin, open_pin
 from .process import read_identity, stat_of, status_field
 from ..errors import NotPermitted, ProcessGone
 from ..model import ProcessIdentity
 
-__all__ = ["start_time", "proc_state", "verify_identity", "check_may_bind", "may_bind",
+__all__ = ["start_time", "proc_state", "verify_identity", "pin_identity", "check_may_bind", "may_bind",
            "require_identity", "require_live", "require_worker", "refuse_non_worker", "recycled", "GONE_STATES"]
 
 CAP_SYS_NICE = 23
@@ -72,12 +78,17 @@ def proc_state(pid: int, proc_root: str = "/proc") -> str | None:
     return None if st is None else st[0]
 
 
-def verify_identity(pid: int, expected_start: int | None, proc_root: str = "/proc") -> int:
+def verify_identity(pid: int, expected_start: int | None, proc_root: str = "/proc", *,
+                    pin: ProcessPin | None = None) -> int:
     """Return the current start time of ``pid`` if it is still the process we mean.
 
     Raises ProcessGone with code ``pid_gone`` (absent, zombie or dead) or
     ``pid_recycled`` (alive, but started at another time than ``expected_start``).
-    ``expected_start`` None checks only that the pid is alive.
+    ``expected_start`` None checks only that the pid is alive. With ``pin`` (the
+    process held by its pidfd), the pidfd decides: once it says exited, the number
+    names a newcomer (``pid_recycled``) whatever its start time, even one started in
+    the same clock tick; read after the stat, a pidfd that has not exited proves
+    that stat was this process's.
     """
     st = stat_of(pid, proc_root)
     if st is None or st[0] in GONE_STATES:
@@ -85,7 +96,33 @@ def verify_identity(pid: int, expected_start: int | None, proc_root: str = "/pro
         raise ProcessGone(f"process {pid} {what}", code="pid_gone")
     if expected_start is not None and st[1] != expected_start:
         raise recycled(pid, st[1], expected_start)
+    if pin is not None and pin.exited():
+        raise ProcessGone(f"pid {pid} was recycled: the process held by its pidfd has exited, and the "
+                          f"number now names another one (started at tick {st[1]})", code="pid_recycled")
     return st[1]
+
+
+def pin_identity(pid: int, expected_start: int | None, ino: int | None = None,
+                 proc_root: str = "/proc") -> ProcessPin | None:
+    """A pin of ``pid`` proven to be the process (``expected_start``, ``ino``) names, for a
+    worker known only by those (a restarted daemon's state file): the pidfd is opened
+    first, then the start time read (``verify_identity``) and, where pidfs gives the
+    pidfd an inode unique to its process and ``ino`` was recorded, that inode compared:
+    two processes forked in the same clock tick differ there and nowhere in their stat.
+    None where no pidfd can be had (another ``proc_root``, an old kernel); then the start
+    time alone was checked. ProcessGone as ``verify_identity``."""
+    held = open_pin(pid) if proc_root == LIVE_PROC else None
+    try:
+        verify_identity(pid, expected_start, proc_root, pin=held)
+        now = held.ino if held is not None and ino is not None else None
+        if now is not None and now != ino:
+            raise ProcessGone(f"pid {pid} was recycled: its pidfd inode is {now}, not {ino}, though it "
+                              f"started in the same clock tick", code="pid_recycled")
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
+    return held
 
 
 def recycled(pid: int, now: int, expected: int) -> ProcessGone:

@@ -33,6 +33,7 @@ from ..frozen import frozen_map
 from ..model import ProcessIdentity, ThreadInfo
 from .procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, cut_environ, parse_cgroup,
                      parse_environ, parse_stat, parse_status)
+from .pin import ProcessPin, pin_observed
 from .procdir import ProcDir, read_once
 from .sources import HostSource, path_proc_dir
 
@@ -94,6 +95,8 @@ class ProcessView:
     warnings: tuple[str, ...] = field(default=())
     # every line of /proc/<pid>/cgroup (None when unreadable): the devices controller's path
     cgroup: tuple[CgroupEntry, ...] | None = None
+    # the process held by its pidfd and open directory (observe_process(pin=True)), else None
+    pin: ProcessPin | None = field(default=None, compare=False, repr=False)
 
     @property
     def pid(self) -> int:
@@ -184,7 +187,8 @@ def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> Cpuse
 
 
 def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
-                    environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None) -> ProcessView:
+                    environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None,
+                    pin: bool = False) -> ProcessView:
     """One observation of ``pid`` (None: ``/proc/self``, the snapshot's recording process).
 
     ProcessGone (``pid_gone``) when there is no such process, ParseError when its
@@ -197,6 +201,8 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
     The environment: its complete entries within ``ENVIRON_LIMIT`` bytes (a warning when
     cut), a key's first entry winning as in getenv; DiscoveryError ``read_timeout`` when
     it does not answer in time (it is copied out of the worker's memory: deadline.py).
+    ``pin``: on the live host, the view's ``pin`` holds the process (pin.py) from
+    before its stat is read, and keeps its directory open; the caller closes it.
     """
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
         raise UsageError(f"pid must be a positive integer, got {pid!r}")
@@ -205,6 +211,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
     d = opener(key) if opener is not None else path_proc_dir(source, key)
     if d is None:
         raise ProcessGone(f"no process {key}: /proc/{key} is absent", code="pid_gone")
+    held = pin_observed(source, d, pid) if pin else None  # before stat: the reads below prove it
     try:
         stat_text = d.read("stat")
         status_text = d.read("status")
@@ -224,17 +231,27 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         env_text = d.read("environ", ENVIRON_LIMIT) if environ else None
         task_views = _tasks(d, masks) if tasks else ()
         last_stat = d.read("stat") if not d.pinned and stat_text is not None else stat_text
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
     finally:
-        d.close()
-    if identity is not None and last_stat != stat_text:
-        again = _identity(real, last_stat, status, f"/proc/{key}/stat")
-        if again is None:
-            raise ProcessGone(f"process {real} exited while it was being read", code="pid_gone")
-        if again.start_time != identity.start_time:
-            raise ProcessGone(f"pid {real} was recycled while it was being read: started at tick "
-                              f"{again.start_time}, not {identity.start_time}", code="pid_recycled")
-    cgroup = parse_cgroup(cg_text, f"/proc/{key}/cgroup") if cg_text is not None else None
-    env, cut = cut_environ(env_text) if env_text is not None else (None, None)
+        if held is None:
+            d.close()
+    try:
+        if identity is not None and last_stat != stat_text:
+            again = _identity(real, last_stat, status, f"/proc/{key}/stat")
+            if again is None:
+                raise ProcessGone(f"process {real} exited while it was being read", code="pid_gone")
+            if again.start_time != identity.start_time:
+                raise ProcessGone(f"pid {real} was recycled while it was being read: started at tick "
+                                  f"{again.start_time}, not {identity.start_time}", code="pid_recycled")
+        cgroup = parse_cgroup(cg_text, f"/proc/{key}/cgroup") if cg_text is not None else None
+        env, cut = cut_environ(env_text) if env_text is not None else (None, None)
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
     return ProcessView(
         key=key,
         status=status,
@@ -244,6 +261,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         tasks=task_views,
         warnings=(f"/proc/{key}/{cut}",) if cut is not None else (),
         cgroup=cgroup,
+        pin=held,
     )
 
 

@@ -39,6 +39,8 @@ DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot", "npu_mismatch")
 # npu-smi's verdict on a bind that named its NPU (watch/npucheck.py)
 NPU_CHECK_VERDICTS = ("confirmed", "unlisted", "unverified", "contradicted")
+# what became of an affinity write that reached another process's thread (applier/confirm.py)
+RECYCLED_WRITE_RESULTS = ("undone", "failed")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 # what one numa_maps read came to (daemon/watch/locality.py)
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
@@ -164,6 +166,12 @@ class Metrics:
             "ascendbind_npu_checks", "Binds that named their NPU, checked against npu-smi's process table after "
             "the answer, by verdict", ["verdict"], registry=r,
         )
+        self.recycled = Counter(
+            "ascendbind_recycled_writes",
+            "Affinity writes found, right after writing, on a thread of another process than the worker's "
+            "(its pid or a thread id recycled since it was observed): undone (mask set back as read before "
+            "the write) or failed (could not be)", ["result"], registry=r,
+        )
         self.http = Counter(
             "ascendbind_http_requests", "Socket API requests by path and status", ["path", "code"], registry=r
         )
@@ -221,6 +229,8 @@ class Metrics:
             self.dropped.labels(d)
         for v in NPU_CHECK_VERDICTS:
             self.npu_checks.labels(v)
+        for res in RECYCLED_WRITE_RESULTS:
+            self.recycled.labels(res)
         for name in LISTENERS:
             self.refused.labels(name)
         for c in MEMORY_CHECK_RESULTS:
@@ -262,6 +272,15 @@ class Metrics:
     def npu_check(self, verdict: str) -> None:
         if verdict in NPU_CHECK_VERDICTS:
             self.npu_checks.labels(verdict).inc()
+
+    def recycled_writes(self, step) -> None:
+        """Count the writes of an affinity step (a StepResult, or None) that its check after
+        writing found on another process's thread, by what became of them."""
+        confirmed = step.data.get("confirmed") if step is not None else None
+        for res in RECYCLED_WRITE_RESULTS:
+            n = confirmed.get(res, 0) if confirmed else 0
+            if n:
+                self.recycled.labels(res).inc(n)
 
     def memory_local(self, ratios) -> None:
         """Export exactly ``ratios`` (NPU -> 0..1): an NPU no longer listed loses its series."""

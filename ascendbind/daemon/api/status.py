@@ -92,7 +92,7 @@ def explain_held(daemon, h) -> str:
         host, worker, config = h.facts
         return explain_plan(host, worker, b.plan, config)
     target = require_identity(b.pid, daemon.config.proc_root)
-    if target.start_time != b.start_time:
+    if not daemon.still_bound(h, target.start_time):
         raise ProcessGone(f"process {b.pid} is no longer the bound worker (pid reused)", code="not_bound")
     config, host, worker = daemon._request_facts(target, b.npus, h.policy)
     worker = daemon._first_allowance(worker, h)

@@ -48,7 +48,7 @@ def rediscover_and_replan(daemon) -> dict:
             config = resolve_policy(h.policy, daemon.config)
             worker = discover_worker(daemon.hosts.source, pid, config,
                                      want_uvb=host.device_type is DeviceType.A950)
-            if worker.start_time != h.binding.start_time:
+            if not daemon.still_bound(h, worker.start_time):
                 continue  # recycled: the reconcile loop drops the entry; never bind the newcomer
             if worker.allowed_source == "status":
                 worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
@@ -65,7 +65,7 @@ def rediscover_and_replan(daemon) -> dict:
                 if daemon.held.get(pid) is not h:
                     continue  # released or bound again meanwhile
                 # its pages move afterwards, on the mover, like a bind's
-                binding = apply_plan(plan, worker, host, config, move_memory=False)
+                binding = apply_plan(plan, worker, host, config, move_memory=False, pin=h.pin)
                 daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
                 memory = binding.step(Step.MEMORY)
                 if memory is not None and memory.outcome is Outcome.PENDING:

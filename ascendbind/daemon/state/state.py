@@ -1,8 +1,8 @@
 """The daemon's checkpoint: ``state_dir/state.json``.
 
 What it holds: one small record per bound worker, what reconcile, release and
-status need and nothing more: pid and start time, NPUs, the plan's mode and
-role CPUs, its alignment decision (without the hints), the affinity before
+status need and nothing more: pid, start time and (with pidfs) pidfd inode,
+NPUs, the plan's mode and role CPUs, its alignment decision (without the hints), the affinity before
 binding, the IRQ writes (NPU, IRQ, CPUs, previous mask, status), the masks
 release writes back, the IRQs added to irqbalance's ban list, the UVB threads'
 previous masks, and the step results without their data. CPU sets are kernel

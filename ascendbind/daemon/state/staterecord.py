@@ -1,8 +1,10 @@
 """One bound worker as the state file keeps it: ``Binding`` <-> a small JSON record. Pure.
 
 The record keeps what reconcile, release and status need, in the cheapest
-form that reads back exactly: CPU sets as kernel cpu lists ("0-23,48"), the
-plan as its mode and role cpu lists (no copy of the whole plan JSON), the
+form that reads back exactly: the worker's identity (pid, start time and, where
+the kernel has pidfs, its pidfd's inode ``pidfd_ino``: an optional key, absent
+from records written before it, which load as before), CPU sets as kernel cpu
+lists ("0-23,48"), the plan as its mode and role cpu lists (no copy of the whole plan JSON), the
 alignment decision without the hints behind it, the IRQ writes and the UVB
 threads' previous masks as typed values, and each step's outcome, reason and
 sentence without its data (the data is the report of the moment; what later
@@ -139,6 +141,8 @@ def binding_to_json(b: Binding, **extra: Any) -> dict[str, Any]:
         out["irqbalance_bans"] = b.irqbalance_bans.to_json()
     if b.uvb_previous:
         out["uvb_previous"] = {str(t): _cl(c) for t, c in sorted(b.uvb_previous.items())}
+    if b.pidfd_ino is not None:
+        out["pidfd_ino"] = b.pidfd_ino
     out.update(extra)
     return out
 
@@ -156,7 +160,18 @@ def binding_from_json(d: Mapping[str, Any]) -> Binding:
         irqbalance_bans=IrqbalanceBans.from_json(d["irqbalance_bans"]) if d.get("irqbalance_bans") else None,
         irqs=tuple(_irq_from(w, _cpus(w["cpus"])) for w in d.get("irqs", ())),
         uvb_previous=frozen_map({int(t): _cpus(c) for t, c in (d.get("uvb_previous") or {}).items()}),
+        pidfd_ino=_ino(d.get("pidfd_ino")),
     )
+
+
+def _ino(v: Any) -> int | None:
+    """A recorded pidfd inode: absent in records written before it was kept (or by a kernel
+    without pidfs), else a positive integer; anything else makes the record malformed."""
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ValueError(f"bad pidfd inode {v!r}")
+    return v
 
 
 def binding_from_v1(d: Mapping[str, Any]) -> Binding:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...applier.affinity import role_of
 from ...cpulist import format_cpulist
+from ...discovery.pin import ProcessPin
 from ...discovery.numa_maps import NumaResidency
 from ...frozen import plain
 from ...model import Binding
@@ -76,8 +77,17 @@ class Held:
     facts: tuple | None = field(default=None, repr=False)
     # npu-smi's verdict on a bind that named its NPU (npucheck.py); None: not checked. Not persisted.
     npu_check: dict | None = None
+    # the worker held by its own pidfd (discovery/pin.py): what says it is still the process
+    # bound, whatever the number names now; None where no pidfd can be had. Closed by the
+    # daemon when the record leaves the held table (``close``).
+    pin: ProcessPin | None = field(default=None, repr=False, compare=False)
     # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
     _saved: tuple | None = field(default=None, repr=False, compare=False)
+
+    def close(self) -> None:
+        """Let go of the worker's pidfd: the record has left the held table."""
+        if self.pin is not None:
+            self.pin.close()
 
     def record(self) -> Record:
         """What the lifecycle rules weigh of this worker, as a frozen value."""

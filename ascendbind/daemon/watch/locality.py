@@ -181,6 +181,8 @@ class MemoryLocality:
         try:
             residency = read_numa_residency(d.hosts.source, b.pid, start_time=b.start_time,
                                             limit=self.numa_maps_limit)
+            if h.pin is not None and h.pin.exited():  # a newcomer's map, whatever its start time says
+                raise ProcessGone(f"process {b.pid} has exited")
         except ProcessGone:
             result = "unreadable"  # the reconcile pass drops the worker
         except ParseError as exc:

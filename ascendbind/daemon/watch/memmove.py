@@ -13,8 +13,11 @@ then. Lock order: the daemon's lock, then this queue's; the mover never calls
 into the daemon while it holds its own.
 
 A job is cancelled when its worker is released, replaced, bound again elsewhere
-or gone (the daemon calls ``cancel``); the move stops before its next chunk
-(64 MiB), and its result says how far it got. ``close`` cancels every job for a
+or gone (the daemon calls ``cancel``), and on its own once the worker's pidfd
+(the held record's pin) says it exited, whatever its pid names by then: a
+newcomer forked in the clock tick the worker was born in passes the start-time
+check the move makes before each chunk, but never this one. The move stops
+before its next chunk (64 MiB), and its result says how far it got. ``close`` cancels every job for a
 daemon that is stopping: those keep their ``memory_move`` mark in the state
 file, and the next daemon submits them again (a move walks only pages still off
 the node, so nothing is moved twice).
@@ -34,6 +37,7 @@ import structlog
 
 from ...applier.memory import MoveCancel, MoveProgress, PageMove
 from ...model import StepResult
+from ...reasons import Outcome, Reason, Step
 from ..runtime.threadname import name_os_thread
 
 __all__ = ["MemoryMover", "MoveJob", "STOPPING"]
@@ -42,6 +46,27 @@ log = structlog.get_logger("ascendbind.memory")
 
 # the cancel reason of a daemon that stops: the job's mark stays, the next daemon resumes it
 STOPPING = "the daemon is stopping"
+
+
+EXITED = "has exited"
+
+
+class _Gone(Exception):
+    """The worker exited before its move started."""
+
+
+class UntilExit(MoveCancel):
+    """A move's cancel flag that also sets itself once ``pin`` (the worker's pidfd, or None)
+    says the worker has exited: the move checks it before every chunk."""
+
+    def __init__(self, pid: int, pin) -> None:
+        super().__init__()
+        self.pid, self.pin = pid, pin
+
+    def is_set(self) -> bool:
+        if not super().is_set() and self.pin is not None and self.pin.exited():
+            self.set(f"process {self.pid} {EXITED}")
+        return super().is_set()
 
 
 @dataclass
@@ -87,7 +112,8 @@ class MemoryMover:
         """Queue a move of ``held``'s worker to ``node``; a job it already has for another
         binding or node is cancelled first. None once the mover is closed."""
         b = held.binding
-        job = MoveJob(b.pid, b.start_time, int(node), why, held, ratio_before)
+        job = MoveJob(b.pid, b.start_time, int(node), why, held, ratio_before,
+                      cancel=UntilExit(b.pid, getattr(held, "pin", None)))
         with self._cond:
             if self._closed:
                 return None
@@ -177,11 +203,16 @@ class MemoryMover:
         t0 = time.monotonic()
         try:
             cfg = self.daemon.config
+            if job.cancel.is_set() and job.cancel.why.endswith(EXITED):
+                raise _Gone
             move = PageMove(self.daemon.hosts.source, job.pid, job.start_time, job.node, proc_root=cfg.proc_root,
                             rate=cfg.memory_move_gib_per_second * (1 << 30), cancel=job.cancel,
                             on_progress=lambda p: setattr(job, "progress", p))
             result = job.result = move.run()
             job.progress = move.progress()
+        except _Gone:
+            result = job.result = StepResult(Step.MEMORY, Outcome.SKIPPED, Reason.PID_GONE,
+                                             f"{job.cancel.why}: nothing moved")
         except Exception:  # a bug in one move must not take the mover down
             log.exception("memory move crashed", pid=job.pid)
         try:

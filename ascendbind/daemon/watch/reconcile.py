@@ -4,8 +4,10 @@ Every ``reconcile_seconds`` (a ``poll`` on a stop flag, stopflag.py, so an idle
 daemon sleeps; ``stop()`` wakes it at once), each held worker gets one look, the
 rules decide what it calls for, and the ``Daemon`` does it:
 
-1. gone? (absent, zombie, or the pid now names another process) -> dropped;
-   its IRQ masks are restored only for NPUs no live worker owns;
+1. gone? (absent, zombie, or the pid now names another process: the worker's
+   own pidfd says so, even for a newcomer forked in the tick the worker was
+   born in) -> dropped; its IRQ masks are restored only for NPUs no live
+   worker owns;
 2. its threads (observe.py): threads born since the last look, or renamed into
    another role, are pinned by role (a late ``acl_thread`` ends on the ACL CPU);
 3. threads whose mask differs from the one we set were moved by someone else:
@@ -28,9 +30,11 @@ share for one without), ``comm`` only for the threads an
 event named; in listing mode every mask, one O(1) thread count per worker more, and
 ``comm`` for the few threads whose name can have changed (observe.py);
 whether a worker is still there is one ``poll`` over pidfds held for all of
-them (reading each worker's ``stat`` would walk all its threads in the kernel),
-falling back to the start time where no pidfd can be had or ``proc_root`` is not
-the host's. (A pidfd reports the exit of the whole thread group: a worker whose
+them (reading each worker's ``stat`` would walk all its threads in the kernel):
+a copy of the pidfd the worker's record holds since its bind (or since a
+restart pinned it again), else one opened here and proven by the start time
+read after it; the start time alone where no pidfd can be had or ``proc_root``
+is not the host's. (A pidfd reports the exit of the whole thread group: a worker whose
 main thread called pthread_exit while others run stays held until the last one
 goes, where its ``stat`` alone would already say zombie.) The pass's CPU time is measured on its own thread
 (``time.thread_time``), so the metric stays honest when the host is busy.
@@ -48,6 +52,7 @@ import structlog
 from ...discovery.identity import verify_identity
 from ...cpulist import parse_mask
 from ...discovery.irqhost import irqbalance_pids, read_irq_mask
+from ...discovery.pin import LIVE_PROC
 from ...discovery.tasks import exited_pidfds, open_pidfd
 from ...errors import ProcessGone
 from .evidence import read_evidence
@@ -65,6 +70,12 @@ log = structlog.get_logger("ascendbind.reconcile")
 _NOTHING = Observation()
 
 
+def _token(h):
+    """What a held record's pidfd here stands for: its pin (bound again, even by a newcomer
+    with the same start time, it has another), else its start time."""
+    return h.pin if h.pin is not None else h.binding.start_time
+
+
 def _irq_targets(binding) -> dict[int, frozenset[int]]:
     """IRQ -> the CPUs the irq step set it to (only writes that succeeded)."""
     return {w.irq: w.cpus for w in binding.irqs if w.pinned}
@@ -79,7 +90,8 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
-        self._pidfds: dict[int, tuple[int, int]] = {}  # pid -> (start time, pidfd) of the held workers
+        # pid -> (what the pidfd was taken for: the record's pin, else its start time; a pidfd of our own)
+        self._pidfds: dict[int, tuple[object, int]] = {}
         self._unchecked: set[int] = set()  # pidfds opened this pass: their identity is read once
         self.thread_events = ThreadEvents(daemon.metrics)
         self._looked: dict[int, dict] = {}  # pid -> the thread cache its last look kept (new cache: new binding)
@@ -207,17 +219,19 @@ class Reconciler:
     def _maybe_gone(self, held) -> set[int]:
         """The pids whose identity must be read this pass: those whose pidfd says the
         process exited, and those without a pidfd (not opened yet, or none to be had)."""
-        live_pidfds = self.daemon.config.proc_root == "/proc"
-        for pid in [p for p, (start, _fd) in self._pidfds.items()
-                    if p not in held or held[p].binding.start_time != start]:
+        live_pidfds = self.daemon.config.proc_root == LIVE_PROC
+        for pid in [p for p, (token, _fd) in self._pidfds.items() if p not in held or _token(held[p]) != token]:
             os.close(self._pidfds.pop(pid)[1])
         if live_pidfds:
             for pid, h in held.items():
                 if pid not in self._pidfds:
-                    fd = open_pidfd(pid)  # opened before the identity check, so it names the checked process
+                    fd = h.pin.dup_fd() if h.pin is not None else None  # the worker's own: nothing to prove
+                    if fd is None and h.pin is None:
+                        fd = open_pidfd(pid)  # opened before the identity check, so it names the checked process
+                        if fd is not None:
+                            self._unchecked.add(pid)
                     if fd is not None:
-                        self._pidfds[pid] = (h.binding.start_time, fd)
-                        self._unchecked.add(pid)
+                        self._pidfds[pid] = (_token(h), fd)
         by_fd = {fd: pid for pid, (_start, fd) in self._pidfds.items()}
         exited = {by_fd[fd] for fd in exited_pidfds(by_fd)}
         unchecked, self._unchecked = self._unchecked, set()
@@ -237,7 +251,7 @@ class Reconciler:
         proc_root = d.config.proc_root
         if check_identity:
             try:
-                verify_identity(b.pid, b.start_time, proc_root)
+                verify_identity(b.pid, b.start_time, proc_root, pin=h.pin)
             except ProcessGone as exc:
                 return Observation(gone="recycled" if exc.code == "pid_recycled" else "exited")
         looks = wanted(h.record())
