@@ -230,3 +230,15 @@ def test_root_in_a_container_cannot_take_the_host_roots_threads_and_healthz_need
         if hog.poll() is None:
             hog.kill()
         hog.wait()
+
+
+def test_healthz_answered_on_the_loop_closes_each_connection_at_once(slow_table_daemon):
+    daemon, _fake = slow_table_daemon
+    fds = lambda: len(os.listdir(f"/proc/{daemon.pid}/fd"))  # noqa: E731
+    before = fds()
+    client = Client(daemon.sock, timeout=30)
+    for _ in range(300):
+        assert client.health()["workers"] == 0
+    # each answered connection is closed as it is answered, not kept until a deadline: a client
+    # polling fast never fills the connection cap (it did, at 128 open, when they lingered)
+    assert fds() <= before + 4, (before, fds())

@@ -276,13 +276,15 @@ class Listener:
                 conn.continued = True
                 _send_now(conn.sock, CONTINUE)
             return
-        if self.inline(request):
-            # sent without blocking: a small answer fits an empty socket buffer (a client that
-            # does not read it loses it), then linger-drained like the loop's refusals
-            resp = self.handle(conn, request)
-            self._send_and_linger(conn, render_response(resp, request_id=conn.id, head_only=request.method == "HEAD"))
-            return
         self._forget(conn)
+        if self.inline(request):
+            # sent without blocking (a small answer fits an empty socket buffer; a client that does
+            # not read it loses it) and closed at once, as a worker thread closes after its answer:
+            # the request is complete, so nothing of the client's is left unread
+            resp = self.handle(conn, request)
+            _send_now(conn.sock, render_response(resp, request_id=conn.id, head_only=request.method == "HEAD"))
+            self._release(conn)
+            return
         pool = self._root_pool if conn.is_root and self._root_pool is not None else self._pool
         try:
             pool.submit(self.share_key(conn), self._work, conn, request)
@@ -301,11 +303,8 @@ class Listener:
 
     def _answer_here(self, conn: Conn, err: WireError) -> None:
         """Answer from the loop without blocking, then linger-drain so the client sees it."""
-        self._send_and_linger(conn, render_response(error_response(err), request_id=conn.id))
+        _send_now(conn.sock, render_response(error_response(err), request_id=conn.id))
         self.refused(conn, err)
-
-    def _send_and_linger(self, conn: Conn, data: bytes) -> None:
-        _send_now(conn.sock, data)
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
