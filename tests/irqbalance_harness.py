@@ -132,10 +132,13 @@ def abstract_address_lock():
 
 
 class Irqbalance:
-    def __init__(self, tmp_path: Path, *, banirq=(), own_run: bool = True) -> None:
+    def __init__(self, tmp_path: Path, *, banirq=(), own_run: bool = True, interval: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.tmp_path = tmp_path
         self.banirq = tuple(banirq)
         self.own_run = own_run
+        self.interval = interval  # seconds between its passes (--interval); its default is 10
+        self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.lock_fd: int | None = None
         self.saved_masks: dict[int, str] = {}
@@ -152,7 +155,8 @@ class Irqbalance:
         policy = self.tmp_path / "ban-every-irq"
         policy.write_text("#!/bin/sh\necho ban=true\n")
         policy.chmod(0o755)
-        argv = [exe, "--foreground", f"--policyscript={policy}", *(f"--banirq={i}" for i in self.banirq)]
+        argv = [exe, "--foreground", f"--policyscript={policy}", *(f"--banirq={i}" for i in self.banirq),
+                *([f"--interval={self.interval}"] if self.interval else [])]
         if self.own_run:
             argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable,
                     str(ROOT / "tests" / "irqbalance_ns.py"), *argv]
@@ -161,7 +165,7 @@ class Irqbalance:
             if _abstract_taken():
                 self.stop()
                 pytest.skip("another process holds irqbalance's abstract address")
-        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}  # no IRQBALANCE_ONESHOT etc.
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **self.extra_env}  # no ONESHOT etc.
         self.saved_masks = irq_masks()
         self.log = open(self.tmp_path / "irqbalance.log", "w")
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.log,

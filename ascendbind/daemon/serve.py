@@ -7,7 +7,8 @@ READY=1. Host discovery runs in the background: a hanging npu-smi delays
 nothing, requests get 503 with the reason until it succeeds.
 
 SIGHUP reloads the config file (a bad file is logged and the old config kept)
-and rediscovers the host.
+and rediscovers the host; isolation follows the new level at once (``off``
+puts back every mask it changed).
 
 Config lint (planner/lint.py: legal settings that contradict each other or do
 nothing on this host) needs the host's facts, so it is logged as warnings after
@@ -15,7 +16,8 @@ the first successful discovery, whether the start-up warm-up or a later request
 made it, and once more after the discovery that follows each SIGHUP reload.
 
 SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
---all`` undoes them). Every tool still running then (a hanging npu-smi, lscpu)
+--all`` undoes them), but every mask isolation changed on the rest of the host
+is put back (a restarted daemon sets them again for the workers it keeps). Every tool still running then (a hanging npu-smi, lscpu)
 has its process group killed and reaped before anything else
 stops, so nothing the daemon started outlives it, under systemd or not.
 
@@ -50,6 +52,7 @@ from ..discovery.deadline import READERS
 from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
 from ..planner import lint_config
+from ..planner.isolation import require_built_level
 from .runtime import systemd
 from .runtime.threadname import name_os_thread
 from .host.autobind import AutoBinder
@@ -81,7 +84,8 @@ class _Service:
         self.reload_config = reload
         self.metrics = Metrics()
         READERS.thread_init = name_os_thread  # a stuck reader shows as worker-read in ps -L
-        self.daemon = Daemon(config, metrics=self.metrics)
+        # this process is the daemon: its own threads keep to the housekeeping CPUs (isolate/)
+        self.daemon = Daemon(config, metrics=self.metrics, confine_self=True)
         self.server: ApiServer | None = None
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
@@ -106,6 +110,7 @@ class _Service:
 
     def start(self) -> None:
         cfg = self.config
+        require_built_level(cfg)
         real_state_dir = self.daemon.state.prepare()
         ensure_fd_budget(API_LIMITS.max_total + METRICS_LIMITS.max_total + FD_OVERHEAD)
         try:
@@ -144,6 +149,7 @@ class _Service:
             return  # logged by the cache; requests answer 503 until it works
         log.info("host discovered", device_type=facts.device_type.value, npus=len(facts.chips),
                  cpus=len(facts.cpus))
+        self.daemon.save()  # isolation needs the host's facts: it follows the restored workers now
 
     def _watchdog(self, interval: float) -> None:
         # ping only while the reconcile loop makes progress: a wedged daemon gets restarted
@@ -155,6 +161,7 @@ class _Service:
     def reload(self) -> None:
         try:
             new = self.reload_config()
+            require_built_level(new)
         except ConfigError as exc:
             log.error("SIGHUP: config not reloaded; keeping the running one", error=str(exc))
             return
@@ -174,6 +181,7 @@ class _Service:
             self.autobind.stop()
             self.autobind = None
         log.info("SIGHUP: config reloaded")
+        self.daemon.save()  # isolation follows the new level now, not at the next change
         threading.Thread(target=rediscover_and_replan, args=(self.daemon,), name="rediscover", daemon=True).start()
 
     def stop(self) -> None:
@@ -194,6 +202,8 @@ class _Service:
         # moving pages stop before their next chunk; their marks stay in the state file
         self.stopping = "memory moves"
         self.daemon.close()
+        self.stopping = "isolation"
+        self.daemon.isolation.stop(self.daemon)
         self.stopping = "state file"
         self.daemon.save()
         self.stopping = None
