@@ -208,6 +208,10 @@ def test_irqs_moves_every_other_irq_off_the_bound_cpus_and_release_puts_each_bac
         assert {k: v["original"] for k, v in record.items()} == {k: masks[k] for k in record}
         assert set(record) == moved | {"default"}
         assert set(thread_cpus(d.pid).values()) == {parse_cpulist(iso["housekeeping"])}
+        # bound again: a refused IRQ is still listed, and not tried again
+        d.curl("POST", "/v1/release", {"pid": w.pid})
+        bind(d, w.pid)
+        assert skipped_irqs(isolation(d)) == skipped_irqs(iso)
         status, _ = d.curl("POST", "/v1/release", {"pid": w.pid})
         assert status == 200
         assert changed(masks) == {}, "release must put every mask back byte for byte"

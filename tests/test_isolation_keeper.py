@@ -27,6 +27,7 @@ from ascendbind.model import Binding, DeviceType
 from ascendbind.planner import make_plan
 from ascendbind.planner.driverwork import sq_task_device
 from tests.irqbalance_harness import Irqbalance, RawClient, fixture_proc_link
+from tests.test_applier_irq import immutable, needs_chattr
 from tests.daemon_harness import wait_for
 from tests.planner_hosts import host, worker
 
@@ -195,6 +196,32 @@ def test_an_unwritable_state_file_stops_isolation_before_any_mask(tree):
     with pytest.raises(OSError):
         iso.follow(two_npu_host(), [binding(cfg)], cfg, refuse)
     assert masks(tree) == before
+
+
+@needs_chattr
+def test_a_value_the_kernel_refuses_is_skipped_with_its_reason_and_not_tried_again(tree):
+    """chattr +i makes root's write fail with EPERM, as the kernel refuses a managed IRQ."""
+    cfg = config(tree)
+    iso = Isolation()
+    with immutable(tree[0] / "irq" / "41" / "smp_affinity"):
+        iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    assert masks(tree)["irq:41"] == ALL12 and "irq:41" not in iso.record.masks
+    assert [(s["what"], s["reason"]) for s in iso.to_json(cfg)["skipped"]] == [("irq:41", "irq_unchangeable")]
+    # released and bound again: still listed, never written
+    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.follow(two_npu_host(), [binding(cfg), dataclasses.replace(binding(cfg), pid=5)], cfg, lambda: None)
+    assert masks(tree)["irq:41"] == ALL12 and "irq:41" in {s["what"] for s in iso.to_json(cfg)["skipped"]}
+
+
+@needs_chattr
+def test_a_read_only_proc_irq_changes_nothing_and_says_so(tree):
+    cfg = config(tree)
+    iso = Isolation()
+    before = masks(tree)
+    with immutable(tree[0] / "irq"):
+        iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    assert masks(tree) == before
+    assert [s["reason"] for s in iso.to_json(cfg)["skipped"]] == ["irq_not_writable"]
 
 
 def test_driver_threads_are_found_by_name_and_kernel_flag(tmp_path):

@@ -45,7 +45,7 @@ from ...decisions import MaskWrite
 from ...discovery.hostwork import (irq_names, irq_numbers, kernel_isolated_cpus, kernel_threads, read_default_affinity,
                                    read_workqueue_mask)
 from ...discovery.irqbalance import auto_banned_cpus
-from ...discovery.irqhost import irqbalance_pids, read_irq_mask
+from ...discovery.irqhost import irq_masks_writable, irqbalance_pids, read_irq_mask
 from ...discovery.process import read_identity
 from ...discovery.tasks import read_environ
 from ...errors import ConfigError, PlanImpossible
@@ -76,7 +76,7 @@ class Isolation:
         self.skipped: dict[str, dict[str, str]] = {}  # key -> reason and sentence, from the latest follow
         self.left: deque[dict[str, str]] = deque(maxlen=32)  # masks left to their owner, newest last
         self.last: dict[str, Any] = {}
-        self._refused: set[str] = set()  # keys whose value the kernel refuses: never tried again
+        self._refused: dict[str, dict[str, str]] = {}  # key -> its skip: the kernel refuses it, never tried again
         self._planned: tuple | None = None  # (host, plans, config) -> plan, for a save that changed nothing
         self._applied: tuple | None = None
         self.stopped = False  # put back for good: the daemon is stopping
@@ -170,6 +170,14 @@ class Isolation:
                 if iso is not None and iso.protected:
                     self.threads.note = "where they started: no housekeeping CPU is left"
         on = iso is not None and config.isolation != "off" and iso.moves_irqs
+        writable, where = irq_masks_writable(config.proc_root)
+        if on and not writable:
+            # a read-only /proc/irq (systemd's ProtectKernelTunables=yes): every write would fail
+            self.skipped = {"irq": {"reason": Reason.IRQ_NOT_WRITABLE.value,
+                                    "detail": f"{where} is not writable (a read-only mount?): no mask is changed"}}
+            on = False
+        else:
+            self.skipped.pop("irq", None)
         counts = self._masks(iso if on else None, host, config, pinned, persist)
         self._irqbalance(iso if on else None, config, persist)
         self._applied = (config, iso, pinned, self.record.empty)
@@ -244,7 +252,10 @@ class Isolation:
             target = wanted[key][1] if key in wanted else None
             act = mask_act(self.record.masks.get(key), None if current is None else m.parse(current), target, m.parse)
             plan.append((key, act, m, current))
-        self.skipped = {k: v for k, v in self.skipped.items() if k in wanted or k in self.record.masks}
+        # a skip is listed until the mask is tried again; a refused one whenever the level is on
+        self.skipped = {k: v for k, v in self.skipped.items() if k in wanted or k in self.record.masks or k == "irq"}
+        if iso is not None:
+            self.skipped.update(self._refused)
         counts = {"written": 0, "restored": 0, "left_to_owner": 0, "skipped": 0}
         writes = []
         for key, act, m, current in plan:
@@ -290,9 +301,9 @@ class Isolation:
         if w.status in ("unchangeable", "gone"):
             # nothing changed: the record is as before this write (or gone with a value never ours)
             self.record = self.record.with_mask(key, before)
-            if w.status == "unchangeable":
-                self._refused.add(key)
         self.skipped[key] = {"reason": reason.value, "detail": f"{key}: {w.error or w.status}"}
+        if w.status == "unchangeable":
+            self._refused[key] = self.skipped[key]
         if w.status == "failed":
             log.warning("isolation could not write a mask", key=key, error=w.error, now=w.now)
 
