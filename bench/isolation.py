@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tests.daemon_harness import running_daemon  # noqa: E402
+from tests.irqbalance_harness import irq_masks_lock  # noqa: E402
 from tests.test_isolation_daemon import host_masks, put_back  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 
@@ -73,12 +74,13 @@ def main() -> int:
     if os.geteuid() != 0 or not os.access("/proc/irq", os.W_OK):
         print("needs root and a writable /proc/irq", file=sys.stderr)
         return 2
-    saved = host_masks()
-    try:
-        report = {"irqs_on_host": sum(1 for k in saved if k.startswith("irq:")), "load": os.getloadavg()[0],
-                  "runs": [run(level, args.rounds, saved) for level in ("off", "irqs")]}
-    finally:
-        put_back(saved)
+    with irq_masks_lock():
+        saved = host_masks()
+        try:
+            report = {"irqs_on_host": sum(1 for k in saved if k.startswith("irq:")), "load": os.getloadavg()[0],
+                      "runs": [run(level, args.rounds, saved) for level in ("off", "irqs")]}
+        finally:
+            put_back(saved)
     print(json.dumps(report, indent=1))
     return 0
 

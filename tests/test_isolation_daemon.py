@@ -30,6 +30,7 @@ import pytest
 from ascendbind.cpulist import format_mask, parse_cpulist, parse_mask
 from tests.daemon_harness import FIXTURE_BIN, DaemonProc, base_env, free_port, wait_for
 from tests.deploy_tools import in_ci
+from tests.irqbalance_harness import irq_masks_lock
 from tests.workers import cpus_allowed_of, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
@@ -85,11 +86,15 @@ def put_back(saved: dict[str, str]) -> None:
 
 @pytest.fixture
 def masks():
-    """The host's masks before the test; every one is put back afterwards, whatever happened."""
+    """The host's masks before the test; every one is put back afterwards, whatever happened.
+    No other test that changes and restores them runs meanwhile (irq_masks_lock)."""
     _need_real_irqs()
-    saved = host_masks()
-    yield saved
-    put_back(saved)
+    with irq_masks_lock():
+        saved = host_masks()
+        try:
+            yield saved
+        finally:
+            put_back(saved)
 
 
 def changed(before: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -263,7 +268,7 @@ def test_a_restart_after_kill_9_with_the_worker_alive_keeps_isolating_then_relea
         try:
             assert host_masks() == narrowed and isolation(d2)["changed"]["irq"] > 0
             status, _ = d2.curl("POST", "/v1/release", {"pid": w.pid})
-            assert status == 200 and changed(masks) == {}
+            assert status == 200 and changed(masks) == {}, d2.log()[-6000:]
         finally:
             d2.stop()
 
