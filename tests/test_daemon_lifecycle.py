@@ -249,6 +249,34 @@ def test_sighup_reloads_the_config_file_and_keeps_the_old_one_when_bad(tmp_path)
         d.stop()
 
 
+def _tgkill(tgid: int, tid: int, sig: int) -> None:
+    """Send ``sig`` to one thread of another process (tgkill(2)), as the kernel may itself."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+    if nr is None:
+        pytest.skip(f"tgkill's number on {os.uname().machine} is not known here")
+    if libc.syscall(nr, tgid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def test_a_signal_the_kernel_gives_another_thread_still_reloads_and_stops_the_daemon(tmp_path):
+    """A process-directed signal may land on any thread; Python runs its handler in the
+    main thread, which must not sleep through it (the wake-up pipe)."""
+    d = _daemon(tmp_path).start()
+    try:
+        d.wait_discovered()
+        others = sorted(int(t) for t in os.listdir(f"/proc/{d.pid}/task") if int(t) != d.pid)
+        assert others
+        _tgkill(d.pid, others[-1], signal.SIGHUP)
+        assert wait_for(lambda: "SIGHUP: config reloaded" in d.log(), 10), d.log()
+        _tgkill(d.pid, others[0], signal.SIGTERM)
+        assert d.proc.wait(15) == 0
+    finally:
+        d.stop()
+
+
 def test_auto_bind_binds_what_the_npu_smi_process_table_lists(tmp_path):
     with start_worker(plain=1, acl=1, release=1) as w:
         d = _daemon(tmp_path, ASCENDBIND_AUTO_BIND="true", ASCENDBIND_AUTO_BIND_SECONDS="1",

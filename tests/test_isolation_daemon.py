@@ -281,7 +281,8 @@ def test_sighup_to_off_puts_back_and_back_to_irqs_moves_again_and_host_is_refuse
         narrowed = host_masks()
         conf.write_text('isolation = "off"\n')
         d.proc.send_signal(signal.SIGHUP)
-        assert wait_for(lambda: isolation(d)["level"] == "off" and not changed(masks), 15), changed(masks)
+        if not wait_for(lambda: isolation(d)["level"] == "off" and not changed(masks), 15):
+            pytest.fail(f"not put back after SIGHUP to off: {changed(masks)}\n{d.log()}")
         conf.write_text('isolation = "host"\n')
         d.proc.send_signal(signal.SIGHUP)
         assert wait_for(lambda: "isolation = host is not built" in d.log(), 15), d.log()

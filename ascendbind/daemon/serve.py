@@ -15,6 +15,12 @@ nothing on this host) needs the host's facts, so it is logged as warnings after
 the first successful discovery, whether the start-up warm-up or a later request
 made it, and once more after the discovery that follows each SIGHUP reload.
 
+The kernel may hand SIGHUP, SIGTERM or SIGINT to any of the daemon's threads;
+Python runs the handler in the main thread, but a main thread asleep on a lock
+would not notice one taken elsewhere until something else woke it (a reload,
+or a stop, lost). So the main loop sleeps on ``signal.set_wakeup_fd``'s pipe,
+which the C-level handler writes to from whichever thread took the signal.
+
 SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
 --all`` undoes them), but every mask isolation changed on the rest of the host
 is put back (a restarted daemon sets them again for the workers it keeps). Every tool still running then (a hanging npu-smi, lscpu)
@@ -37,8 +43,11 @@ hundred or so. The daemon checks the soft RLIMIT_NOFILE covers the sum at start
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import resource
+import select
 import signal
 import threading
 import time
@@ -244,13 +253,10 @@ def ensure_fd_budget(needed: int) -> int:
 
 
 def _pid() -> int:
-    import os
-
     return os.getpid()
 
 
 def _unlink_if_socket(path: str) -> None:
-    import os
     import stat
 
     try:
@@ -260,12 +266,35 @@ def _unlink_if_socket(path: str) -> None:
         pass
 
 
+def _signal_wakeup() -> int:
+    """A pipe the C-level signal handler writes to, whichever thread the kernel gave the
+    signal to; its read end. A signal taken by another thread only flags the main thread,
+    which would not notice while it sleeps on a lock: so the main loop sleeps on this."""
+    rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    return rfd
+
+
+def _next_event(events: queue.SimpleQueue, wake: int) -> str:
+    """The next event a signal handler queued. Between two looks the main thread waits on
+    the wake-up pipe; the handler itself runs in this thread as soon as that returns."""
+    while True:
+        try:
+            return events.get_nowait()
+        except queue.Empty:
+            pass
+        select.select([wake], [], [], 5.0)
+        with contextlib.suppress(OSError):
+            os.read(wake, 512)
+
+
 def serve(config: Config, *, reload=None) -> int:
     """Run until SIGTERM/SIGINT; ``reload()`` returns a fresh Config on SIGHUP."""
     allow_commands()  # a process that served before (tests) starts tools again
     svc = _Service(config, reload or (lambda: config))
     for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "hup")):
         signal.signal(sig, lambda _s, _f, what=what: svc.events.put(what))
+    wake = _signal_wakeup()
     try:
         svc.start()
     except OSError as exc:
@@ -274,7 +303,7 @@ def serve(config: Config, *, reload=None) -> int:
             raise ConfigError(f"cannot use state_dir {config.state_dir}: {exc.strerror or exc}") from None
         raise ConfigError(f"could not start: {exc.strerror or exc} ({where or '-'})") from None
     while True:
-        event = svc.events.get()
+        event = _next_event(svc.events, wake)
         if event == "hup":
             systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
             svc.reload()
