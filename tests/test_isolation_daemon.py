@@ -231,6 +231,7 @@ def test_stop_puts_back_and_a_restart_sets_again_for_the_workers_it_keeps(masks)
         assert changed(masks)
         assert d.stop() == 0
         assert changed(masks) == {}, "stop must put every mask back"
+        assert "isolation put the host back" in d.log() and "could not put" not in d.log()
         assert cpus_allowed_of(w.pid, w.pid) != STARTED_ON or N_CPUS == 1  # the binding stays
         d2 = restart(d)
         try:

@@ -217,7 +217,8 @@ def test_driver_work_of_an_npu_whose_irq_cpu_is_protected_follows_the_ordinary_r
 
 # ---------------------------------------------------------------- one mask
 
-H = lambda text: parse_cpulist(text) if text is not None else None  # noqa: E731
+def H(text: str | None) -> frozenset[int] | None:
+    return None if text is None else parse_cpulist(text)
 
 
 @pytest.mark.parametrize("saved, current, wanted, act", [
@@ -326,7 +327,6 @@ def test_bad_isolation_values_are_named(env, says):
     assert says in str(exc.value)
 
 
-def test_unused_chip_fields_do_not_matter():
-    # the driver id falls back to the logic id exactly when npu-smi prints no Phy-ID
+def test_the_driver_id_is_the_logic_id_without_a_phy_id_column():
     h = one_npu_host({0: frozenset({0, 1})})
     assert h.chips == (NpuChip(card=0, chip=0, logic_id=0, name="Ascend 910B3"),) and device_id(h, 0) == 0

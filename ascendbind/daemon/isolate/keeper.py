@@ -193,7 +193,7 @@ class Isolation:
         counts = self._masks(None, None, config, frozenset(), persist)
         self._irqbalance(None, config, persist)
         self._applied = None
-        log.info("isolation put the host back", **counts, left_to_owner=len(self.left))
+        log.info("isolation put the host back", **counts)
 
     def _plan(self, host: HostFacts, plans: tuple, config: Config) -> IsolationPlan:
         key = (host, tuple(id(p) for p in plans), config)
@@ -291,7 +291,8 @@ class Isolation:
                     self.record = self.record.with_mask(key, None)
                     counts["restored"] += 1 if w.status == "ok" else 0
                 else:
-                    self._failed(key, w, saved)
+                    # refused now (it can never go back: forgotten, and listed) or failed (tried again)
+                    self._failed(key, w, None if w.status == "unchangeable" else saved)
                     counts["skipped"] += 1
         return counts
 
