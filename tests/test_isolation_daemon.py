@@ -22,6 +22,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -213,6 +215,14 @@ def test_irqs_moves_every_other_irq_off_the_bound_cpus_and_release_puts_each_bac
         assert {k: v["original"] for k, v in record.items()} == {k: masks[k] for k in record}
         assert set(record) == moved | {"default"}
         assert set(thread_cpus(d.pid).values()) == {parse_cpulist(iso["housekeeping"])}
+        # what an operator reads: the level, CPU by CPU, where the daemon is, what was skipped
+        out = subprocess.run([sys.executable, "-m", "ascendbind", "status", "--socket", d.sock], capture_output=True,
+                             text=True, env=d.env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert f"isolation: irqs  housekeeping {iso['housekeeping']} (auto)  protected {iso['protected']}" in out.stdout
+        assert f"irq {len(moved)}, default 1" in out.stdout and "protected     NPU 1 main" in out.stdout
+        assert f"daemon threads on CPUs {iso['housekeeping']}" in out.stdout
+        assert all(f"[{s['reason']}]" in out.stdout for s in iso["skipped"])
         # bound again: a refused IRQ is still listed, and not tried again
         d.curl("POST", "/v1/release", {"pid": w.pid})
         bind(d, w.pid)

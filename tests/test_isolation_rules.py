@@ -140,6 +140,21 @@ def test_every_golden_plan_is_the_same_at_every_level(name, case):
             assert code == golden["exit"]
 
 
+def test_plan_explain_shows_the_level_cpu_by_cpu_and_a_refusal_is_exit_3(capsys):
+    from ascendbind.cli import main
+
+    code = main(["plan", "--snapshot", os.path.join(HOSTS, "a3-16die"), "--npu", "5", "--explain",
+                 "--isolation", "irqs"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"isolation irqs: housekeeping CPUs {pairs(0, 40, 16)} (auto), protected CPUs 202-239" in out
+    assert "CPU 202-237  protected     NPU 5 main" in out and "CPU 200-201  housekeeping  NPU 5 irq" in out
+    code = main(["plan", "--snapshot", os.path.join(HOSTS, "a3-16die"), "--npu", "5", "--isolation", "irqs",
+                 "--housekeeping-cpus", "202-239"])
+    captured = capsys.readouterr()
+    assert code == 3 and "no housekeeping CPU is left" in captured.err
+    assert "200-239" in captured.out  # the plan is printed all the same: only the bind would be refused
+
+
 def test_host_is_refused_until_it_is_built():
     assert level_refusal(Config(isolation="irqs")) is None
     assert "not built" in level_refusal(Config(isolation="host"))
