@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     _target_flags(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--explain", action="store_true", help="print the target NPU's evidence and rule, and the "
-                   "alignment hints, merge and decision")
-    add_config_flags(p)
+                   "alignment hints, merge and decision, and what the isolation level does CPU by CPU")
+    add_config_flags(p, isolation_keys=True)
     p.set_defaults(func=cmd_plan, runs_tools=True)
 
     p = sub.add_parser("snapshot", help="record every discovery input of this host into OUT_DIR")
@@ -134,8 +134,10 @@ def _plan_errors(plan: Plan) -> PlanImpossible:
 def cmd_plan(args) -> int:
     from .discovery import LiveHost, SnapshotHost
     from .discovery.sources import OneTimeoutPerTool, is_snapshot_dir
+    from .planner.isolation import explain_isolation, plan_isolation, require_built_level
 
     config = config_from_args(args)
+    require_built_level(config)
     pid = args.pid
     if args.snapshot:
         if not os.path.isdir(args.snapshot):
@@ -149,15 +151,22 @@ def cmd_plan(args) -> int:
     else:
         source = OneTimeoutPerTool(LiveHost.from_config(config))
     host, worker, plan = _plan_for(source, config, pid, args)
+    # what the isolation level does with this worker bound (as the only one: plan has no daemon)
+    isolation = plan_isolation(host, [plan], config)
     if args.explain:
         from .planner import explain_plan
 
         print(explain_plan(host, worker, plan, config))
         print()
+        print(explain_isolation(isolation))
+        print()
     _print_plan(plan, args.format)
     if plan.errors:
         for e in plan.errors:
             print(f"NPU{e.npu}: {e.reason}" if e.npu is not None else e.reason, file=sys.stderr)
+        return PlanImpossible.exit_status
+    if config.isolation != "off" and isolation.error is not None:
+        print(f"isolation {config.isolation}: {isolation.error.reason}", file=sys.stderr)
         return PlanImpossible.exit_status
     return 0
 

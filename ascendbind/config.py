@@ -23,10 +23,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .cpulist import parse_cpulist
 from .errors import ConfigError
 
-__all__ = ["Config", "CHOICES", "PLAN_KEYS", "KEYS", "DEFAULT_CONFIG_PATH", "DEFAULT_SOCKET",
-           "coerce", "from_layers", "unknown_name"]
+__all__ = ["Config", "CHOICES", "PLAN_KEYS", "ISOLATION_KEYS", "KEYS", "DEFAULT_CONFIG_PATH", "DEFAULT_SOCKET",
+           "coerce", "from_layers", "unknown_name", "exempt_entries"]
 
 DEFAULT_CONFIG_PATH = "/etc/ascendbind/config.toml"
 DEFAULT_SOCKET = "/run/ascendbind/ascendbind.sock"
@@ -38,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "topology_policy": ("none", "best-effort", "restricted", "single-numa-node"),
     "numa_extension": ("next", "closest", "none"),
     "cpu_bind_policy": ("default", "full-pcpus"),
+    "isolation": ("off", "irqs", "host"),
 }
 
 # keys that shape a plan: each has a flag on plan, apply and serve
@@ -50,6 +52,14 @@ PLAN_KEYS = (
     "max_numa_nodes",
     "numa_extension",
     "cpu_bind_policy",
+)
+
+# keys that say what else leaves the bound workers' CPUs: they never change a plan, so
+# their flags are on plan (which shows what the level does) and serve only
+ISOLATION_KEYS = (
+    "isolation",
+    "housekeeping_cpus",
+    "isolation_exempt",
 )
 
 
@@ -75,6 +85,9 @@ class Config:
     max_numa_nodes: int = 8
     numa_extension: str = "next"
     cpu_bind_policy: str = "default"
+    isolation: str = "off"
+    housekeeping_cpus: str = "auto"
+    isolation_exempt: tuple[str, ...] = ()
     socket_group: str = ""
     allow_shared_npu: bool = False
     auto_bind: bool = False
@@ -146,6 +159,62 @@ def _boolean(value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+def _string_list(value: Any) -> tuple[str, ...]:
+    """A TOML array of strings, or the text of one from the environment or a flag:
+    comma-separated items, blanks around them dropped ("" is the empty list)."""
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            raise ValueError(f"expected a list of strings, got {value!r}")
+        items = [v.strip() for v in value]
+    elif isinstance(value, str):
+        items = [v.strip() for v in value.split(",")] if value.strip() else []
+    else:
+        raise ValueError(f"expected a list of strings, got {value!r}")
+    if any(not v for v in items):
+        raise ValueError(f"empty entry in {value!r}")
+    return tuple(items)
+
+
+def _cpulist_problem(text: str) -> str | None:
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as exc:
+        return str(exc)
+    return None if cpus else "an empty list leaves nothing to run the rest of the host on"
+
+
+_COMM_CHARS = re.compile(r"[ -~]+")
+
+
+def _exempt_problem(entry: str) -> str | None:
+    """Why ``entry`` is neither a cgroup path ("/system.slice/agent.service": that cgroup and
+    those below it) nor a comm pattern ("agent*": shell-style, matched against a task's
+    15-character name); None when it is one of them."""
+    if len(entry) > 4096:
+        return "is longer than 4096 characters"
+    if not _COMM_CHARS.fullmatch(entry):
+        return "has characters other than printable ASCII"
+    if entry.startswith("/"):
+        parts = entry.strip("/").split("/") if entry != "/" else []
+        if not parts:
+            return "names the root cgroup, which holds every process: exempt nothing or name a cgroup below it"
+        if any(p in ("", ".", "..") for p in parts):
+            return "is not a plain cgroup path (an empty, '.' or '..' component)"
+        return None
+    if len(entry) > 64:
+        return "is a comm pattern longer than 64 characters (a task's name has at most 15)"
+    if "/" in entry:
+        return "holds '/' but does not start with it: a cgroup path starts with '/', a comm pattern has none"
+    return None
+
+
+def exempt_entries(entries: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(cgroup paths, comm patterns) of checked ``isolation_exempt`` entries."""
+    entries = tuple(entries)
+    return (tuple(e.rstrip("/") for e in entries if e.startswith("/")),
+            tuple(e for e in entries if not e.startswith("/")))
+
+
 def unknown_name(name: str, known: Iterable[str], what: str) -> str:
     """``unknown key 'x' (did you mean 'y'?)``: the message for a misspelt name."""
     close = difflib.get_close_matches(name, list(known), n=1)
@@ -168,6 +237,8 @@ def coerce(key: str, value: Any, where: str) -> Any:
             out = value if type(value) is float and math.isfinite(value) else _finite_number(value)
             if out < 0:
                 raise ValueError(f"expected a non-negative number, got {value!r}")
+        elif kind is tuple:
+            out = _string_list(value)
         else:
             if not isinstance(value, str):
                 raise ValueError(f"expected a string, got {value!r}")
@@ -185,6 +256,15 @@ def coerce(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: key 'memory_moves_per_node' must be from 1 to 64; got {out}")
     if key == "max_numa_nodes" and out < 1:
         raise ConfigError(f"{where}: key 'max_numa_nodes' must be at least 1; got {out}")
+    if key == "housekeeping_cpus" and out != "auto":
+        why = _cpulist_problem(out)
+        if why:
+            raise ConfigError(f"{where}: key 'housekeeping_cpus' is 'auto' or a cpu list such as '0-3,64'; {why}")
+    if key == "isolation_exempt":
+        for entry in out:
+            why = _exempt_problem(entry)
+            if why:
+                raise ConfigError(f"{where}: key 'isolation_exempt': entry {entry[:80]!r} {why}")
     if key == "metrics_listen" and out and out.rpartition(":")[1] != ":":
         raise ConfigError(f"{where}: key 'metrics_listen' must be host:port (or empty to disable); got {out!r}")
     return out

@@ -5,6 +5,8 @@
 * The IRQ step's facts and plan: ``NpuIrqs`` (an NPU's SQ/CQ as discovery found
   them), ``NpuIrqPlan`` (where they go: ``Plan.irqs``), and ``IrqBinding`` (one
   mask write and what it replaced: ``Binding.irqs``).
+* Isolation's writes of other masks (an IRQ's, the default for new IRQs, a
+  workqueue's, a kernel thread's): ``MaskWrite``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .frozen import frozen_map
 from .reasons import Reason
 
 __all__ = ["ProviderHint", "NpuAlignmentResult", "PlanAlignment", "ALIGNMENT_PROVIDERS", "NpuIrqs", "NpuIrqPlan",
-           "IrqBinding"]
+           "IrqBinding", "MaskWrite"]
 
 
 @dataclass(frozen=True)
@@ -208,3 +210,21 @@ class IrqBinding:
         if self.previous is None:
             return False
         return self.status == "ok" or (self.status == "failed" and self.now != self.previous)
+
+
+@dataclass(frozen=True)
+class MaskWrite:
+    """One write of a mask isolation changes, and how it went.
+
+    ``status``: ok (read back as written) | unchangeable (the kernel refuses any
+    value here: a managed IRQ, a kernel thread bound to its CPU; never retried) |
+    gone (the IRQ, thread or workqueue no longer exists) | failed (another error,
+    or the read-back differed). ``previous`` and ``now`` are the texts read
+    before and after, in the file's own format.
+    """
+
+    key: str
+    status: str
+    previous: str | None
+    now: str | None
+    error: str | None = None

@@ -57,6 +57,11 @@ class Reason(str, enum.Enum):
     # written by daemons that ran migratepages; read back from their state files, never produced
     MIGRATEPAGES_MISSING = "migratepages_missing"
     MIGRATEPAGES_FAILED = "migratepages_failed"
+    # isolation (the masks of the rest of the host; shown by status, not a step of the bind)
+    NO_HOUSEKEEPING_CPUS = "no_housekeeping_cpus"  # the bound workers' CPUs leave no CPU for the rest of the host
+    CHANGED_BY_OWNER = "changed_by_owner"  # a mask changed by someone else since isolation set it: left as it is
+    MASK_UNCHANGEABLE = "mask_unchangeable"  # a kernel thread or workqueue whose mask the kernel refuses to change
+    MASK_WRITE_FAILED = "mask_write_failed"  # a kernel thread's or workqueue's mask write failed or read back wrong
     # release
     NOTHING_TO_RESTORE = "nothing_to_restore"
     # any step

@@ -22,7 +22,8 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from .config import CHOICES, DEFAULT_CONFIG_PATH, DEFAULT_SOCKET, KEYS, PLAN_KEYS, Config, from_layers, unknown_name
+from .config import (CHOICES, DEFAULT_CONFIG_PATH, DEFAULT_SOCKET, ISOLATION_KEYS, KEYS, PLAN_KEYS, Config, from_layers,
+                     unknown_name)
 from .errors import ConfigError
 
 __all__ = ["load_config", "add_config_flags", "config_from_args", "resolve_socket", "config_file_path",
@@ -137,7 +138,7 @@ def resolve_socket(socket_path: str | None = None, *, config_path: str | None = 
 
 # ---------------------------------------------------------------- CLI glue
 # Every verb that plans (plan, apply, serve) gets one flag per plan-shaping key
-# and --config; each flag overrides env and file.
+# and --config; plan and serve also one per isolation key. Each flag overrides env and file.
 
 _FLAG_HELP = {
     "device_type": "override the detected device type",
@@ -148,15 +149,18 @@ _FLAG_HELP = {
     "max_numa_nodes": "refuse alignment on hosts with more NUMA nodes than this",
     "numa_extension": "how a one-node affinity pool is extended",
     "cpu_bind_policy": "default, or full-pcpus to keep SMT siblings together",
+    "isolation": "off (default), irqs: other IRQs leave the bound workers' CPUs; host: not built yet",
+    "housekeeping_cpus": "auto (default) or a cpu list: where the rest of the host runs",
+    "isolation_exempt": "comma-separated cgroup paths (/...) and comm patterns the host level never moves",
 }
 
 
-def add_config_flags(parser, *, plan_keys: bool = True) -> None:
-    """Add --config and (optionally) one flag per plan-shaping key to an argparse parser."""
+def add_config_flags(parser, *, plan_keys: bool = True, isolation_keys: bool = False) -> None:
+    """Add --config and (optionally) one flag per plan-shaping key, and one per isolation
+    key, to an argparse parser."""
     parser.add_argument("--config", metavar="FILE", help=f"config file (default {DEFAULT_CONFIG_PATH} if present)")
-    if not plan_keys:
-        return
-    for key in PLAN_KEYS:
+    keys = (PLAN_KEYS if plan_keys else ()) + (ISOLATION_KEYS if isolation_keys else ())
+    for key in keys:
         flag = "--" + key.replace("_", "-")
         choices = CHOICES.get(key)
         parser.add_argument(flag, dest=key, default=None, choices=choices, metavar=None if choices else "VALUE",
@@ -165,5 +169,5 @@ def add_config_flags(parser, *, plan_keys: bool = True) -> None:
 
 def config_from_args(args, *, env: Mapping[str, str] | None = None) -> Config:
     """Load the config for a parsed argparse namespace made with add_config_flags."""
-    overrides = {k: getattr(args, k, None) for k in PLAN_KEYS}
+    overrides = {k: getattr(args, k, None) for k in PLAN_KEYS + ISOLATION_KEYS}
     return load_config(getattr(args, "config", None), env=env, overrides=overrides)

@@ -43,7 +43,7 @@ _npu = _pos_int("an NPU id", 0)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="run the daemon (socket API, reconcile loop, metrics)")
-    add_config_flags(p)
+    add_config_flags(p, isolation_keys=True)
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("bind", help="ask the daemon to bind a process")
@@ -178,10 +178,12 @@ def cmd_status(args) -> int:
         raise UsageError("status --explain needs --pid PID (the bound worker whose plan to explain)")
     client = Client(_socket_of(args))
     health = client.health()
+    isolation = None
     if args.pid is not None:
         workers = [client.worker(args.pid, explain=args.explain)]
     else:
-        workers = client.workers()["workers"]
+        listing = client.workers()
+        workers, isolation = listing["workers"], listing.get("isolation")
     if args.memory:
         from .discovery import LiveHost
         from .discovery.worker import read_numa_residency
@@ -194,10 +196,13 @@ def cmd_status(args) -> int:
             except AscendbindError as exc:  # unreadable numa_maps (gone, not permitted): say so per worker
                 w["memory_pages_by_node"] = {"error": str(exc)[:120]}
     if args.format == "json":
-        print(compact_json({"health": health, "workers": workers}))
+        print(compact_json({"health": health, "workers": workers,
+                            **({"isolation": isolation} if isolation is not None else {})}))
         return 0
     print(f"daemon: {health['status']}  discovery: {health['discovery']}  workers: {health['workers']}  "
           f"hotplug: {health.get('hotplug')}")
+    for line in _isolation_lines(isolation):
+        print(line)
     if not workers:
         print("no bound workers")
         return 0
@@ -257,6 +262,32 @@ def _why_lines(w: dict) -> list[str]:
         out.append(f"drift blamed {drift['culprit']}: {drift.get('blame') or ''}".rstrip(": "))
     if drift.get("irqs_left_alone"):
         out.append(f"IRQs left alone: {drift.get('irqs_left_alone_why') or 'IRQ masks kept moving'}")
+    return out
+
+
+def _isolation_lines(iso: dict | None) -> list[str]:
+    """What isolation does on this host, CPU by CPU, and what it changed (``status``)."""
+    if not iso:
+        return []
+    changed = ", ".join(f"{k} {v}" for k, v in (iso.get("changed") or {}).items() if v) or "nothing"
+    out = [f"isolation: {iso['level']}  housekeeping {iso.get('housekeeping') or '-'} "
+           f"({iso.get('housekeeping_cpus')})  protected {iso.get('protected') or '-'}  changed: {changed}"]
+    out += [f"  CPU {g['cpus']:<12} {g['class']:<12}  {g['role']}" for g in iso.get("cpus") or () if iso.get("protected")]
+    threads = iso.get("daemon_threads")
+    if threads:
+        out.append(f"  daemon threads on CPUs {threads['cpus']} (started on {threads['started_on']}): {threads['note']}")
+    for key in ("waiting", "irqbalance"):
+        if iso.get(key):
+            out.append(f"  {key}: {iso[key]}")
+    out += [f"  warning: {w}" for w in iso.get("warnings") or ()]
+    if iso.get("error"):
+        out.append(f"  error [{iso['error']['code']}]: {iso['error']['reason']}")
+    by_reason: dict[str, list[str]] = {}
+    for s in iso.get("skipped") or ():
+        by_reason.setdefault(s["reason"], []).append(s["what"])
+    out += [f"  skipped [{reason}]: {len(keys)} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})"
+            for reason, keys in sorted(by_reason.items())]
+    out += [f"  left to its owner [{s['reason']}]: {s['detail']}" for s in iso.get("left_to_owner") or ()]
     return out
 
 

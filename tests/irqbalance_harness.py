@@ -39,6 +39,10 @@ from tests.deploy_tools import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 ABSTRACT_LOCK = "/tmp/ascendbind-tests-irqbalance-abstract.lock"
+# held by every test that records this machine's IRQ masks and writes them back afterwards
+# (irqbalance runs, isolation's real IRQs): two such tests of different sessions side by side
+# would each record what the other changed, and put it back after the other had restored
+IRQ_MASKS_LOCK = "/tmp/ascendbind-tests-irq-masks.lock"
 ABSTRACT_NAME = "@" * 108  # how /proc/net/unix prints 108 NUL bytes
 
 
@@ -121,6 +125,32 @@ def take_abstract_lock() -> int:
     return fd
 
 
+def _flock(path: str, what: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def take() -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    if not wait_for(take, 300):
+        os.close(fd)
+        pytest.fail(f"{path} ({what}) stayed locked for 300 s")
+    return fd
+
+
+@contextlib.contextmanager
+def irq_masks_lock():
+    """Held while a test changes this machine's IRQ masks and puts them back (see IRQ_MASKS_LOCK)."""
+    fd = _flock(IRQ_MASKS_LOCK, "the IRQ masks")
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def abstract_address_lock():
     """Held while a test uses irqbalance's one abstract address."""
@@ -132,12 +162,16 @@ def abstract_address_lock():
 
 
 class Irqbalance:
-    def __init__(self, tmp_path: Path, *, banirq=(), own_run: bool = True) -> None:
+    def __init__(self, tmp_path: Path, *, banirq=(), own_run: bool = True, interval: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.tmp_path = tmp_path
         self.banirq = tuple(banirq)
         self.own_run = own_run
+        self.interval = interval  # seconds between its passes (--interval); its default is 10
+        self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.lock_fd: int | None = None
+        self.masks_fd: int | None = None
         self.saved_masks: dict[int, str] = {}
 
     @property
@@ -152,7 +186,8 @@ class Irqbalance:
         policy = self.tmp_path / "ban-every-irq"
         policy.write_text("#!/bin/sh\necho ban=true\n")
         policy.chmod(0o755)
-        argv = [exe, "--foreground", f"--policyscript={policy}", *(f"--banirq={i}" for i in self.banirq)]
+        argv = [exe, "--foreground", f"--policyscript={policy}", *(f"--banirq={i}" for i in self.banirq),
+                *([f"--interval={self.interval}"] if self.interval else [])]
         if self.own_run:
             argv = ["unshare", "--mount", "--propagation", "private", "--", sys.executable,
                     str(ROOT / "tests" / "irqbalance_ns.py"), *argv]
@@ -161,7 +196,8 @@ class Irqbalance:
             if _abstract_taken():
                 self.stop()
                 pytest.skip("another process holds irqbalance's abstract address")
-        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}  # no IRQBALANCE_ONESHOT etc.
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **self.extra_env}  # no ONESHOT etc.
+        self.masks_fd = _flock(IRQ_MASKS_LOCK, "the IRQ masks")
         self.saved_masks = irq_masks()
         self.log = open(self.tmp_path / "irqbalance.log", "w")
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
@@ -189,6 +225,9 @@ class Irqbalance:
         if self.proc is not None:
             self.log.close()
         restore_irq_masks(self.saved_masks)
+        if self.masks_fd is not None:
+            os.close(self.masks_fd)
+            self.masks_fd = None
         if self.lock_fd is not None:
             os.close(self.lock_fd)  # releases the flock
             self.lock_fd = None

@@ -20,7 +20,7 @@ from ascendbind.discovery.irqhost import irqbalance_pids, read_irq_mask
 from ascendbind.discovery.irqs import parse_interrupts
 from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError
-from tests.irqbalance_harness import restore_irq_masks as put_back_irq_masks
+from tests.irqbalance_harness import irq_masks_lock, restore_irq_masks as put_back_irq_masks
 from tests.planner_hosts import one_npu_host
 from ascendbind.model import (
     DeviceType,
@@ -315,6 +315,11 @@ def _real_irqs() -> list[int]:
 
 @pytest.mark.skipif(not os.access("/proc/irq", os.W_OK), reason="/proc/irq is not writable here")
 def test_real_irq_write_back_same_value():
+    with irq_masks_lock():
+        _write_back_same_value()
+
+
+def _write_back_same_value():
     for irq in _real_irqs():
         original = read_irq_mask(irq)
         if original is None:

@@ -25,7 +25,7 @@ import pytest
 
 from ascendbind import errors
 from ascendbind.cli import build_parser
-from ascendbind.config import CHOICES, PLAN_KEYS, Config
+from ascendbind.config import CHOICES, ISOLATION_KEYS, PLAN_KEYS, Config
 from ascendbind.settings import OTHER_VARIABLES
 from ascendbind.daemon.serve import RESTART_KEYS
 from ascendbind.daemon.api.server import ROUTES, http_status_of
@@ -125,6 +125,8 @@ def _documented_flags(heading: str) -> dict[str, list[str]]:
     rows = table("cli.md", heading)
     if "[plan-shaping flags](#plan-shaping-flags)" in section("cli.md", heading):
         rows = rows + table("cli.md", "## Plan-shaping flags")
+    if "[isolation flags](#isolation-flags)" in section("cli.md", heading):
+        rows = rows + table("cli.md", "## Isolation flags")
     flags = {}
     for row in rows:
         name = ticked(row[0])[0]
@@ -167,6 +169,10 @@ def test_cli_md_plan_shaping_flags_are_the_plan_keys():
     assert set(_documented_flags("## Plan-shaping flags")) == {"--" + k.replace("_", "-") for k in PLAN_KEYS}
 
 
+def test_cli_md_isolation_flags_are_the_isolation_keys():
+    assert set(_documented_flags("## Isolation flags")) == {"--" + k.replace("_", "-") for k in ISOLATION_KEYS}
+
+
 def test_cli_md_lists_every_exit_status():
     documented = {int(row[0]) for row in table("cli.md", "## Exit status")}
     kinds = {getattr(errors, name) for name in errors.__all__}
@@ -176,7 +182,7 @@ def test_cli_md_lists_every_exit_status():
 
 # ---------------------------------------------------------------- config.md
 
-_TYPES = {"string": str, "bool": bool, "int": int, "float": float}
+_TYPES = {"string": str, "bool": bool, "int": int, "float": float, "array": tuple}
 
 
 def test_config_md_documents_every_key_with_its_type_default_choices_flag_and_reload():
@@ -187,10 +193,11 @@ def test_config_md_documents_every_key_with_its_type_default_choices_flag_and_re
         _name, kind, default, choices, flag, sighup, meaning = rows[key]
         assert _TYPES[kind] is type(f.default), f"{key}: type {kind}"
         literal = ticked(default)[0]
-        assert tomllib.loads(f"v = {literal}")["v"] == f.default, f"{key}: default {literal}"
+        loaded = tomllib.loads(f"v = {literal}")["v"]
+        assert (tuple(loaded) if isinstance(loaded, list) else loaded) == f.default, f"{key}: default {literal}"
         if key in CHOICES:
             assert ticked(choices) == list(CHOICES[key]), f"{key}: choices"
-        expected_flag = "--" + key.replace("_", "-") if key in PLAN_KEYS else None
+        expected_flag = "--" + key.replace("_", "-") if key in PLAN_KEYS + ISOLATION_KEYS else None
         assert (ticked(flag)[0] if ticked(flag) else None) == expected_flag, f"{key}: flag"
         assert sighup == ("restart" if key in RESTART_KEYS else "reload"), f"{key}: SIGHUP"
         assert meaning, f"{key}: no meaning"

@@ -226,6 +226,7 @@ def test_binds_releases_refusals_drops_and_restarts_leave_no_descriptor_behind(t
             assert wait_for(lambda: exited_pidfds([fd]), 10, 0.002)  # every thread gone: a zombie, not reaped
             os.close(fd)
 
+    gc.collect()
     before = _fds()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -234,6 +235,7 @@ def test_binds_releases_refusals_drops_and_restarts_leave_no_descriptor_behind(t
         try:
             with start_worker(plain=2) as a, start_worker(plain=1) as b, start_worker(plain=1) as c:
                 loop.pass_once()  # the loop's own descriptors (its stop flag, the events socket)
+                gc.collect()  # what earlier tests left for the collector is closed before counting
                 at_rest = _fds()
                 d.bind_request(ROOT_PEER, {"pid": a.pid, "npu": 0})
                 d.bind_request(ROOT_PEER, {"pid": a.pid, "npu": 0})  # bound again: one pin, not two

@@ -31,6 +31,12 @@ Finding it is discovery's (``irqhost.irqbalance_pids``, a scan of
 Between our read and our write another writer's change to the list would be
 lost: irqbalance offers no compare-and-swap. The window is one round trip; the
 daemon makes its own changes one at a time under its lock.
+
+Isolation tells it which CPUs to keep IRQs off (``tell_banned_cpus``): the
+set it banned before (the operator's own: its environment, ``isolcpus=``)
+plus the bound workers' CPUs. ``reset_banned_cpus`` puts the set back: with
+``settings cpus NULL`` when that gives back exactly the set it had, else by
+sending that set.
 """
 
 from __future__ import annotations
@@ -47,9 +53,11 @@ from dataclasses import dataclass
 from ..command import run_command, tool_env
 from ..discovery.irqbalance import (
     ABSTRACT_ADDRESS,
+    CPUS_RESET,
     BanListTooLong,
     IrqbalanceSetup,
     ban_command,
+    cpus_command,
     list_with,
     list_without,
     parse_setup,
@@ -68,6 +76,9 @@ __all__ = [
     "ban_irqs",
     "unban_irqs",
     "hand_back",
+    "banned_cpus",
+    "tell_banned_cpus",
+    "reset_banned_cpus",
     "MAX_REPLY",
 ]
 
@@ -251,3 +262,34 @@ def hand_back(bans: IrqbalanceBans, *, proc_root: str, timeout: float) -> tuple[
     except Unreachable as exc:
         return "unreachable", f"{_irqs(bans.irqs)} stay banned in irqbalance: {exc}"
     return "handed back", f"irqbalance (pid {bans.pid}) balances {_irqs(bans.irqs)} again"
+
+
+def banned_cpus(pid: int, *, proc_root: str, timeout: float) -> str:
+    """The ``BANNED`` mask irqbalance ``pid`` reports (hex text); Unreachable otherwise."""
+    return IrqbalanceLink(pid, timeout, proc_root=proc_root).setup().banned_cpus
+
+
+def tell_banned_cpus(pid: int, cpus: Iterable[int], *, proc_root: str, timeout: float) -> str:
+    """Make ``cpus`` the CPUs irqbalance ``pid`` keeps IRQs off (from its next pass on);
+    returns the command sent. Unreachable when it could not be told (no answer, a list
+    over its command limit)."""
+    try:
+        command = cpus_command(cpus)
+    except (BanListTooLong, ValueError) as exc:
+        raise Unreachable(str(exc)) from None
+    IrqbalanceLink(pid, timeout, proc_root=proc_root).exchange(command)
+    return command
+
+
+def reset_banned_cpus(pid: int, original: frozenset[int] | None, *, proc_root: str, timeout: float) -> str:
+    """Give irqbalance ``pid`` back its banned CPUs: ``original`` as a list, or (None) the
+    set it chooses itself (``settings cpus NULL``). Returns the command sent."""
+    link = IrqbalanceLink(pid, timeout, proc_root=proc_root)
+    command = CPUS_RESET
+    if original:
+        try:
+            command = cpus_command(original)
+        except BanListTooLong as exc:
+            raise Unreachable(str(exc)) from None
+    link.exchange(command)
+    return command

@@ -15,11 +15,12 @@ may import, and tests/test_structure.py holds every module to that:
 * api/      the sockets and what comes through them;
 * watch/    keeping bound workers bound: the lifecycle rules and the loops
             around them;
-* host/     the host's facts, and binding again when they change.
+* host/     the host's facts, and binding again when they change;
+* isolate/  the rest of the host off the bound workers' CPUs, and back.
 
 runtime/ and state/ import no other room; api/ imports runtime/; watch/ and
 host/ import runtime/ and the request rules of api/requests.py, watch/ the state
-room too. No room imports core.py, ownership.py or serve.py: a room is handed
+room too; isolate/ imports state/ and runtime/. No room imports core.py, ownership.py or serve.py: a room is handed
 the ``Daemon`` and calls its operations. core.py and ownership.py may import
 any room, serve.py anything.
 """

@@ -59,6 +59,7 @@ from ..planner import make_plan, resolve_targets
 from ..reasons import Outcome, Step
 from ..targeting import TargetRequest
 from .api.auth import Peer, authorize
+from .isolate.keeper import Isolation
 from .watch.held import Held
 from .watch.bans import carried_bans
 from .api.requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request, recycled_is_a_conflict,
@@ -86,7 +87,7 @@ _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 
 class Daemon(Ownership):
     def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None,
-                 before_writes: Callable[[int], None] | None = None) -> None:
+                 before_writes: Callable[[int], None] | None = None, confine_self: bool = False) -> None:
         self.config = config
         # the applier's hook right before a bind's first write (apply_observed): tests recycle the pid there
         self.before_writes = before_writes
@@ -108,6 +109,9 @@ class Daemon(Ownership):
         self.locality = MemoryLocality(self)
         # a bind that names its NPU, checked against npu-smi's process table after its answer
         self.npu_check = NpuChecker(self)
+        # the rest of the host off the bound workers' CPUs; ``confine_self``: this process is the
+        # daemon, whose own threads follow the housekeeping CPUs (never a test's in-process Daemon)
+        self.isolation = Isolation(confine_self=confine_self)
 
     def close(self) -> None:
         """Stop the background parts: moving pages stop before their next chunk (their marks
@@ -130,7 +134,8 @@ class Daemon(Ownership):
         try:
             records = [h.state_record() for h in self.held.values()]
             try:
-                self.state.save_encoded(records)
+                self.isolation.after_change(self, records)  # writes the state file before any mask
+                self.state.save_encoded(records, isolation=self.isolation.state_json())
             except (OSError, ConfigError) as exc:
                 # bindings stay in force; the next change retries the write
                 log.error("could not write the state file", path=self.state.path,
@@ -266,6 +271,7 @@ class Daemon(Ownership):
                     self.metrics.alignment_failure(reason or "other")
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
+            self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
             with recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
                                          move_memory=False, before_writes=self.before_writes)
@@ -441,6 +447,7 @@ class Daemon(Ownership):
         plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
         if plan.errors:
             raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
+        self.isolation.refuse(self, host, plan, config, pid)
         # what the IRQ step would move, from the same cached lookup a bind uses
         plan = with_planned_irqs(plan, host, config, self.hosts.source, lookup=self.hosts.npu_irqs)
         return {"pid": pid, "plan": plan.to_json()}

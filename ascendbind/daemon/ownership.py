@@ -51,7 +51,7 @@ log = structlog.get_logger("ascendbind.daemon")
 
 class Ownership:
     """The held-table half of ``Daemon`` (needs ``config``, ``held``, ``lock``, ``metrics``,
-    ``state``, ``pid`` and ``save``)."""
+    ``state``, ``isolation``, ``pid`` and ``save``)."""
 
     # ---------------------------------------------------------- start-up
 
@@ -63,6 +63,7 @@ class Ownership:
         except (OSError, ConfigError) as exc:
             log.error("state directory not tidied", error=str(exc))
         loaded = self.state.load()
+        self.isolation.load(loaded.isolation)  # what an earlier daemon changed on the host, to follow or put back
         kept = gone = bad = 0
         with self.lock:
             candidates: list[Held] = []

@@ -7,15 +7,23 @@ READY=1. Host discovery runs in the background: a hanging npu-smi delays
 nothing, requests get 503 with the reason until it succeeds.
 
 SIGHUP reloads the config file (a bad file is logged and the old config kept)
-and rediscovers the host.
+and rediscovers the host; isolation follows the new level at once (``off``
+puts back every mask it changed).
 
 Config lint (planner/lint.py: legal settings that contradict each other or do
 nothing on this host) needs the host's facts, so it is logged as warnings after
 the first successful discovery, whether the start-up warm-up or a later request
 made it, and once more after the discovery that follows each SIGHUP reload.
 
+The kernel may hand SIGHUP, SIGTERM or SIGINT to any of the daemon's threads;
+Python runs the handler in the main thread, but a main thread asleep on a lock
+would not notice one taken elsewhere until something else woke it (a reload,
+or a stop, lost). So the main loop sleeps on ``signal.set_wakeup_fd``'s pipe,
+which the C-level handler writes to from whichever thread took the signal.
+
 SIGTERM/SIGINT stop the daemon; bindings stay in place (``ascendbind release
---all`` undoes them). Every tool still running then (a hanging npu-smi, lscpu)
+--all`` undoes them), but every mask isolation changed on the rest of the host
+is put back (a restarted daemon sets them again for the workers it keeps). Every tool still running then (a hanging npu-smi, lscpu)
 has its process group killed and reaped before anything else
 stops, so nothing the daemon started outlives it, under systemd or not.
 
@@ -36,8 +44,11 @@ reconcile loop's copy). The daemon checks the soft RLIMIT_NOFILE covers the sum 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import resource
+import select
 import signal
 import threading
 import time
@@ -51,6 +62,7 @@ from ..discovery.deadline import READERS
 from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
 from ..planner import lint_config
+from ..planner.isolation import require_built_level
 from .runtime import systemd
 from .runtime.threadname import name_os_thread
 from .host.autobind import AutoBinder
@@ -83,7 +95,8 @@ class _Service:
         self.reload_config = reload
         self.metrics = Metrics()
         READERS.thread_init = name_os_thread  # a stuck reader shows as worker-read in ps -L
-        self.daemon = Daemon(config, metrics=self.metrics)
+        # this process is the daemon: its own threads keep to the housekeeping CPUs (isolate/)
+        self.daemon = Daemon(config, metrics=self.metrics, confine_self=True)
         self.server: ApiServer | None = None
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
@@ -108,6 +121,7 @@ class _Service:
 
     def start(self) -> None:
         cfg = self.config
+        require_built_level(cfg)
         real_state_dir = self.daemon.state.prepare()
         ensure_fd_budget(API_LIMITS.max_total + METRICS_LIMITS.max_total + FD_OVERHEAD)
         try:
@@ -146,6 +160,7 @@ class _Service:
             return  # logged by the cache; requests answer 503 until it works
         log.info("host discovered", device_type=facts.device_type.value, npus=len(facts.chips),
                  cpus=len(facts.cpus))
+        self.daemon.save()  # isolation needs the host's facts: it follows the restored workers now
 
     def _watchdog(self, interval: float) -> None:
         # ping only while the reconcile loop makes progress: a wedged daemon gets restarted
@@ -157,6 +172,7 @@ class _Service:
     def reload(self) -> None:
         try:
             new = self.reload_config()
+            require_built_level(new)
         except ConfigError as exc:
             log.error("SIGHUP: config not reloaded; keeping the running one", error=str(exc))
             return
@@ -176,6 +192,7 @@ class _Service:
             self.autobind.stop()
             self.autobind = None
         log.info("SIGHUP: config reloaded")
+        self.daemon.save()  # isolation follows the new level now, not at the next change
         threading.Thread(target=rediscover_and_replan, args=(self.daemon,), name="rediscover", daemon=True).start()
 
     def stop(self) -> None:
@@ -196,6 +213,8 @@ class _Service:
         # moving pages stop before their next chunk; their marks stay in the state file
         self.stopping = "memory moves"
         self.daemon.close()
+        self.stopping = "isolation"
+        self.daemon.isolation.stop(self.daemon)
         self.stopping = "state file"
         self.daemon.save()
         self.stopping = None
@@ -236,13 +255,10 @@ def ensure_fd_budget(needed: int) -> int:
 
 
 def _pid() -> int:
-    import os
-
     return os.getpid()
 
 
 def _unlink_if_socket(path: str) -> None:
-    import os
     import stat
 
     try:
@@ -252,12 +268,35 @@ def _unlink_if_socket(path: str) -> None:
         pass
 
 
+def _signal_wakeup() -> int:
+    """A pipe the C-level signal handler writes to, whichever thread the kernel gave the
+    signal to; its read end. A signal taken by another thread only flags the main thread,
+    which would not notice while it sleeps on a lock: so the main loop sleeps on this."""
+    rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    return rfd
+
+
+def _next_event(events: queue.SimpleQueue, wake: int) -> str:
+    """The next event a signal handler queued. Between two looks the main thread waits on
+    the wake-up pipe; the handler itself runs in this thread as soon as that returns."""
+    while True:
+        try:
+            return events.get_nowait()
+        except queue.Empty:
+            pass
+        select.select([wake], [], [], 5.0)
+        with contextlib.suppress(OSError):
+            os.read(wake, 512)
+
+
 def serve(config: Config, *, reload=None) -> int:
     """Run until SIGTERM/SIGINT; ``reload()`` returns a fresh Config on SIGHUP."""
     allow_commands()  # a process that served before (tests) starts tools again
     svc = _Service(config, reload or (lambda: config))
     for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "hup")):
         signal.signal(sig, lambda _s, _f, what=what: svc.events.put(what))
+    wake = _signal_wakeup()
     try:
         svc.start()
     except OSError as exc:
@@ -266,7 +305,7 @@ def serve(config: Config, *, reload=None) -> int:
             raise ConfigError(f"cannot use state_dir {config.state_dir}: {exc.strerror or exc}") from None
         raise ConfigError(f"could not start: {exc.strerror or exc} ({where or '-'})") from None
     while True:
-        event = svc.events.get()
+        event = _next_event(svc.events, wake)
         if event == "hup":
             systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
             svc.reload()

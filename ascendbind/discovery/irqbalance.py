@@ -17,13 +17,22 @@ What irqbalance (1.x, built with its UI socket) says and accepts:
 * It parses the list with ``strtoul`` until a number reads 0: IRQ 0 is kept only
   in first place, and an empty list would read as "IRQ 0". The list is sent in
   ascending order and never empty (``NONE``), which keeps both true.
+* ``settings cpus 2-39,42`` *replaces* the CPUs it keeps IRQs off (a cpu list),
+  overriding what it chose at start: ``IRQBALANCE_BANNED_CPUS`` (a hex mask) or
+  ``IRQBALANCE_BANNED_CPULIST`` from its environment, else the CPUs the kernel
+  keeps isolated (``isolcpus=``) or tickless (``nohz_full=``). ``settings cpus
+  NULL`` goes back to that choice. It takes effect at its next pass (up to
+  ``SLEEP`` seconds later), so ``BANNED`` in ``setup`` shows the new set only
+  then. An empty list would crash 1.9 (it reads the first token of it), so one
+  is never sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..cpulist import format_cpulist, parse_cpulist, parse_mask
 from ..digits import ascii_int
 from ..errors import ParseError
 
@@ -39,11 +48,16 @@ __all__ = [
     "SOCKET_DIR",
     "socket_path",
     "ABSTRACT_ADDRESS",
+    "cpus_command",
+    "CPUS_RESET",
+    "auto_banned_cpus",
 ]
 
 SOURCE = "irqbalance setup reply"
 MAX_COMMAND = 500  # irqbalance's receive buffer
 BAN_PREFIX = "settings ban irqs "
+CPUS_PREFIX = "settings cpus "
+CPUS_RESET = CPUS_PREFIX + "NULL"
 # where irqbalance binds when its runtime directory exists (systemd: RuntimeDirectory=irqbalance)
 SOCKET_DIR = "/run/irqbalance"
 # its fallback binds a zeroed sockaddr_un: an abstract address of 108 NUL bytes
@@ -135,3 +149,31 @@ def list_with(current: frozenset[int], ours: Iterable[int]) -> tuple[frozenset[i
 def list_without(current: frozenset[int], ours: Iterable[int]) -> frozenset[int]:
     """The list with exactly ``ours`` taken off; everyone else's bans stay."""
     return current - frozenset(ours)
+
+
+def cpus_command(cpus: Iterable[int]) -> str:
+    """The command that makes ``cpus`` irqbalance's whole banned-CPU set (never empty)."""
+    wanted = frozenset(cpus)
+    if not wanted:
+        raise ValueError("an empty banned-CPU list is never sent (irqbalance 1.9 crashes on it); reset it instead")
+    command = CPUS_PREFIX + format_cpulist(wanted)
+    if len(command) > MAX_COMMAND:
+        raise BanListTooLong(f"a banned-CPU list of {len(wanted)} CPUs takes {len(command)} bytes; irqbalance "
+                             f"reads at most {MAX_COMMAND}")
+    return command
+
+
+def auto_banned_cpus(env: Mapping[str, str], kernel_isolated: frozenset[int]) -> frozenset[int] | None:
+    """The CPUs irqbalance bans when told ``settings cpus NULL``: from its environment,
+    else the kernel's isolated and tickless CPUs. None when its environment names
+    them in a form this cannot read (then the set is sent as a list instead)."""
+    try:
+        mask = env.get("IRQBALANCE_BANNED_CPUS", "")
+        if mask.strip():
+            return parse_mask(mask)
+        cpulist = env.get("IRQBALANCE_BANNED_CPULIST", "")
+        if cpulist.strip():
+            return parse_cpulist(cpulist)
+    except ValueError:
+        return None
+    return frozenset(kernel_isolated)

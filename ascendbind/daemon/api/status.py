@@ -1,6 +1,9 @@
 """``GET /v1/workers``: what the daemon holds, and why each worker is as it is.
 
-``/v1/workers`` lists every held worker; ``?pid=P`` answers that one worker
+``/v1/workers`` lists every held worker, and beside them what isolation does on
+this host (``isolation``: the level, the housekeeping and protected CPUs, CPU
+by CPU, and the masks it changed, skipped or left to their owner); ``?pid=P``
+answers that one worker
 (404 ``not_bound`` when the daemon does not hold it); ``&explain=1`` adds
 ``explanation``: the text ``ascendbind plan --explain`` prints (hints, merge,
 decision, config lint) for the plan the worker is bound with. It is derived from
@@ -58,7 +61,8 @@ def workers_answer(daemon, query: str = "", peer: Peer | None = None) -> dict[st
     pid, explain = parse_workers_query(query)
     with daemon.lock:
         if pid is None:
-            return {"workers": [_record(daemon, h) for _, h in sorted(daemon.held.items())]}
+            return {"workers": [_record(daemon, h) for _, h in sorted(daemon.held.items())],
+                    "isolation": daemon.isolation.to_json(daemon.config)}
         h = daemon.held.get(pid)
         if h is None:
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")

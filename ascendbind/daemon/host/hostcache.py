@@ -168,6 +168,10 @@ class HostCache:
             self._fail_fast(HOST_FACTS)  # it failed while we waited for the lock
             return self._discover_locked()
 
+    def known(self) -> HostFacts | None:
+        """The cached facts, or None before the first discovery; never discovers."""
+        return self._facts
+
     def refresh(self) -> tuple[HostFacts, bool]:
         """Rediscover now (hot-plug, SIGHUP); returns (facts, whether the static facts changed).
 

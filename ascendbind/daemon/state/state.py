@@ -10,6 +10,14 @@ cpu lists ("0-23,48"): a 192-CPU set is a few bytes instead of 192 numbers. A
 restarted daemon keeps reconciling its workers and ``release`` can still undo
 what an earlier daemon did.
 
+Beside the workers, one host-wide record (``isolation``, isolationrecord.py):
+every mask isolation changed on the host (other devices' IRQs, the default
+mask of new IRQs, the NPU driver's threads and workqueues) with the value it
+had before, and irqbalance's banned CPUs. It is written *before* each change,
+so a daemon killed between the two still knows what to put back. It has a
+checksum of its own (``isolation_checksum``), so a reader of version 2 that
+predates it still reads the workers.
+
 Invariants:
 * Written only in a directory no other user can change (statedir.py): the
   daemon refuses to start with any other ``state_dir``, since a name planted
@@ -72,9 +80,10 @@ from ...errors import ConfigError
 from .staterecord import binding_from_v1, binding_to_json
 from .statedir import trusted_state_dir, untrusted_reason
 
-__all__ = ["StateFile", "LoadResult", "encode_record", "read_boot_id", "STATE_VERSION"]
+__all__ = ["StateFile", "LoadResult", "encode_record", "read_boot_id", "STATE_VERSION", "ISOLATION_VERSION"]
 
 STATE_VERSION = 2
+ISOLATION_VERSION = 1  # the isolation record's own format, inside a version-2 file
 log = structlog.get_logger("ascendbind.state")
 
 
@@ -94,6 +103,11 @@ def encode_record(record: dict[str, Any]) -> str:
 def _checksum(version: int, boot_id: str, workers_text: str) -> str:
     """sha256 over the version, the boot id and the canonical JSON of the workers."""
     return hashlib.sha256(f"{version}\n{boot_id}\n{workers_text}".encode()).hexdigest()
+
+
+def _isolation_checksum(boot_id: str, isolation_text: str) -> str:
+    """sha256 over the isolation record's version, the boot id and its canonical JSON."""
+    return hashlib.sha256(f"isolation {ISOLATION_VERSION}\n{boot_id}\n{isolation_text}".encode()).hexdigest()
 
 
 def _checksum_v1(boot_id: str, workers: list) -> str:
@@ -123,6 +137,7 @@ class LoadResult:
     other_boot: int = 0  # entries dropped because they belong to another boot
     moved_aside: str | None = None  # where a corrupt/untrusted file went
     problem: str | None = None  # why it was moved aside
+    isolation: dict[str, Any] | None = None  # the host-wide isolation record of this boot, raw
 
 
 STATE_NAME = "state.json"
@@ -184,18 +199,23 @@ class StateFile:
             log.warning("removed stale state temp files", names=removed)
         return {"removed": removed, "moved_aside": moved}
 
-    def save(self, workers: list[dict[str, Any]]) -> None:
-        """Replace the file with ``workers`` (records of ``binding_to_json``): write, rename."""
-        self.save_encoded([_canonical(w) for w in workers])
+    def save(self, workers: list[dict[str, Any]], isolation: dict[str, Any] | None = None) -> None:
+        """Replace the file with ``workers`` (records of ``binding_to_json``) and the
+        isolation record (None or empty: none): write, rename."""
+        self.save_encoded([_canonical(w) for w in workers], isolation=isolation)
 
-    def save_encoded(self, records: list[str]) -> None:
+    def save_encoded(self, records: list[str], isolation: dict[str, Any] | None = None) -> None:
         """``save`` of records already encoded by ``encode_record``: the canonical JSON of a
         list is its items' canonical JSON joined by commas, so the file and its checksum are
         the same bytes as ``save`` of the records would write."""
         workers_text = "[" + ",".join(records) + "]"
+        extra = ""
+        if isolation:
+            text = _canonical(isolation)
+            extra = f'"isolation":{text},"isolation_checksum":"{_isolation_checksum(self.boot_id, text)}",'
         # the workers are encoded once: the checksum is over the very text the file holds
         data = (f'{{"boot_id":{json.dumps(self.boot_id)},'
-                f'"checksum":"{_checksum(STATE_VERSION, self.boot_id, workers_text)}",'
+                f'"checksum":"{_checksum(STATE_VERSION, self.boot_id, workers_text)}",{extra}'
                 f'"version":{STATE_VERSION},"written_at":{time.time()!r},'
                 f'"workers":{workers_text}}}\n').encode()
         dfd = self._open_dir()
@@ -287,6 +307,12 @@ class StateFile:
                         else _checksum(version, boot_id, _canonical(workers)))
             if doc.get("checksum") != expected:
                 raise ValueError("checksum mismatch")
+            isolation = doc.get("isolation")
+            if isolation is not None:
+                if version == 1 or not isinstance(isolation, dict):
+                    raise ValueError("the isolation record is not an object of a version-2 file")
+                if doc.get("isolation_checksum") != _isolation_checksum(boot_id, _canonical(isolation)):
+                    raise ValueError("isolation checksum mismatch")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             return self._move_aside_at(dfd, f"corrupt: {exc}")
         if boot_id != self.boot_id:
@@ -296,7 +322,7 @@ class StateFile:
         if version == 1:
             log.info("state file of version 1 read; its entries are converted", workers=len(workers))
             workers = [_upgrade_v1(w) for w in workers]
-        return LoadResult(workers=[w for w in workers if isinstance(w, dict)])
+        return LoadResult(workers=[w for w in workers if isinstance(w, dict)], isolation=isolation)
 
 
 _RENAME_EXCHANGE = 2  # renameat2(2) flag: swap two names atomically

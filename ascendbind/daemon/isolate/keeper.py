@@ -1,0 +1,395 @@
+"""Isolation, kept in step with the held table.
+
+``Isolation.follow`` runs after every change to what the daemon holds (the
+``Daemon`` calls it from ``save``, under its lock). From the host's facts and
+the bound workers' plans it plans the level (planner/isolation.py), then:
+
+* every level: the daemon's threads go to the housekeeping CPUs while anything
+  is bound, and back where they started when nothing is (selfmask.py);
+* ``irqs``: every IRQ in ``/proc/irq`` but the SQ/CQ IRQs a bound NPU's IRQ step
+  pinned gets ``narrowed`` (the NPU driver's mailbox IRQ of a bound NPU: that
+  NPU's IRQ CPUs), and so does ``/proc/irq/default_smp_affinity``; the driver's
+  ``devN_sq_task`` threads and ``devN_sq_send_wq`` workqueues of bound NPUs go
+  to their NPU's IRQ CPUs; a running irqbalance is told to keep IRQs off the
+  protected CPUs as well as those it bans already (``irqbalance = ban`` or
+  ``stop``; ``warn`` only reports it).
+
+Each mask is weighed by rules.py. Every change is added to the record and the
+state file written *before* the first write; what is no longer wanted is put
+back and read back byte for byte, unless its owner changed it meanwhile (left
+as it is, logged, and listed in status). An IRQ the IRQ step pins is the
+bind's while it is pinned: isolation neither writes nor forgets it, so its
+original comes back once both have let go. A value the kernel refuses
+(``irq_unchangeable``, ``mask_unchangeable``) is not tried again.
+
+``put_back`` gives the host everything back (daemon stop); the daemon's threads
+stay where they are, as the process ends anyway. Without host facts (before
+the first discovery) nothing new is changed, but with nothing bound everything
+recorded is put back: that needs no facts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+
+from ...applier.irqbalance import Unreachable, banned_cpus, reset_banned_cpus, tell_banned_cpus
+from ...applier.taskmask import task_cpus
+from ...config import Config
+from ...cpulist import format_cpulist, parse_cpulist
+from ...decisions import MaskWrite
+from ...discovery.hostwork import (irq_names, irq_numbers, kernel_isolated_cpus, kernel_threads, read_default_affinity,
+                                   read_workqueue_mask)
+from ...discovery.irqbalance import auto_banned_cpus
+from ...discovery.irqhost import irq_masks_writable, irqbalance_pids, read_irq_mask
+from ...discovery.process import read_identity
+from ...discovery.tasks import read_environ
+from ...errors import ConfigError, PlanImpossible
+from ...model import Binding, HostFacts, PlanIssue
+from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
+from ...planner.isolation import IsolationPlan, narrowed, plan_isolation
+from ...reasons import Reason
+from ..state.isolationrecord import IsolationRecord, SavedBan, SavedMask, key_kind, mask_key
+from .masks import SKIP_REASONS, Mask, hex_cpus, list_cpus, mask_of
+from .rules import Act, irq_target, mask_act
+from .selfmask import DaemonThreads
+
+__all__ = ["Isolation"]
+
+log = structlog.get_logger("ascendbind.isolation")
+
+
+class Isolation:
+    """The isolation record and what follows from it (see the module docstring)."""
+
+    def __init__(self, *, confine_self: bool = False) -> None:
+        self.record = IsolationRecord()
+        self.threads = DaemonThreads() if confine_self else None
+        self.plan: IsolationPlan | None = None
+        self.level = "off"
+        self.waiting: str | None = None
+        self.irqbalance: str | None = None
+        self.skipped: dict[str, dict[str, str]] = {}  # key -> reason and sentence, from the latest follow
+        self.left: deque[dict[str, str]] = deque(maxlen=32)  # masks left to their owner, newest last
+        self.last: dict[str, Any] = {}
+        self._refused: dict[str, dict[str, str]] = {}  # key -> its skip: the kernel refuses it, never tried again
+        self._planned: tuple | None = None  # (host, plans, config) -> plan, for a save that changed nothing
+        self._applied: tuple | None = None
+        self.stopped = False  # put back for good: the daemon is stopping
+
+    # ---------------------------------------------------------- state
+
+    def load(self, raw: Any) -> None:
+        try:
+            self.record = IsolationRecord.from_json(raw)
+        except ValueError as exc:
+            log.error("isolation record in the state file not used; its masks are left as they are", error=str(exc))
+            self.record = IsolationRecord()
+
+    def state_json(self) -> dict[str, Any]:
+        return self.record.to_json()
+
+    def refusal(self, host: HostFacts, plans: Sequence, config: Config) -> PlanIssue | None:
+        """Why a bind giving these plans is refused at this level (None: it is not)."""
+        if config.isolation == "off":
+            return None
+        return plan_isolation(host, plans, config).error
+
+    # ---------------------------------------------------------- the Daemon's calls
+
+    def refuse(self, daemon, host: HostFacts, plan, config: Config, *pids: int) -> None:
+        """PlanImpossible ``no_housekeeping_cpus`` when, with ``plan`` bound beside the daemon's
+        workers other than ``pids`` (the one binding, those it replaces), the level would
+        leave no CPU for the rest of the host."""
+        if config.isolation == "off":
+            return
+        with daemon.lock:
+            plans = [h.binding.plan for other, h in daemon.held.items() if other not in pids] + [plan]
+        refused = self.refusal(host, plans, config)
+        if refused is not None:
+            raise PlanImpossible(refused.reason, code=refused.code, plan=plan)
+
+    def after_change(self, daemon, records: list[str]) -> None:
+        """``follow`` for the ``Daemon``'s save (under its lock): the state file, with the
+        workers' ``records``, is written before any mask. A state file that cannot be
+        written stops it there (the error is the save's to report)."""
+        def persist() -> None:
+            daemon.state.save_encoded(records, isolation=self.state_json())
+
+        try:
+            self.follow(daemon.hosts.known(), [h.binding for h in daemon.held.values()], daemon.config, persist)
+        except (OSError, ConfigError):
+            raise
+        except Exception:  # a bug here must not cost the state file of the bindings
+            log.exception("isolation could not follow the bound workers")
+
+    def stop(self, daemon) -> None:
+        """The daemon stops: every mask isolation changed goes back (bindings stay)."""
+        with daemon.lock:
+            self.stopped = True
+            records = [h.state_record() for h in daemon.held.values()]
+            try:
+                self.put_back(daemon.config, lambda: daemon.state.save_encoded(records, isolation=self.state_json()))
+            except Exception:
+                log.exception("isolation could not put the host back")
+
+    # ---------------------------------------------------------- following the held table
+
+    def follow(self, host: HostFacts | None, bindings: Sequence[Binding], config: Config,
+               persist: Callable[[], None]) -> None:
+        """Bring the host in line with ``bindings`` at ``config.isolation``; ``persist``
+        writes the state file (with ``state_json``) and is called before any write."""
+        self.level = config.isolation
+        if self.stopped:
+            return
+        if self.threads is None and config.isolation == "off" and self.record.empty:
+            self.plan = None
+            return
+        if host is None and bindings:
+            self.waiting = "the host is not discovered yet: nothing is changed until it is"
+            return
+        self.waiting = None
+        plans = tuple(b.plan for b in bindings)
+        pinned = frozenset(w.irq for b in bindings for w in b.irqs if w.pinned)
+        iso = self._plan(host, plans, config) if host is not None else None
+        self.plan = iso
+        key = (config, iso, pinned, self.record.empty)
+        if key == self._applied:
+            return
+        t0 = time.monotonic()
+        if self.threads is not None:
+            if iso is not None and iso.protected and iso.housekeeping:
+                self.threads.keep_on(iso.housekeeping, f"on the housekeeping CPUs {format_cpulist(iso.housekeeping)}"
+                                                       ": workers are bound")
+            else:
+                self.threads.keep_on(None, "")
+                if iso is not None and iso.protected:
+                    self.threads.note = "where they started: no housekeeping CPU is left"
+        on = iso is not None and config.isolation != "off" and iso.moves_irqs
+        writable, where = irq_masks_writable(config.proc_root)
+        if on and not writable:
+            # a read-only /proc/irq (systemd's ProtectKernelTunables=yes): every write would fail
+            self.skipped = {"irq": {"reason": Reason.IRQ_NOT_WRITABLE.value,
+                                    "detail": f"{where} is not writable (a read-only mount?): no mask is changed"}}
+            on = False
+        else:
+            self.skipped.pop("irq", None)
+        counts = self._masks(iso if on else None, host, config, pinned, persist)
+        self._irqbalance(iso if on else None, config, persist)
+        self._applied = (config, iso, pinned, self.record.empty)
+        seconds = time.monotonic() - t0
+        self.last = {"at": round(time.time(), 3), "seconds": round(seconds, 6), **counts}
+        if any(counts.values()):
+            log.info("isolation followed the bound workers", isolation=config.isolation,
+                     protected=format_cpulist(iso.protected) if iso else "", housekeeping=format_cpulist(
+                         iso.housekeeping) if iso else "", seconds=round(seconds, 4), **counts)
+
+    def put_back(self, config: Config, persist: Callable[[], None]) -> None:
+        """Give the host back every mask and irqbalance's banned CPUs (the daemon stops)."""
+        counts = self._masks(None, None, config, frozenset(), persist)
+        self._irqbalance(None, config, persist)
+        self._applied = None
+        log.info("isolation put the host back", **counts)
+
+    def _plan(self, host: HostFacts, plans: tuple, config: Config) -> IsolationPlan:
+        key = (host, tuple(id(p) for p in plans), config)
+        if self._planned is not None and self._planned[0] == key:
+            return self._planned[1]
+        iso = plan_isolation(host, plans, config)
+        self._planned = (key, iso)
+        return iso
+
+    # ---------------------------------------------------------- masks
+
+    def _wanted(self, iso: IsolationPlan, host: HostFacts, config: Config,
+                pinned: frozenset[int]) -> dict[str, tuple[str, frozenset[int]]]:
+        """key -> (current text, wanted CPUs) of every mask the level sets."""
+        proc = config.proc_root
+        drivers = driver_cpus(host, iso)
+        names = irq_names(proc) if drivers else {}
+        out: dict[str, tuple[str, frozenset[int]]] = {}
+
+        def base(key: str, current: str, parse) -> frozenset[int] | None:
+            saved = self.record.masks.get(key)
+            return parse(saved.original) if saved is not None else parse(current)
+
+        for irq in irq_numbers(proc):
+            key = mask_key("irq", irq)
+            current = read_irq_mask(irq, proc_root=proc)
+            if irq in pinned or key in self._refused or current is None:
+                continue
+            cpus = base(key, current, hex_cpus)
+            if cpus is not None:
+                out[key] = (current, irq_target(cpus, names.get(irq), iso, drivers))
+        current = read_default_affinity(proc)
+        if current is not None and (cpus := base("default", current, hex_cpus)) is not None:
+            out["default"] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
+        for t in kernel_threads(lambda comm: sq_task_device(comm) in drivers, proc) if drivers else ():
+            key = mask_key("task", t.pid, t.start_time)
+            now = task_cpus(t.pid)
+            if key not in self._refused and now is not None:
+                out[key] = (format_cpulist(now), drivers[sq_task_device(t.comm)])
+        for device, cpus in drivers.items():
+            name = sq_send_wq_name(device)
+            current = read_workqueue_mask(name, config.sys_root)
+            key = mask_key("workqueue", name)
+            if current is not None and key not in self._refused:
+                out[key] = (current, cpus)
+        return out
+
+    def _masks(self, iso: IsolationPlan | None, host: HostFacts | None, config: Config, pinned: frozenset[int],
+               persist: Callable[[], None]) -> dict[str, int]:
+        wanted = self._wanted(iso, host, config, pinned) if iso is not None and host is not None else {}
+        held = {mask_key("irq", i) for i in pinned}  # the IRQ step's while pinned
+        plan: list[tuple[str, Act, Mask, str | None]] = []
+        for key in sorted((set(wanted) | set(self.record.masks)) - held):
+            m = mask_of(key, config)
+            current = wanted[key][0] if key in wanted else m.read()
+            target = wanted[key][1] if key in wanted else None
+            act = mask_act(self.record.masks.get(key), None if current is None else m.parse(current), target, m.parse)
+            plan.append((key, act, m, current))
+        # a skip is listed until the mask is tried again; a refused one whenever the level is on
+        self.skipped = {k: v for k, v in self.skipped.items() if k in wanted or k in self.record.masks or k == "irq"}
+        if iso is not None:
+            self.skipped.update(self._refused)
+        counts = {"written": 0, "restored": 0, "left_to_owner": 0, "skipped": 0}
+        writes = []
+        for key, act, m, current in plan:
+            saved = self.record.masks.get(key)
+            if act is Act.WRITE:
+                text = m.text(wanted[key][1], current)
+                self.record = self.record.with_mask(key, (saved or SavedMask(current)).with_ours(text))
+                writes.append((key, m, text, saved))
+            elif act is Act.KEEP:
+                self.record = self.record.with_mask(key, saved.settled(current))
+            elif act in (Act.SETTLED, Act.GONE):
+                self.record = self.record.with_mask(key, None)
+            elif act is Act.OWNER:
+                self.record = self.record.with_mask(key, None)
+                self._left(key, saved, current)
+                counts["left_to_owner"] += 1
+        if writes:
+            persist()  # what is about to change is on disk before it changes
+        for key, m, text, before in writes:
+            w = m.write(text, False)
+            if w.status == "ok":
+                self.record = self.record.with_mask(key, self.record.masks[key].settled(w.now or text))
+                self.skipped.pop(key, None)
+                counts["written"] += 1
+            else:
+                self._failed(key, w, before)
+                counts["skipped"] += 1
+        for key, act, m, _current in plan:
+            if act is Act.RESTORE:
+                saved = self.record.masks[key]
+                w = m.write(saved.original, True)
+                if w.status in ("ok", "gone"):
+                    self.record = self.record.with_mask(key, None)
+                    counts["restored"] += 1 if w.status == "ok" else 0
+                else:
+                    # refused now (it can never go back: forgotten, and listed) or failed (tried again)
+                    self._failed(key, w, None if w.status == "unchangeable" else saved)
+                    counts["skipped"] += 1
+        return counts
+
+    def _failed(self, key: str, w: MaskWrite, before: SavedMask | None) -> None:
+        unchangeable, failed = SKIP_REASONS[key_kind(key)]
+        reason = unchangeable if w.status == "unchangeable" else failed
+        if w.status in ("unchangeable", "gone"):
+            # nothing changed: the record is as before this write (or gone with a value never ours)
+            self.record = self.record.with_mask(key, before)
+        self.skipped[key] = {"reason": reason.value, "detail": f"{key}: {w.error or w.status}"}
+        if w.status == "unchangeable":
+            self._refused[key] = self.skipped[key]
+        if w.status == "failed":
+            log.warning("isolation could not write a mask", key=key, error=w.error, now=w.now)
+
+    def _left(self, key: str, saved: SavedMask, current: str | None) -> None:
+        why = (f"{key} holds {current}, neither its original {saved.original} nor what isolation wrote "
+               f"({', '.join(saved.ours) or '-'}): its owner changed it, so it is left as it is")
+        self.left.append({"what": key, "reason": Reason.CHANGED_BY_OWNER.value, "detail": why})
+        log.warning("mask changed by its owner meanwhile; left as it is", key=key, now=current,
+                    original=saved.original, ours=list(saved.ours))
+
+    # ---------------------------------------------------------- irqbalance
+
+    def _irqbalance(self, iso: IsolationPlan | None, config: Config, persist: Callable[[], None]) -> None:
+        proc, timeout = config.proc_root, config.command_timeout_seconds
+        ban = self.record.irqbalance
+        if ban is not None:
+            ident = read_identity(ban.pid, proc)
+            if ident is None or ident.comm != "irqbalance" or ident.start_time != ban.start_time:
+                self.record = self.record.with_ban(None)
+                ban = None  # its banned CPUs lived in its memory and went with it
+        pids = irqbalance_pids(proc) if iso is not None or ban is not None else []
+        if iso is None:
+            self.irqbalance = None
+            if ban is not None:
+                self._reset_irqbalance(ban, config)
+            return
+        if not pids:
+            self.irqbalance = "not running"
+            return
+        if config.irqbalance == "warn":
+            self.irqbalance = (f"{Reason.IRQBALANCE_ACTIVE.value}: irqbalance (pid {pids[0]}) runs and may move IRQs "
+                               "onto the protected CPUs again (irqbalance = warn)")
+            return
+        pid = ban.pid if ban is not None else pids[0]
+        try:
+            if ban is None:
+                ident = read_identity(pid, proc)
+                ban = SavedBan(pid, None if ident is None else ident.start_time,
+                               banned_cpus(pid, proc_root=proc, timeout=timeout))
+            original = hex_cpus(ban.original) or frozenset()
+            text = format_cpulist(original | iso.protected_cpus)
+            if ban.ours[-1:] != (text,):
+                self.record = self.record.with_ban(ban.with_ours(text))
+                persist()
+                tell_banned_cpus(pid, parse_cpulist(text), proc_root=proc, timeout=timeout)
+            self.irqbalance = f"told: irqbalance (pid {pid}) keeps IRQs off CPUs {text} from its next pass"
+        except Unreachable as exc:
+            self.irqbalance = f"{Reason.IRQBALANCE_UNREACHABLE.value}: {exc}"
+
+    def _reset_irqbalance(self, ban: SavedBan, config: Config) -> None:
+        proc, timeout = config.proc_root, config.command_timeout_seconds
+        original = hex_cpus(ban.original) or frozenset()
+        try:
+            now = hex_cpus(banned_cpus(ban.pid, proc_root=proc, timeout=timeout))
+            if now != original and now not in [list_cpus(t) for t in ban.ours]:
+                self.left.append({"what": "irqbalance banned CPUs", "reason": Reason.CHANGED_BY_OWNER.value,
+                                  "detail": f"irqbalance (pid {ban.pid}) bans {format_cpulist(now or ())}, neither "
+                                            f"its own {format_cpulist(original)} nor what isolation told it"})
+                log.warning("irqbalance's banned CPUs changed by someone else; left as they are", pid=ban.pid)
+            else:
+                auto = auto_banned_cpus(read_environ(ban.pid, proc), kernel_isolated_cpus(config.sys_root))
+                sent = reset_banned_cpus(ban.pid, None if auto == original else original, proc_root=proc,
+                                         timeout=timeout)
+                log.info("irqbalance's banned CPUs given back", pid=ban.pid, command=sent)
+            self.record = self.record.with_ban(None)
+        except Unreachable as exc:
+            self.irqbalance = f"{Reason.IRQBALANCE_UNREACHABLE.value}: banned CPUs not given back yet: {exc}"
+
+    # ---------------------------------------------------------- status
+
+    def to_json(self, config: Config) -> dict[str, Any]:
+        """The ``isolation`` object of ``GET /v1/workers``."""
+        out: dict[str, Any] = self.plan.to_json() if self.plan is not None else {
+            "level": config.isolation, "housekeeping_cpus": "auto" if config.housekeeping_cpus == "auto" else "config",
+            "housekeeping": None, "protected": None, "cpus": [], "warnings": [], "error": None}
+        kinds: dict[str, int] = {}
+        for key in self.record.masks:
+            kinds[key_kind(key)] = kinds.get(key_kind(key), 0) + 1
+        out.update(
+            waiting=self.waiting,
+            daemon_threads=None if self.threads is None else self.threads.to_json(),
+            changed={k: kinds.get(k, 0) for k in ("irq", "default", "workqueue", "task")},
+            skipped=[{"what": k, **v} for k, v in sorted(self.skipped.items())],
+            left_to_owner=list(self.left),
+            irqbalance=self.irqbalance,
+            last_change=self.last or None,
+        )
+        return out
