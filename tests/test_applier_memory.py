@@ -257,3 +257,16 @@ def test_the_rate_limit_charges_each_mapping_and_a_worker_of_tiny_ones_is_paced_
     for data in (tiny, one):
         assert data["seconds"] >= (data["cost_bytes"] - Cost.CALL) / rate, data
     assert tiny["seconds"] >= 4900 * Cost.MAPPING / rate
+
+
+def test_a_worker_of_many_mappings_past_the_mapping_cap_is_read_from_numa_maps_and_walked_up_to_the_cap():
+    # read from maps alone, 5000 mappings are past a cap of 1000: which of them the last
+    # move left off the node only numa_maps says, so it is read, and 1000 are walked
+    with mem_worker(tiny=5000) as a:
+        with Reads() as reads:
+            res = PageMove(LiveHost(), a.pid, a.start_time, _off_every_node(), max_mappings=1000).run()
+    assert res.reason is Reason.MOVE_FAILED and "ENODEV" in res.detail, res.detail  # the one call, refused
+    assert reads.opened(f"/{a.pid}/numa_maps") == 1 and reads.opened(f"/{a.pid}/maps") == 2
+    assert res.data["mappings_walked"] == 1000
+    (moved,) = [n for _pid, n, to in reads.move_pages() if to != -1]
+    assert 1000 <= moved < 5000

@@ -16,30 +16,26 @@ take it from each other at every rerun, and a move of a worker's view of a
 200 GiB shared host table is a move of every rank's. Shared memory is measured
 (``numa_maps``), never moved.
 
-How: the private mappings with anonymous pages off the target node come from
-``maps`` and ``numa_maps`` (discovery/pages.py); their pagemap entries name the
-pages present, anonymous and exclusive; ``move_pages(2)`` first asks where those
-pages are, then moves the ones elsewhere, with ``MPOL_MF_MOVE`` (never
-``MPOL_MF_MOVE_ALL``), so the kernel itself refuses a page that became shared
-meanwhile (``EACCES``). The walk (pagewalk.py) reads pagemap in chunk-sized reads
-through one descriptor and hands the kernel the pages of many mappings at once,
-``CHUNK_BYTES`` of pages a call: a worker of ten thousand one-page mappings
-costs a few calls, not ten thousand; one move walks at most 65536 mappings and
-1 TiB of 4 KiB pages (``move_too_large`` past that: the next rerun goes on).
-Pages the kernel reports busy (``EBUSY``: being migrated with their transparent
-huge page, or pinned, e.g. for DMA by the NPU driver) are asked about once more
-at the end; those still busy stay, and so do pages refused as shared: neither
-is a failure. A full target node (``ENOMEM``) or another per-page error fails
-the step, with what did move in its data.
+How: the private mappings with anonymous pages off the node come from ``maps``
+and ``numa_maps`` (``maps`` alone for a worker of many mappings: discovery/pages.py);
+pagemap names their pages present, anonymous and exclusive; ``move_pages(2)``
+moves those (asking first where they are, unless numa_maps saw a mapping wholly
+off the node) with ``MPOL_MF_MOVE``, never ``_ALL``, so the kernel itself refuses
+a page that became shared meanwhile (``EACCES``). The walk (pagewalk.py) reads
+pagemap a chunk of address space a read and hands the kernel ``CHUNK_BYTES`` of
+pages of many mappings a call, within caps on one move's work (``move_too_large``
+past them: the next rerun goes on). Pages reported busy (``EBUSY``: moving with
+their transparent huge page, or pinned, e.g. for the NPU's DMA) are asked about
+again at the end; those still busy stay, as do pages refused as shared: neither
+fails the step. A full target node (``ENOMEM``) or another per-page error does,
+with what did move in its data.
 
 Between chunks the move checks that the worker is still the process it was
-started for (pid and start time), stops when told to (``MoveCancel``: the
-worker was released or exited) and keeps under its rate, which counts every
-kind of work in bytes (pagewalk.py's cost model: a mapping walked, a pagemap
-entry read, a system call, as well as each byte moved); each chunk's progress
-goes to ``on_progress``, with the CPU time the move has taken. ``move_pages(2)`` releases the interpreter
-lock while the kernel copies, so a move on a daemon thread leaves the daemon's
-other threads running.
+started for (pid and start time), stops when told to (``MoveCancel``: released or
+exited) and keeps under its rate, which counts every kind of work in bytes
+(pagewalk.py's cost model); each chunk's progress, with the move's CPU time,
+goes to ``on_progress``. ``move_pages(2)`` releases the interpreter lock while the
+kernel copies: the daemon's other threads run meanwhile.
 """
 
 from __future__ import annotations
@@ -49,22 +45,20 @@ import platform
 import threading
 import time
 from array import array
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from ..config import Config
 from ..discovery.identity import verify_identity
-from ..discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
+from ..discovery.pages import BASE_PAGE, MoveRanges, open_pagemap, read_move_ranges
 from ..discovery.process import exiting
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..frozen import frozen_map
 from ..model import HostFacts, Plan, StepResult
 from ..reasons import Outcome, Reason, Step
 from .movepages import UNREPORTED, MovePages
-from .pagewalk import MAX_MAPPINGS, MAX_PAGES, Chosen, Cost, Walk, choose, choose_spans
+from .pagewalk import MAX_MAPPINGS, MAX_PAGES, Chosen, Cost, MoveProgress, Walk, choose, choose_spans
 
-__all__ = ["CHUNK_BYTES", "MoveCancel", "MoveProgress", "PageMove", "memory_target", "pending_memory",
-           "migrate_memory"]
+__all__ = ["CHUNK_BYTES", "MoveCancel", "PageMove", "memory_target", "pending_memory", "migrate_memory"]
 
 CHUNK_BYTES = 64 << 20
 # per-page statuses that leave a page where it is without failing the step
@@ -94,28 +88,6 @@ class MoveCancel:
 
     def wait(self, seconds: float) -> bool:
         return self._event.wait(max(0.0, seconds))
-
-
-@dataclass(frozen=True)
-class MoveProgress:
-    """Where one move stands: bytes moved of the (numa_maps) estimate, and why pages stayed."""
-
-    node: int
-    bytes_moved: int = 0
-    bytes_to_move: int = 0
-    pages_moved: int = 0
-    pages_left: Mapping[str, int] = field(default_factory=frozen_map)  # shared, busy, target_full, failed
-    seconds: float = 0.0
-    cost: Cost = Cost()  # the work done, as the rate limit counts it
-    cpu_seconds: float = 0.0  # of the thread that moves
-
-    def to_json(self) -> dict:
-        c = self.cost
-        return {"target_node": self.node, "bytes_moved": self.bytes_moved, "bytes_to_move": self.bytes_to_move,
-                "pages_moved": self.pages_moved, "pages_left": dict(self.pages_left),
-                "seconds": round(self.seconds, 3), "cpu_seconds": round(self.cpu_seconds, 3),
-                "mappings_walked": c.mappings, "pages_considered": c.entries, "syscalls": c.calls,
-                "cost_bytes": c.budget}
 
 
 def memory_target(plan: Plan, host: HostFacts) -> int | StepResult:
@@ -185,20 +157,22 @@ class PageMove:
         if not self.syscall.supported:
             return self._done(Outcome.SKIPPED, Reason.MOVE_UNSUPPORTED,
                               f"move_pages(2) is not known on {platform.machine()}; pages stay where they are")
-        try:
-            verify_identity(self.pid, self.start_time, self.proc_root)
-            found = read_move_ranges(self.source, self.pid, self.node, start_time=self.start_time)
-        except ProcessGone as exc:
-            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing moved")
-        except (DiscoveryError, ParseError) as exc:
-            return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE, f"{exc}; pages stay where they are")
-        self.to_move, self.lines, self.coarse = found.remote_bytes, found.mappings, found.coarse
-        if found.residency is not None and not found.ranges:
-            return self._done(Outcome.APPLIED, None,
-                              f"{_mib(sum(found.residency.private_kib.values()) << 10)} of private memory, "
-                              f"all on NUMA node {self.node} already")
+        found = self._read()
+        if isinstance(found, StepResult):
+            return found
         caps = {"max_mappings": self.max_mappings, "max_pages": self.max_pages}
-        self.chosen = choose_spans(found.spans, **caps) if found.spans is not None else choose(found.ranges, **caps)
+        if found.spans is not None:
+            self.chosen, self.coarse = choose_spans(found.spans, **caps), True
+            if self.chosen.capped:  # past a cap, only numa_maps says what the last move left off the node
+                found, self.coarse = self._read(coarse_over=None), False
+                if isinstance(found, StepResult):
+                    return found
+        if found.spans is None:
+            if not found.ranges:
+                return self._done(Outcome.APPLIED, None,
+                                  f"{_mib(sum(found.residency.private_kib.values()) << 10)} of private memory, "
+                                  f"all on NUMA node {self.node} already")
+            self.chosen, self.to_move = choose(found.ranges, **caps), found.remote_bytes
         pagemap = open_pagemap(self.source, self.pid)
         if pagemap is None:
             return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE,
@@ -230,6 +204,18 @@ class PageMove:
         except OSError as exc:
             return self._syscall_failed(exc)
         return self._verdict()
+
+    def _read(self, **how) -> MoveRanges | StepResult:
+        """What the move walks (discovery/pages.py), or the step's result when it cannot be read."""
+        try:
+            verify_identity(self.pid, self.start_time, self.proc_root)
+            found = read_move_ranges(self.source, self.pid, self.node, start_time=self.start_time, **how)
+        except ProcessGone as exc:
+            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing moved")
+        except (DiscoveryError, ParseError) as exc:
+            return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE, f"{exc}; pages stay where they are")
+        self.lines += found.mappings
+        return found
 
     # ------------------------------------------------------------ one chunk
 

@@ -1,5 +1,6 @@
-"""The work of one memory move: which mappings it walks, in how many system calls, and
-what that work counts for against the move's rate limit.
+"""The work of one memory move: which mappings it walks, in how many system calls, what
+that work counts for against the move's rate limit, and where a move stands
+(``MoveProgress``: what ``status`` shows of it).
 
 A worker's private memory may lie in one mapping or in tens of thousands (an
 allocator that maps small objects apart, or a worker's owner, any local user, who
@@ -15,13 +16,17 @@ and by system call, not by byte, so the walk keeps both few:
   than its pages: before it moves any it drains every CPU's per-CPU page lists
   and waits for an RCU grace period (``lru_cache_disable``), so ten thousand
   one-page calls make ten thousand rounds of interrupts to every CPU.
+* A worker read from ``maps`` alone (many mappings: discovery/pages.py) has
+  neighbouring mappings walked as one range (``choose_spans``): no step per
+  mapping after the scan of ``maps``.
 * One move walks at most ``MAX_MAPPINGS`` mappings and ``MAX_PAGES`` pagemap
   entries (``choose``). A worker past either has its mappings with the most
-  bytes off the node walked first; the move then ends ``move_too_large`` with
-  what it left, and the next rerun, which walks only what is still off the
-  node, goes on from there. The kernel's default ``vm.max_map_count`` (65530)
-  keeps every worker of a default host under the first cap; the second is 1 TiB
-  of 4 KiB pages.
+  bytes off the node walked first (numa_maps read then, even past the many
+  mappings: only it says which mappings a rerun has left); the move then ends
+  ``move_too_large`` with what it left, and the next rerun, which walks only
+  what is still off the node, goes on from there. The kernel's default
+  ``vm.max_map_count`` (65530) keeps every worker of a default host under the
+  first cap; the second is 1 TiB of 4 KiB pages.
 
 The cost model (``Cost``): the rate limit, ``memory_move_gib_per_second``, is in
 bytes, and every kind of work a move does counts as a number of bytes of it:
@@ -45,15 +50,16 @@ A worker of big mappings pays about 1 % more than its bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import neg
 from typing import NamedTuple
 
 from ..discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, MoveRange
 from ..discovery.pages import BASE_PAGE, PageMap
+from ..frozen import frozen_map
 
-__all__ = ["Batch", "Chosen", "Cost", "Walk", "choose", "choose_spans", "GAP_PAGES", "MAX_MAPPINGS", "MAX_PAGES"]
+__all__ = ["Batch", "Chosen", "Cost", "MoveProgress", "Walk", "choose", "choose_spans", "GAP_PAGES", "MAX_MAPPINGS", "MAX_PAGES"]
 
 GAP_PAGES = 256  # mappings this close share a pagemap read (2 KiB of entries read between them)
 MAX_MAPPINGS = 65536
@@ -180,6 +186,28 @@ def choose_spans(spans: Sequence[tuple[int, int]], *, max_mappings: int = MAX_MA
             first, end, n = lo, hi, 1
         out.append(MoveRange(first, end, base_page, end - first, end - first, True, n))
     return Chosen(tuple(out), left_n, left_b, cut)
+
+
+@dataclass(frozen=True)
+class MoveProgress:
+    """Where one move stands: bytes moved of the (numa_maps) estimate, and why pages stayed."""
+
+    node: int
+    bytes_moved: int = 0
+    bytes_to_move: int = 0
+    pages_moved: int = 0
+    pages_left: Mapping[str, int] = field(default_factory=frozen_map)  # shared, busy, target_full, failed
+    seconds: float = 0.0
+    cost: Cost = Cost()  # the work done, as the rate limit counts it
+    cpu_seconds: float = 0.0  # of the thread that moves
+
+    def to_json(self) -> dict:
+        c = self.cost
+        return {"target_node": self.node, "bytes_moved": self.bytes_moved, "bytes_to_move": self.bytes_to_move,
+                "pages_moved": self.pages_moved, "pages_left": dict(self.pages_left),
+                "seconds": round(self.seconds, 3), "cpu_seconds": round(self.cpu_seconds, 3),
+                "mappings_walked": c.mappings, "pages_considered": c.entries, "syscalls": c.calls,
+                "cost_bytes": c.budget}
 
 
 class Batch(NamedTuple):

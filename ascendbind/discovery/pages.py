@@ -59,9 +59,9 @@ class MoveRanges:
 
 
 def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int | None = None,
-                     limit: int = NUMA_MAPS_LIMIT, coarse_over: int = COARSE_MAPPINGS) -> MoveRanges:
+                     limit: int = NUMA_MAPS_LIMIT, coarse_over: int | None = COARSE_MAPPINGS) -> MoveRanges:
     """The private ranges of ``pid`` with anonymous pages off ``node``; past ``coarse_over``
-    mappings, its writable anonymous ones.
+    mappings (None: never), its writable anonymous ones.
 
     DiscoveryError when a file cannot be read (the process is gone, or not
     readable) or is longer than ``limit`` (code ``too_large``); ParseError when
@@ -69,7 +69,7 @@ def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int
     names the process once both are read."""
     maps, maps_path = read_memory_file(source, pid, "maps", limit)
     mappings = maps.count("\n")
-    if mappings > coarse_over:
+    if coarse_over is not None and mappings > coarse_over:
         found = MoveRanges((), None, mappings, tuple(writable_anonymous(maps)))
     else:
         numa, numa_path = read_memory_file(source, pid, "numa_maps", limit)
