@@ -131,9 +131,9 @@ def test_a_process_gone_mid_walk_reads_nothing_and_batches_nothing(pagemap):
     (Cost(moved=64 << 20), 64 << 20),  # bytes moved: themselves
     (Cost(mappings=10000), 10000 * (64 << 10)),  # ten thousand mappings walked: 625 MiB
     (Cost(lines=10000), 10000 * (4 << 10)),
-    (Cost(entries=16384, calls=2), 16384 * 64 + 2 * (256 << 10)),
-    # one 64 MiB mapping moved in one chunk: about 2.5 % over its bytes
-    (Cost(moved=64 << 20, lines=1, mappings=1, entries=16384, calls=2), (64 << 20) + 4096 + 65536 + 16384 * 64 + 524288),
+    (Cost(entries=16384, calls=2), 16384 * 128 + 2 * (256 << 10)),
+    # one 64 MiB mapping moved in one chunk: about 4 % over its bytes
+    (Cost(moved=64 << 20, lines=1, mappings=1, entries=16384, calls=2), (64 << 20) + 4096 + 65536 + 16384 * 128 + 524288),
 ])
 def test_the_cost_model_counts_each_kind_of_work_in_bytes(work, budget):
     assert work.budget == budget

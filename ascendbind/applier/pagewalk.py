@@ -35,17 +35,21 @@ bytes, and every kind of work a move does counts as a number of bytes of it:
 work                                                   counts as
 =====================================================  ==================
 a page moved                                           its size
-a mapping of the worker (a line of numa_maps read)     ``LINE`` (4 KiB)
+a mapping of the worker (a line of maps or numa_maps)  ``LINE`` (4 KiB)
 a mapping walked                                       ``MAPPING`` (64 KiB)
-a pagemap entry read (a page considered)               ``ENTRY`` (64 bytes)
+a pagemap entry read (a page considered)               ``ENTRY`` (128 bytes)
 a system call (a pagemap read, a ``move_pages(2)``)    ``CALL`` (256 KiB)
 =====================================================  ==================
 
-Each is set above what that work costs the daemon's CPU against a page moved
-(measured in bench/memory_mappings.py): a worker of one-page mappings is paced
-as if each of its pages were at least 68 KiB, so at any limit it takes no more
-of the daemon's CPU a second than a worker of the same bytes in one mapping.
-A worker of big mappings pays about 1 % more than its bytes.
+Each is set above what that work costs the daemon's CPU against a page moved.
+On the two-node guest (bench/memory_mappings.py) a one-page mapping costs the
+walk about what moving its page costs, over ten thousand of them; natively a
+pagemap entry costs about a fortieth of a 4 KiB page moved, a move_pages(2) call
+its drain of every CPU. A worker of one-page mappings is therefore paced as if
+each of its pages were some 72 KiB, and at any limit takes no more of the
+daemon's CPU a second than a worker of the same bytes in one mapping; a worker
+of big mappings pays about 4 % more than its bytes (a 64 MiB chunk: 2 MiB of
+entries, two or three calls).
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class Cost:
 
     LINE = 4 << 10
     MAPPING = 64 << 10
-    ENTRY = 64
+    ENTRY = 128
     CALL = 256 << 10
 
     moved: int = 0  # bytes
