@@ -54,6 +54,7 @@ class Reason(str, enum.Enum):
     TARGET_NODE_FULL = "target_node_full"  # the pool's node ran out of free memory
     MOVE_FAILED = "move_failed"  # move_pages(2) refused pages for another reason
     MOVE_CANCELLED = "move_cancelled"  # the worker was released or replaced before its pages moved
+    MOVE_TOO_LARGE = "move_too_large"  # more mappings or pages off the node than one move walks
     # written by daemons that ran migratepages; read back from their state files, never produced
     MIGRATEPAGES_MISSING = "migratepages_missing"
     MIGRATEPAGES_FAILED = "migratepages_failed"

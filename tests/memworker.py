@@ -2,9 +2,14 @@
 
     python3 tests/memworker.py --private-mib 1024 --shared /dev/shm/seg:256 [--hugetlb-private 4]
                                [--hugetlb-shared /dev/hugepages/x:4] [--threads acl_thread,release_thread]
+                               [--private-pages N] [--tiny N] [--no-thp]
 
 It maps and touches, in this order: ``--private-mib`` MiB of anonymous private
-memory (``MAP_PRIVATE | MAP_ANONYMOUS``), each ``--shared PATH:MIB`` file
+memory (``MAP_PRIVATE | MAP_ANONYMOUS``), ``--private-pages N`` base pages more
+in one such mapping, ``--tiny N`` private mappings of one base page each (one
+region of 2N pages whose every other page is unmapped again, so that no two of
+them are adjacent and the kernel keeps N mappings; ``--no-thp``: the private mappings
+in base pages only, ``MADV_NOHUGEPAGE``, as one-page mappings are), each ``--shared PATH:MIB`` file
 (created if absent, ``MAP_SHARED``: a ``/dev/shm`` segment several workers map),
 ``--hugetlb-private N`` 2 MiB huge pages (``MAP_PRIVATE | MAP_HUGETLB``) and each
 ``--hugetlb-shared PATH:N`` (a hugetlbfs file, ``MAP_SHARED``). Every page is
@@ -67,6 +72,25 @@ def touch(m: mmap.mmap, start: int = 0, length: int | None = None, stride: int =
     view.release()
 
 
+def tiny_mappings(n: int) -> dict:
+    """``n`` one-page private anonymous mappings, each written once, with a hole after
+    each: {"start", "count", "stride"} (the first page's address, n, bytes between pages)."""
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    base = libc.mmap(None, 2 * n * PAGE, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if base in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap")
+    # one byte in every other page, by one strided write done in C
+    view = (ctypes.c_char * (2 * n * PAGE)).from_address(base)
+    view[0:2 * n * PAGE:2 * PAGE] = b"\x01" * n
+    for i in range(n):
+        if libc.munmap(base + (2 * i + 1) * PAGE, PAGE) != 0:
+            raise OSError(ctypes.get_errno(), "munmap")
+    return {"start": base, "count": n, "stride": 2 * PAGE, "length": PAGE}
+
+
 def map_file(path: str, size: int, huge: bool = False) -> mmap.mmap:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -90,6 +114,9 @@ def main() -> None:
     ap.add_argument("--shared", type=spec, action="append", default=[], metavar="PATH:MIB")
     ap.add_argument("--hugetlb-private", type=int, default=0, metavar="PAGES")
     ap.add_argument("--hugetlb-shared", type=spec, action="append", default=[], metavar="PATH:PAGES")
+    ap.add_argument("--private-pages", type=int, default=0, metavar="PAGES")
+    ap.add_argument("--tiny", type=int, default=0, metavar="MAPPINGS")
+    ap.add_argument("--no-thp", action="store_true")
     ap.add_argument("--threads", default="", help="comma list of extra named threads (acl_thread, ...)")
     args = ap.parse_args()
 
@@ -100,10 +127,21 @@ def main() -> None:
         keep.append(m)
         regions.setdefault(kind, []).append({"start": address(m), "length": len(m), **(extra or {})})
 
-    if args.private_mib:
-        m = mmap.mmap(-1, args.private_mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    def private(size: int) -> mmap.mmap:
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if args.no_thp:
+            m.madvise(mmap.MADV_NOHUGEPAGE)
         touch(m)
+        return m
+
+    if args.private_mib:
+        m = private(args.private_mib << 20)
         note("private", m)
+    if args.private_pages:
+        m = private(args.private_pages * PAGE)
+        note("private_pages", m)
+    if args.tiny:
+        regions["tiny"] = [tiny_mappings(args.tiny)]
     for path, mib in args.shared:
         m = map_file(path, mib << 20)
         touch(m)

@@ -47,11 +47,15 @@ class MemWorker(PipeChild):
 @contextlib.contextmanager
 def mem_worker(*, private_mib: int = 0, shared: Sequence[tuple[str, int]] = (), hugetlb_private: int = 0,
                hugetlb_shared: Sequence[tuple[str, int]] = (), threads: Sequence[str] = (),
-               membind: int | None = None) -> Iterator[MemWorker]:
-    """A memory worker (see memworker.py); ``membind``: run it under ``numactl --membind``."""
+               membind: int | None = None, private_pages: int = 0, tiny: int = 0,
+               no_thp: bool = False) -> Iterator[MemWorker]:
+    """A memory worker (see memworker.py); ``membind``: run it under ``numactl --membind``;
+    ``private_pages``: base pages more in one private mapping; ``tiny``: one-page private
+    mappings, each apart from the next; ``no_thp``: its private mappings in base pages only."""
     # -S: the worker is stdlib only, and the site packages' import costs seconds in a NUMA guest
     argv = [sys.executable, "-S", MEMWORKER, "--private-mib", str(private_mib),
-            "--hugetlb-private", str(hugetlb_private)]
+            "--hugetlb-private", str(hugetlb_private), "--private-pages", str(private_pages), "--tiny", str(tiny),
+            *(["--no-thp"] if no_thp else [])]
     for path, mib in shared:
         argv += ["--shared", f"{path}:{mib}"]
     for path, pages in hugetlb_shared:

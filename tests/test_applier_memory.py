@@ -16,13 +16,16 @@ import uuid
 
 import pytest
 
-from ascendbind.applier.memory import MoveCancel, MovePages, PageMove, memory_target, migrate_memory, pending_memory
+from ascendbind.applier.memory import CHUNK_BYTES, MoveCancel, PageMove, memory_target, migrate_memory, pending_memory
+from ascendbind.applier.movepages import MovePages
+from ascendbind.applier.pagewalk import Cost, Walk, choose, choose_spans
 from ascendbind.config import Config
 from ascendbind.discovery import LiveHost
 from ascendbind.discovery.memmap import movable_pages
-from ascendbind.discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
+from ascendbind.discovery.pages import BASE_PAGE, COARSE_MAPPINGS, open_pagemap, read_move_ranges
 from ascendbind.model import DeviceType, HostFacts, Mode, NpuPlan, Plan, StepResult
 from ascendbind.reasons import Outcome, Reason
+from tests.audit import Reads, thread_reads
 from tests.memworker_client import mem_worker
 from tests.planner_hosts import one_npu_host
 from tests.workers import start_worker
@@ -192,3 +195,78 @@ def test_an_exiting_or_gone_process_reads_as_exiting_a_live_one_not():
         child.wait()
     assert exiting(child.pid)  # reaped: gone
     assert not exiting(os.getpid())
+
+
+def _off_every_node() -> int:
+    """A node no page of this host is on (one past the last): a move there selects every
+    private page, and the kernel refuses the first move_pages(2) to it (ENODEV)."""
+    return max(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()) + 1
+
+
+@pytest.mark.parametrize("mappings", [1500, 5000])  # numa_maps read; past COARSE_MAPPINGS, maps alone
+def test_thousands_of_one_page_mappings_are_read_in_a_few_preads_and_batched_into_one_call(mappings):
+    with mem_worker(tiny=mappings) as a:
+        (tiny,) = a.regions["tiny"]
+        pages = {tiny["start"] + i * tiny["stride"] for i in range(tiny["count"])}
+        found = read_move_ranges(LiveHost(), a.pid, _off_every_node(), start_time=a.start_time)
+        assert found.mappings >= mappings and found.coarse is (found.mappings > COARSE_MAPPINGS)
+        chosen = choose_spans(found.spans) if found.coarse else choose(found.ranges)
+        assert not chosen.capped
+        with open_pagemap(LiveHost(), a.pid) as pm:
+            before = thread_reads()
+            walk = Walk(pm, chosen.ranges, CHUNK_BYTES)
+            batches = [b for b in walk if b is not None]
+            reads = thread_reads() - before - 1
+        # every mapping walked, through one descriptor, in reads of up to 64 MiB of address
+        # space each (the mappings lie 8 KiB apart)
+        assert walk.mappings >= mappings and reads == walk.reads <= 12, (reads, walk.reads)
+        # the worker's pages of every mapping together: one move_pages(2) call for all of them
+        (batch,) = [b for b in batches if b.page == BASE_PAGE]
+        got = batch.direct + batch.ask
+        assert pages <= set(got) and len(got) <= CHUNK_BYTES // BASE_PAGE
+        # numa_maps put them all off that node: moved without asking; read from maps alone: asked first
+        assert (batch.ask, batch.direct) == ((got, []) if found.coarse else ([], got))
+        with Reads() as calls:
+            where = MovePages().query(a.pid, got)
+        assert calls.move_pages() == [(a.pid, len(got), -1)]
+        assert all(s >= 0 for s in where)  # each a present page of the worker, on some node
+
+
+def test_the_rate_limit_charges_each_mapping_and_a_worker_of_tiny_ones_is_paced_by_them():
+    rate = 1 << 30  # 1 GiB/s: a mapping walked counts as 64 KiB, so 5000 of them take 0.3 s
+    out = {}
+    for shape, kwargs in (("tiny", {"tiny": 5000}), ("one", {"private_pages": 5000})):
+        with mem_worker(**kwargs) as a:
+            with Reads() as calls:
+                res = PageMove(LiveHost(), a.pid, a.start_time, _off_every_node(), rate=rate).run()
+        # the walk ends with one move_pages(2) call for every page, which the kernel
+        # refuses whole (no such node): the selection, the walk and the pacing before it ran
+        assert res.reason is Reason.MOVE_FAILED and "ENODEV" in res.detail, res.detail
+        # one call moves every page (after one asks where they are, for the worker read
+        # from maps alone): the last call, which the kernel refused
+        *asked, (pid, pages, node) = calls.move_pages()
+        assert pid == a.pid and node == _off_every_node() and pages >= 5000
+        assert [n for _pid, n, to in asked if to == -1] == ([pages] if shape == "tiny" else [])
+        out[shape] = res.data
+    tiny, one = out["tiny"], out["one"]
+    assert tiny["mappings_walked"] >= 5000 and one["mappings_walked"] < 200
+    assert tiny["syscalls"] <= 12 and tiny["pages_considered"] < 4 * 5000 + one["pages_considered"]
+    # the same bytes, 5000 mappings more: 5000 x 64 KiB more of the budget, and each move
+    # waited for its budget before it called the kernel
+    assert tiny["cost_bytes"] - one["cost_bytes"] >= 4900 * Cost.MAPPING
+    for data in (tiny, one):
+        assert data["seconds"] >= (data["cost_bytes"] - Cost.CALL) / rate, data
+    assert tiny["seconds"] >= 4900 * Cost.MAPPING / rate
+
+
+def test_a_worker_of_many_mappings_past_the_mapping_cap_is_read_from_numa_maps_and_walked_up_to_the_cap():
+    # read from maps alone, 5000 mappings are past a cap of 1000: which of them the last
+    # move left off the node only numa_maps says, so it is read, and 1000 are walked
+    with mem_worker(tiny=5000) as a:
+        with Reads() as reads:
+            res = PageMove(LiveHost(), a.pid, a.start_time, _off_every_node(), max_mappings=1000).run()
+    assert res.reason is Reason.MOVE_FAILED and "ENODEV" in res.detail, res.detail  # the one call, refused
+    assert reads.opened(f"/{a.pid}/numa_maps") == 1 and reads.opened(f"/{a.pid}/maps") == 2
+    assert res.data["mappings_walked"] == 1000
+    (moved,) = [n for _pid, n, to in reads.move_pages() if to != -1]
+    assert 1000 <= moved < 5000

@@ -11,8 +11,8 @@ import pytest
 
 from ascendbind.discovery import SnapshotHost
 from ascendbind.discovery.memmap import (PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, Vma,
-                                         move_ranges, movable_pages, parse_maps)
-from ascendbind.discovery.numa_maps import numa_regions, parse_numa_maps
+                                         move_ranges, movable_pages, parse_maps, writable_anonymous)
+from ascendbind.discovery.numa_maps import parse_numa_maps, scan_numa_maps
 from ascendbind.discovery.worker import read_numa_residency
 from ascendbind.errors import ParseError
 
@@ -87,22 +87,50 @@ def test_the_950_fixture_worker_private_and_shared():
 
 
 def test_the_ranges_to_move_are_the_private_ones_with_pages_elsewhere():
-    vmas, regions = parse_maps(MAPS), numa_regions(NUMA_MAPS)
-    to0 = {r.start: r for r in move_ranges(vmas, regions, 0)}
+    def ranges(node):
+        return move_ranges(MAPS, scan_numa_maps(NUMA_MAPS, node=node).off_node)
+
+    to0 = {r.start: r for r in ranges(0)}
     # heap (200 pages on node 1), the anonymous mapping, the private huge pages; not the
     # shared segment, not the stack or the libc copy (on node 0 already), not the text
     assert set(to0) == {0x55d0c1000000, 0x7f0000000000, 0x7f0050000000}
-    assert to0[0x55d0c1000000] == MoveRange(0x55d0c1000000, 0x55d0c2000000, 4096, 300 * 4096, 200 * 4096)
+    # a third of the heap's pages on node 0 already: where each is, is asked before the move
+    assert to0[0x55d0c1000000] == MoveRange(0x55d0c1000000, 0x55d0c2000000, 4096, 300 * 4096, 200 * 4096, True)
+    assert not to0[0x7f0000000000].ask  # all of it off node 0: moved straight away
     assert to0[0x7f0050000000].page_size == 2 << 20 and to0[0x7f0050000000].remote_bytes == 4 << 20
-    to1 = {r.start for r in move_ranges(vmas, regions, 1)}
+    to1 = {r.start for r in ranges(1)}
     assert to1 == {0x55d0c1000000, 0x7f0060000000, 0x7ffd00000000}
 
 
 def test_a_region_without_its_mapping_and_the_kernels_own_are_left():
-    vmas = (Vma(0x1000, 0x3000, False, "[vdso]"), Vma(0x9000, 0xa000, False, ""))
-    regions = numa_regions("1000 default anon=2 N1=2 kernelpagesize_kB=4\n"
-                           "5000 default anon=2 N1=2 kernelpagesize_kB=4\n")  # 5000: no such mapping now
-    assert move_ranges(vmas, regions, 0) == ()
+    maps = ("00001000-00003000 r-xp 00000000 00:00 0 [vdso]\n"
+            "00009000-0000a000 rw-p 00000000 00:00 0\n")
+    off = scan_numa_maps("00001000 default anon=2 N1=2 kernelpagesize_kB=4\n"
+                         "00005000 default anon=2 N1=2 kernelpagesize_kB=4\n", node=0).off_node  # 5000: no such mapping now
+    assert set(off) == {"00001000", "00005000"}
+    assert move_ranges(maps, off) == ()
+
+
+def test_only_the_maps_rows_of_mappings_to_move_are_read_whole():
+    # a malformed row of a mapping not to move is passed over (its start finds nothing);
+    # one of a mapping to move is an error naming the line
+    off = scan_numa_maps("00009000 default anon=2 N1=2 kernelpagesize_kB=4\n", node=0).off_node
+    good = "00009000-0000b000 rw-p 00000000 00:00 0\n"
+    assert move_ranges("00001000-00003000 rw-x bad\n" + good, off) == (MoveRange(0x9000, 0xb000, 4096, 8192, 8192),)
+    with pytest.raises(ParseError, match="line 2"):
+        move_ranges("00001000-00002000 rw-p 0 00:00 0\n" + good.replace("rw-p", "rw-q"), off)
+
+
+def test_a_worker_read_from_maps_alone_walks_its_writable_anonymous_mappings():
+    # heap, the anonymous mapping, the stack and a named one; not the file-backed ones
+    # (python's data, libc's written page, the private huge pages), the shared segment,
+    # a read-only or inaccessible anonymous one, nor the kernel's
+    maps = MAPS + ("7f0070000000-7f0070001000 ---p 00000000 00:00 0\n"
+                   "7f0070001000-7f0070002000 r--p 00000000 00:00 0\n"
+                   "7f0080000000-7f0080010000 rw-p 00000000 00:00 0                          [anon:arena]\n"
+                   "zz-7f00 rw-p 0 00:00 0\n")
+    assert writable_anonymous(maps) == [(0x55d0c1000000, 0x55d0c2000000), (0x7f0000000000, 0x7f0040000000),
+                                        (0x7ffd00000000, 0x7ffd00021000), (0x7f0080000000, 0x7f0080010000)]
 
 
 @pytest.mark.parametrize(("entry", "movable"), [

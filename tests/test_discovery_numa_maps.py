@@ -13,7 +13,7 @@ import os
 import pytest
 
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.numa_maps import local_ratio, numa_regions, parse_numa_maps, residency_of
+from ascendbind.discovery.numa_maps import local_ratio, parse_numa_maps, scan_numa_maps
 from ascendbind.discovery.sysfs import parse_cpulist_file
 from ascendbind.discovery.worker import read_numa_residency
 from ascendbind.errors import DiscoveryError, ParseError, ProcessGone
@@ -39,13 +39,33 @@ def test_the_4_node_fixture_worker_per_node_in_pages_and_in_bytes():
     assert res.total_kib == sum(res.kib.values())
 
 
-def test_the_regions_a_move_reads_sum_to_the_residency_of_the_whole_file():
+def test_the_scan_a_move_reads_sums_to_the_residency_of_the_whole_file():
     with open(os.path.join(HOST_950, "proc", "5151", "numa_maps")) as fh:
         text = fh.read()
     whole = parse_numa_maps(text)
     assert sum(whole.private_kib.values()) and sum(whole.shared_kib.values())  # both kinds to add up
-    assert residency_of(numa_regions(text)) == whole
-    assert residency_of(()) == parse_numa_maps("")
+    for node in range(5):
+        scan = scan_numa_maps(text, node=node)
+        assert scan.residency == whole and scan.lines == len(text.splitlines())
+        # what it finds off the node adds up to the private memory elsewhere
+        assert sum(o.remote_bytes for o in scan.off_node.values()) == \
+            1024 * sum(v for n, v in whole.private_kib.items() if n != node)
+    assert scan_numa_maps("").residency == parse_numa_maps("")
+
+
+def test_lines_alike_but_for_their_address_add_up_as_many_mappings():
+    # an allocator's one-page mappings: 5000 lines alike, read once, counted 5000 times;
+    # past the bound on distinct lines kept, lines still count once each
+    same = "".join(f"{0x7f0000000000 + 2 * i * 4096:x} default anon=1 dirty=1 N1=1 kernelpagesize_kB=4\n"
+                   for i in range(5000))
+    distinct = "".join(f"{0x7e0000000000 + 2 * i * 4096:x} default anon={i + 1} dirty={i + 1} N{i % 2}={i + 1} "
+                       f"kernelpagesize_kB=4\n" for i in range(5000))
+    scan = scan_numa_maps(same + distinct, node=0)
+    odd = sum(i + 1 for i in range(5000) if i % 2)
+    even = sum(i + 1 for i in range(5000) if i % 2 == 0)
+    assert dict(scan.residency.private_kib) == {0: 4 * even, 1: 4 * (5000 + odd)}
+    assert len(scan.off_node) == 5000 + 2500 and scan.lines == 10000
+    assert scan.off_node["7f0000000000"] == (4096, 4096, 4096)
 
 
 def test_a_numa_maps_longer_than_the_limit_is_refused_not_held():

@@ -16,60 +16,55 @@ take it from each other at every rerun, and a move of a worker's view of a
 200 GiB shared host table is a move of every rank's. Shared memory is measured
 (``numa_maps``), never moved.
 
-How: the private mappings with anonymous pages off the target node come from
-``maps`` and ``numa_maps`` (discovery/pages.py); their pagemap entries name the
-pages present, anonymous and exclusive; ``move_pages(2)`` first asks where those
-pages are, then moves the ones elsewhere, ``CHUNK_BYTES`` of address space at a
-time, with ``MPOL_MF_MOVE`` (never ``MPOL_MF_MOVE_ALL``), so the kernel itself
-refuses a page that became shared meanwhile (``EACCES``). Pages the kernel
-reports busy (``EBUSY``: being migrated with their transparent huge page, or
-pinned, e.g. for DMA by the NPU driver) are asked about once more at the end;
-those still busy stay, and so do pages refused as shared: neither is a failure.
-A full target node (``ENOMEM``) or another per-page error fails the step, with
-what did move in its data.
+How: the private mappings with anonymous pages off the node come from ``maps``
+and ``numa_maps`` (``maps`` alone for a worker of many mappings: discovery/pages.py);
+pagemap names their pages present, anonymous and exclusive; ``move_pages(2)``
+moves those (asking first where they are, unless numa_maps saw a mapping wholly
+off the node) with ``MPOL_MF_MOVE``, never ``_ALL``, so the kernel itself refuses
+a page that became shared meanwhile (``EACCES``). The walk (pagewalk.py) reads
+pagemap a chunk of address space a read and hands the kernel ``CHUNK_BYTES`` of
+pages of many mappings a call, within caps on one move's work (``move_too_large``
+past them: the next rerun goes on). Pages reported busy (``EBUSY``: moving with
+their transparent huge page, or pinned, e.g. for the NPU's DMA) are asked about
+again at the end; those still busy stay, as do pages refused as shared: neither
+fails the step. A full target node (``ENOMEM``) or another per-page error does,
+with what did move in its data.
 
 Between chunks the move checks that the worker is still the process it was
-started for (pid and start time), stops when told to (``MoveCancel``: the
-worker was released or exited) and keeps under its byte rate; each chunk's
-progress goes to ``on_progress``. ``move_pages(2)`` releases the interpreter
-lock while the kernel copies, so a move on a daemon thread leaves the daemon's
-other threads running.
+started for (pid and start time), stops when told to (``MoveCancel``: released or
+exited) and keeps under its rate, which counts every kind of work in bytes
+(pagewalk.py's cost model); each chunk's progress, with the move's CPU time,
+goes to ``on_progress``. ``move_pages(2)`` releases the interpreter lock while the
+kernel copies: the daemon's other threads run meanwhile.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import platform
 import threading
 import time
 from array import array
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from ..config import Config
 from ..discovery.identity import verify_identity
-from ..discovery.pages import BASE_PAGE, open_pagemap, read_move_ranges
-from ..discovery.memmap import movable_pages
+from ..discovery.pages import BASE_PAGE, MoveRanges, open_pagemap, read_move_ranges
 from ..discovery.process import exiting
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..frozen import frozen_map
 from ..model import HostFacts, Plan, StepResult
 from ..reasons import Outcome, Reason, Step
+from .movepages import UNREPORTED, MovePages
+from .pagewalk import MAX_MAPPINGS, MAX_PAGES, Chosen, Cost, MoveProgress, Walk, choose, choose_spans
 
-__all__ = ["CHUNK_BYTES", "MoveCancel", "MoveProgress", "MovePages", "PageMove", "memory_target",
-           "pending_memory", "migrate_memory"]
+__all__ = ["CHUNK_BYTES", "MoveCancel", "PageMove", "memory_target", "pending_memory", "migrate_memory"]
 
-MPOL_MF_MOVE = 1 << 1
 CHUNK_BYTES = 64 << 20
-# move_pages(2) by machine; asm-generic numbers it 239 (arm64, riscv64, loongarch64)
-_SYSCALL = {"x86_64": 279, "aarch64": 239, "arm64": 239, "riscv64": 239, "loongarch64": 239,
-            "ppc64le": 301, "ppc64": 301, "s390x": 310}
 # per-page statuses that leave a page where it is without failing the step
 _SHARED = (errno.EACCES,)  # mapped by another process meanwhile
 _GONE = (errno.ENOENT, errno.EFAULT)  # unmapped or freed meanwhile, or the zero page
 _BUSY = (errno.EBUSY, errno.EAGAIN)
-UNREPORTED = 1 << 30  # no node has this number
 
 
 class _NodeFull(Exception):
@@ -93,61 +88,6 @@ class MoveCancel:
 
     def wait(self, seconds: float) -> bool:
         return self._event.wait(max(0.0, seconds))
-
-
-@dataclass(frozen=True)
-class MoveProgress:
-    """Where one move stands: bytes moved of the (numa_maps) estimate, and why pages stayed."""
-
-    node: int
-    bytes_moved: int = 0
-    bytes_to_move: int = 0
-    pages_moved: int = 0
-    pages_left: Mapping[str, int] = field(default_factory=frozen_map)  # shared, busy, target_full, failed
-    seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        return {"target_node": self.node, "bytes_moved": self.bytes_moved, "bytes_to_move": self.bytes_to_move,
-                "pages_moved": self.pages_moved, "pages_left": dict(self.pages_left),
-                "seconds": round(self.seconds, 3)}
-
-
-class MovePages:
-    """``move_pages(2)`` for another process: ``query`` (where are these pages) and
-    ``move`` (to one node); each returns the kernel's per-page status array."""
-
-    def __init__(self, machine: str | None = None) -> None:
-        self.nr = _SYSCALL.get(machine or platform.machine())
-        self._libc = ctypes.CDLL(None, use_errno=True) if self.nr is not None else None
-
-    @property
-    def supported(self) -> bool:
-        return self.nr is not None
-
-    def _call(self, pid: int, addrs: array, nodes: array | None) -> tuple[int, array]:
-        n = len(addrs)
-        # a status the kernel did not write stays UNREPORTED: after a page fails to
-        # migrate, move_pages returns the count not moved and writes no status for the
-        # pages queued with it nor for the ones it did not try
-        status = array("i", [UNREPORTED]) * n
-        a = (ctypes.c_uint64 * n).from_buffer(addrs)
-        s = (ctypes.c_int * n).from_buffer(status)
-        nd = (ctypes.c_int * n).from_buffer(nodes) if nodes is not None else None
-        rc = self._libc.syscall(ctypes.c_long(self.nr), ctypes.c_int(pid), ctypes.c_ulong(n), a, nd, s,
-                                ctypes.c_int(MPOL_MF_MOVE))
-        if rc < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, errno.errorcode.get(err, str(err)))
-        return rc, status
-
-    def query(self, pid: int, addrs: list[int]) -> array:
-        """The node of each page, or a negative errno (ENOENT: not present)."""
-        return self._call(pid, array("Q", addrs), None)[1]
-
-    def move(self, pid: int, addrs: list[int], node: int) -> tuple[int, array]:
-        """Move each page to ``node``: (pages not migrated, statuses as the kernel wrote
-        them; see ``_call``). OSError ENOMEM when the node has no room left."""
-        return self._call(pid, array("Q", addrs), array("i", [node]) * len(addrs))
 
 
 def memory_target(plan: Plan, host: HostFacts) -> int | StepResult:
@@ -174,12 +114,15 @@ def pending_memory(node: int) -> StepResult:
 class PageMove:
     """One move of ``pid``'s private pages to ``node`` (``run`` once; see the module docstring).
 
-    ``rate``: bytes per second at most (0: as fast as the kernel goes)."""
+    ``rate``: bytes per second at most, every kind of work counted (pagewalk.py's
+    ``Cost``; 0: as fast as the kernel goes). ``max_mappings``, ``max_pages``: the
+    most one move walks (pagewalk.py's ``choose``)."""
 
     def __init__(self, source, pid: int, start_time: int | None, node: int, *, proc_root: str = "/proc",
                  rate: float = 0.0, cancel: MoveCancel | None = None,
                  on_progress: Callable[[MoveProgress], None] | None = None, syscall: MovePages | None = None,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, max_mappings: int = MAX_MAPPINGS,
+                 max_pages: int = MAX_PAGES) -> None:
         self.source, self.pid, self.start_time, self.node = source, int(pid), start_time, int(node)
         self.proc_root = proc_root
         self.rate = max(0.0, float(rate))
@@ -187,83 +130,118 @@ class PageMove:
         self.on_progress = on_progress
         self.syscall = syscall or MovePages()
         self.chunk = max(BASE_PAGE, chunk_bytes - chunk_bytes % BASE_PAGE)
-        self.moved = self.pages_moved = self.to_move = 0
+        self.max_mappings, self.max_pages = max_mappings, max_pages
+        self.moved = self.pages_moved = self.to_move = self.calls = self.lines = 0
+        self.coarse = False  # read from maps alone: what is off the node is found as the walk goes
         self.left: dict[str, int] = {}
-        self._t0 = 0.0
+        self.chosen = Chosen(())
+        self._walk: Walk | None = None
+        self._t0 = self._c0 = self._cpu = 0.0
+
+    def cost(self) -> Cost:
+        w = self._walk
+        return Cost(self.moved, self.lines, w.mappings if w else 0, w.entries if w else 0,
+                    self.calls + (w.reads if w else 0))
 
     def progress(self) -> MoveProgress:
+        """Where the move stands (its CPU time as of the last chunk, when asked from another thread)."""
         return MoveProgress(self.node, self.moved, self.to_move, self.pages_moved, frozen_map(self.left),
-                            time.monotonic() - self._t0 if self._t0 else 0.0)
+                            time.monotonic() - self._t0 if self._t0 else 0.0, self.cost(), self._cpu)
+
+    def _tick(self) -> None:
+        """Note the moving thread's CPU time (only that thread's clock knows it)."""
+        self._cpu = time.thread_time() - self._c0
 
     def run(self) -> StepResult:
-        self._t0 = time.monotonic()
+        self._t0, self._c0 = time.monotonic(), time.thread_time()
         if not self.syscall.supported:
             return self._done(Outcome.SKIPPED, Reason.MOVE_UNSUPPORTED,
                               f"move_pages(2) is not known on {platform.machine()}; pages stay where they are")
-        try:
-            verify_identity(self.pid, self.start_time, self.proc_root)
-            found = read_move_ranges(self.source, self.pid, self.node, start_time=self.start_time)
-        except ProcessGone as exc:
-            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing moved")
-        except (DiscoveryError, ParseError) as exc:
-            return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE, f"{exc}; pages stay where they are")
-        self.to_move = found.remote_bytes
-        if not found.ranges:
-            return self._done(Outcome.APPLIED, None,
-                              f"{_mib(sum(found.residency.private_kib.values()) << 10)} of private memory, "
-                              f"all on NUMA node {self.node} already")
+        found = self._read()
+        if isinstance(found, StepResult):
+            return found
+        caps = {"max_mappings": self.max_mappings, "max_pages": self.max_pages}
+        if found.spans is not None:
+            self.chosen, self.coarse = choose_spans(found.spans, **caps), True
+            if self.chosen.capped:  # past a cap, only numa_maps says what the last move left off the node
+                found, self.coarse = self._read(coarse_over=None), False
+                if isinstance(found, StepResult):
+                    return found
+        if found.spans is None:
+            if not found.ranges:
+                return self._done(Outcome.APPLIED, None,
+                                  f"{_mib(sum(found.residency.private_kib.values()) << 10)} of private memory, "
+                                  f"all on NUMA node {self.node} already")
+            self.chosen, self.to_move = choose(found.ranges, **caps), found.remote_bytes
         pagemap = open_pagemap(self.source, self.pid)
         if pagemap is None:
             return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE,
                                  f"the pagemap of process {self.pid} cannot be opened; pages stay where they are")
-        retry: list[tuple[int, int]] = []
+        retry: dict[int, list[int]] = {}
         try:
             with pagemap:
-                for r in found.ranges:
-                    stride = max(1, r.page_size // BASE_PAGE)
-                    span = max(self.chunk - self.chunk % r.page_size, r.page_size)
-                    for lo in range(r.start, r.end, span):
-                        stop = self._between_chunks()
-                        if stop is not None:
-                            return stop
-                        n = (min(r.end, lo + span) - lo) // BASE_PAGE
-                        addrs = movable_pages(pagemap.entries(lo, n), lo, r.page_size, stride)
-                        if addrs:
-                            # a mapping numa_maps saw wholly off the node needs no asking where
-                            # its pages are first: every one of them is to move
-                            remote = r.remote_bytes == r.private_bytes
-                            retry += [(a, r.page_size) for a in self._move_chunk(addrs, r.page_size,
-                                                                                 remote=remote)]
+                self._walk = Walk(pagemap, self.chosen.ranges, self.chunk)
+                checked = -self.chunk
+                for batch in self._walk:
+                    # between pagemap reads with nothing to move, a check every chunk's worth of work
+                    if batch is None and self.cost().budget - checked < self.chunk:
+                        continue
+                    stop = self._between_chunks()
+                    if stop is not None:
+                        return stop
+                    checked = self.cost().budget
+                    if batch is not None:
+                        busy = self._move_chunk(batch.direct, batch.ask, batch.page)
+                        if busy:
+                            retry.setdefault(batch.page, []).extend(busy)
                 if retry and not self.cancel.wait(0.05):
-                    for size in sorted({s for _, s in retry}):
-                        self._move_chunk([a for a, s in retry if s == size], size, last=True)
+                    for size, addrs in sorted(retry.items()):
+                        step = max(1, self.chunk // size)
+                        for i in range(0, len(addrs), step):
+                            self._move_chunk([], addrs[i:i + step], size, last=True)
         except _NodeFull:
             pass
         except OSError as exc:
             return self._syscall_failed(exc)
         return self._verdict()
 
+    def _read(self, **how) -> MoveRanges | StepResult:
+        """What the move walks (discovery/pages.py), or the step's result when it cannot be read."""
+        try:
+            verify_identity(self.pid, self.start_time, self.proc_root)
+            found = read_move_ranges(self.source, self.pid, self.node, start_time=self.start_time, **how)
+        except ProcessGone as exc:
+            return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc}: nothing moved")
+        except (DiscoveryError, ParseError) as exc:
+            return self._gone_or(Outcome.FAILED, Reason.MEMORY_UNREADABLE, f"{exc}; pages stay where they are")
+        self.lines += found.mappings
+        return found
+
     # ------------------------------------------------------------ one chunk
 
-    def _move_chunk(self, addrs: list[int], page: int, *, last: bool = False, remote: bool = False) -> list[int]:
-        """Move the pages of ``addrs`` that are not on the node yet; returns those that
-        stayed without a reason (busy: asked about again at the end, unless ``last``).
+    def _move_chunk(self, direct: list[int], ask: list[int], page: int, *, last: bool = False) -> list[int]:
+        """Move the pages of ``direct`` and those of ``ask`` that are not on the node yet;
+        returns those that stayed without a reason (busy: asked about again at the end,
+        unless ``last``).
 
-        The move's statuses are the kernel's own when it tried every page and none
-        failed to migrate (it returned 0). Otherwise, and for pages reported busy (those
-        of a transparent huge page move with its first one and say EBUSY), where they
-        are is asked again: after a failed page the kernel leaves statuses unwritten.
-        ``remote``: numa_maps saw the mapping's pages all off the node, so they are not asked
-        about first (one that came to the node since counts as moved)."""
+        ``direct``: numa_maps saw their mappings' pages all off the node, so they are not
+        asked about first (one that came to the node since counts as moved). The move's
+        statuses are the kernel's own when it tried every page and none failed to
+        migrate (it returned 0). Otherwise, and for pages reported busy (those of a
+        transparent huge page move with its first one and say EBUSY), where they are is
+        asked again: after a failed page the kernel leaves statuses unwritten."""
         node = self.node
-        if remote:
-            todo = addrs
-        else:
-            where = self.syscall.query(self.pid, addrs)
-            todo = [a for a, s in zip(addrs, where) if 0 <= s != node]
+        todo = direct
+        if ask:
+            self.calls += 1
+            where = self.syscall.query(self.pid, ask)
+            todo = direct + [a for a, s in zip(ask, where) if 0 <= s != node]
+        if self.coarse and not last:
+            self.to_move += len(todo) * page
         if not todo:
             return []
         full = False
+        self.calls += 1
         try:
             _not_moved, status = self.syscall.move(self.pid, todo, node)
         except OSError as exc:
@@ -282,6 +260,7 @@ class PageMove:
                 else:  # busy, unwritten, or (after a failed page) not tried
                     unsure.append(a)
             if unsure:
+                self.calls += 1
                 again = self.syscall.query(self.pid, unsure)
                 moved += again.count(node)
                 for a, s in zip(unsure, again):
@@ -296,6 +275,7 @@ class PageMove:
             self.left["busy"] = self.left.get("busy", 0) + len(busy)
             busy = []
         if self.on_progress is not None:
+            self._tick()
             self.on_progress(self.progress())
         if full:
             raise _NodeFull
@@ -316,7 +296,7 @@ class PageMove:
         except ProcessGone as exc:
             return self._done(Outcome.SKIPPED, Reason(exc.code), f"{exc} after {_mib(self.moved)} moved")
         if self.rate:
-            ahead = self.moved / self.rate - (time.monotonic() - self._t0)
+            ahead = self.cost().budget / self.rate - (time.monotonic() - self._t0)
             if ahead > 0 and self.cancel.wait(ahead):
                 return self._between_chunks()
         return None
@@ -370,9 +350,16 @@ class PageMove:
                               f"NUMA node {self.node} ran out of free memory: {summary}")
         if failed:
             return self._done(Outcome.FAILED, Reason.MOVE_FAILED, f"pages could not be moved: {summary}")
+        c = self.chosen
+        if c.capped:
+            return self._done(Outcome.FAILED, Reason.MOVE_TOO_LARGE,
+                              f"{summary}; {c.left_mappings} more mappings and {c.cut} cut short, "
+                              f"{_mib(c.left_bytes)} off the node, were left: one move walks at most "
+                              f"{self.max_mappings} mappings and {self.max_pages} pages (the next rerun goes on)")
         return self._done(Outcome.APPLIED, None, summary)
 
     def _done(self, outcome: Outcome, reason: Reason | None, detail: str) -> StepResult:
+        self._tick()
         data = self.progress().to_json()
         if self.rate:
             data["rate_bytes_per_second"] = self.rate

@@ -44,11 +44,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import ParseError
 from ..frozen import frozen_map
 
-__all__ = ["NumaResidency", "NumaRegion", "parse_numa_maps", "numa_regions", "residency_of", "local_ratio"]
+__all__ = ["NumaResidency", "NumaScan", "OffNode", "parse_numa_maps", "scan_numa_maps", "text_lines", "local_ratio"]
 
 # the kernel's own counters besides N<node>; anything else ends the trailing run of fields
 _COUNTERS = frozenset(("kernelpagesize_kB", "anon", "dirty", "mapped", "mapmax", "swapcache", "active", "writeback"))
@@ -73,19 +74,24 @@ class NumaResidency:
         return sum(self.kib.values())
 
 
+class OffNode(NamedTuple):
+    """A mapping with anonymous pages off the node a move goes to: its page size, and its
+    anonymous bytes, all of them and those off the node."""
+
+    page_size: int
+    private_bytes: int
+    remote_bytes: int
+
+
 @dataclass(frozen=True)
-class NumaRegion:
-    """One mapping's line: where it starts, its page size, how many of its pages are
-    anonymous (``anon``) and how many are present on each node (``nodes``)."""
+class NumaScan:
+    """One pass over a numa_maps text: the residency (``parse_numa_maps``), the mappings
+    with anonymous pages off one node by start address as the file prints it (``maps``
+    prints it alike), and how many lines (mappings) the file has."""
 
-    start: int
-    page_kib: int
-    anon: int
-    nodes: Mapping[int, int]
-
-    def private_pages(self) -> dict[int, int]:
-        """Node -> anonymous pages, split in proportion where the mapping also holds file pages."""
-        return _private_split(self.nodes, self.anon)
+    residency: NumaResidency
+    off_node: Mapping[str, OffNode]
+    lines: int
 
 
 def _private_split(nodes: Mapping[int, int], anon: int) -> dict[int, int]:
@@ -133,7 +139,7 @@ def _line_fields(fields: list[str], source: str, lineno: int,
     return nodes, page_kib, anon
 
 
-def _lines(text: str) -> Iterator[str]:
+def text_lines(text: str) -> Iterator[str]:
     """The lines of ``text`` one at a time: numa_maps of a big process runs to
     megabytes, and a list of all its lines would hold it twice over."""
     start, end = 0, len(text)
@@ -145,34 +151,60 @@ def _lines(text: str) -> Iterator[str]:
         start = stop + 1
 
 
-def _rows(text: str, source: str) -> Iterator[tuple[str, dict[int, int], int, int]]:
-    """(address, node -> pages, page size in KiB, anonymous pages) of every line that
-    has pages present; ParseError for a malformed line (see ``parse_numa_maps``)."""
-    # Mappings print alike but for their address (a worker's thread stacks: hundreds
-    # of "default anon=3 dirty=3 active=0 N0=3 kernelpagesize_kB=4"), so the fields of
-    # each distinct rest of a line are read once. Bounded, so a file of all-distinct
-    # lines costs no more memory than the text itself.
-    seen: dict[str, tuple[dict[int, int], int | None, int]] = {}
-    for lineno, line in enumerate(_lines(text), start=1):
+class _Kind:
+    """What one distinct rest of a line (all but the address) says, and how many lines say it."""
+
+    __slots__ = ("nodes", "page_kib", "anon", "off", "count")
+
+    def __init__(self, nodes: dict[int, int], page_kib: int | None, anon: int, node: int | None) -> None:
+        self.nodes, self.page_kib, self.anon, self.count = nodes, page_kib, anon, 0
+        self.off = None
+        if node is not None and nodes and page_kib:
+            private = _private_split(nodes, anon)
+            remote = sum(c for n, c in private.items() if n != node)
+            if remote:
+                page = page_kib * 1024
+                self.off = OffNode(page, sum(private.values()) * page, remote * page)
+
+
+def scan_numa_maps(text: str, source: str = "numa_maps", *, node: int | None = None) -> NumaScan:
+    """The residency of the whole file and, with ``node``, the mappings holding anonymous
+    pages off it; ParseError as ``parse_numa_maps``.
+
+    Mappings print alike but for their address (a worker's thread stacks: hundreds of
+    "default anon=3 dirty=3 active=0 N0=3 kernelpagesize_kB=4"; an allocator's
+    one-page mappings: tens of thousands), so each distinct rest of a line is read and
+    added up once, and every further line saying it costs a dictionary look-up. The
+    distinct rests kept are bounded, so a file of all-distinct lines costs no more
+    memory than the text itself."""
+    kinds: dict[str, _Kind] = {}
+    loose: list[_Kind] = []  # lines past the bound, each its own
+    off: dict[str, OffNode] = {}
+    lines = 0
+    for lineno, line in enumerate(text_lines(text), start=1):
         parts = line.split(None, 1)
         if not parts:
             continue
+        lines += 1
         if not _HEX.match(parts[0]):
             raise ParseError(source, "row does not start with a hex address", line=lineno, text=line)
         if len(parts) < 2:
             raise ParseError(source, "row has no memory policy", line=lineno, text=line)
         rest = parts[1]
-        found = seen.get(rest)
-        if found is None:
-            found = _line_fields([parts[0], *rest.split()], source, lineno, line)
-            if len(seen) < _SEEN_MAX:
-                seen[rest] = found
-        nodes, page_kib, anon = found
-        if not nodes:
-            continue
-        if page_kib is None:
-            raise ParseError(source, "node counts without kernelpagesize_kB", line=lineno, text=line)
-        yield parts[0], nodes, page_kib, anon
+        kind = kinds.get(rest)
+        if kind is None:
+            kind = _Kind(*_line_fields([parts[0], *rest.split()], source, lineno, line), node)
+            if kind.nodes and kind.page_kib is None:
+                raise ParseError(source, "node counts without kernelpagesize_kB", line=lineno, text=line)
+            if len(kinds) < _SEEN_MAX:
+                kinds[rest] = kind
+            else:
+                loose.append(kind)
+        kind.count += 1
+        if kind.off is not None:
+            off[parts[0]] = kind.off
+    rows = ((k.nodes, k.page_kib, k.anon, k.count) for k in (*kinds.values(), *loose) if k.nodes)
+    return NumaScan(_residency(rows), frozen_map(off), lines)
 
 
 def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
@@ -183,34 +215,23 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaResidency:
     with a hex address and a policy, a malformed ``N``/page-size field, or node
     counts without a page size (the kernel prints one whenever it prints counts).
     """
-    return _residency((nodes, page_kib, anon) for _addr, nodes, page_kib, anon in _rows(text, source))
+    return scan_numa_maps(text, source).residency
 
 
-def residency_of(regions: Iterable[NumaRegion]) -> NumaResidency:
-    """What ``parse_numa_maps`` reads from the text ``regions`` were read from."""
-    return _residency((r.nodes, r.page_kib, r.anon) for r in regions)
-
-
-def _residency(rows: Iterable[tuple[Mapping[int, int], int, int]]) -> NumaResidency:
-    """The sums over (node -> pages, page size in KiB, anonymous pages) of each mapping."""
+def _residency(rows: Iterable[tuple[Mapping[int, int], int, int, int]]) -> NumaResidency:
+    """The sums over (node -> pages, page size in KiB, anonymous pages, mappings alike) of each kind of line."""
     kib: dict[int, int] = {}
     pages: dict[int, int] = {}
     private: dict[int, int] = {}
-    for nodes, page_kib, anon in rows:
+    for nodes, page_kib, anon, times in rows:
         for node, count in nodes.items():
-            pages[node] = pages.get(node, 0) + count
-            kib[node] = kib.get(node, 0) + count * page_kib
+            pages[node] = pages.get(node, 0) + count * times
+            kib[node] = kib.get(node, 0) + count * page_kib * times
         for node, count in _private_split(nodes, anon).items():
-            private[node] = private.get(node, 0) + count * page_kib
+            private[node] = private.get(node, 0) + count * page_kib * times
     shared = {n: v - private.get(n, 0) for n, v in kib.items()}
     return NumaResidency(_sorted(kib), _sorted(pages), _sorted(private),
                          _sorted({n: v for n, v in shared.items() if v}))
-
-
-def numa_regions(text: str, source: str = "numa_maps") -> tuple[NumaRegion, ...]:
-    """Every mapping with pages present, in the file's order (ParseError as ``parse_numa_maps``)."""
-    return tuple(NumaRegion(int(addr, 16), page_kib, anon, frozen_map(nodes))
-                 for addr, nodes, page_kib, anon in _rows(text, source))
 
 
 def _sorted(d: dict[int, int]) -> Mapping[int, int]:

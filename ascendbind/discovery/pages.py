@@ -3,7 +3,11 @@ their pagemap entries.
 
 ``read_move_ranges`` reads ``/proc/<pid>/maps`` (cheap: no page walk) and
 ``numa_maps`` (a page walk, about 5 ms per GiB of 4 KiB pages) and keeps the
-private mappings with anonymous pages off the target node (memmap.py).
+private mappings with anonymous pages off the target node (memmap.py), in one
+pass over each file. A worker of more than ``COARSE_MAPPINGS`` mappings is read
+from ``maps`` alone: numa_maps would cost a page walk and a line per mapping,
+and a move then asks the kernel where each page of its writable anonymous
+mappings is instead.
 ``open_pagemap`` opens ``/proc/<pid>/pagemap`` through the process's pinned
 ``/proc/<pid>`` directory, so its reads describe the process the move was
 started for and fail (ESRCH, or nothing read) once that process is gone, never a
@@ -20,44 +24,60 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .memmap import MoveRange, move_ranges, parse_maps
-from .numa_maps import NumaResidency, numa_regions, residency_of
+from .memmap import MoveRange, move_ranges, writable_anonymous
+from .numa_maps import NumaResidency, scan_numa_maps
 from .sources import HostSource
 from .worker import NUMA_MAPS_LIMIT, check_start_time, read_memory_file
 
-__all__ = ["read_move_ranges", "open_pagemap", "PageMap", "MoveRanges", "BASE_PAGE"]
+__all__ = ["read_move_ranges", "open_pagemap", "PageMap", "MoveRanges", "BASE_PAGE", "COARSE_MAPPINGS"]
 
 BASE_PAGE = os.sysconf("SC_PAGE_SIZE")
+COARSE_MAPPINGS = 2048
 _ENTRY = 8  # bytes per pagemap entry
 
 
 @dataclass(frozen=True)
 class MoveRanges:
-    """What a move to one node would walk, and the worker's residency it was read from."""
+    """What a move to one node would walk: the mappings numa_maps found with anonymous
+    pages off the node (``ranges``, and the worker's ``residency`` they were read from),
+    or, for a worker of many mappings, its writable anonymous ones (``spans``, [start,
+    end) each; ``residency`` None); and how many mappings the worker has."""
 
     ranges: tuple[MoveRange, ...]
-    residency: NumaResidency
+    residency: NumaResidency | None
+    mappings: int = 0
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def coarse(self) -> bool:
+        return self.spans is not None
 
     @property
     def remote_bytes(self) -> int:
+        """numa_maps' bytes off the node (0 when it was not read: not known before the walk)."""
         return sum(r.remote_bytes for r in self.ranges)
 
 
 def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int | None = None,
-                     limit: int = NUMA_MAPS_LIMIT) -> MoveRanges:
-    """The private ranges of ``pid`` with anonymous pages off ``node``.
+                     limit: int = NUMA_MAPS_LIMIT, coarse_over: int | None = COARSE_MAPPINGS) -> MoveRanges:
+    """The private ranges of ``pid`` with anonymous pages off ``node``; past ``coarse_over``
+    mappings (None: never), its writable anonymous ones.
 
     DiscoveryError when a file cannot be read (the process is gone, or not
     readable) or is longer than ``limit`` (code ``too_large``); ParseError when
     one is malformed; ProcessGone ``pid_recycled`` when ``start_time`` no longer
     names the process once both are read."""
     maps, maps_path = read_memory_file(source, pid, "maps", limit)
-    numa, numa_path = read_memory_file(source, pid, "numa_maps", limit)
-    vmas = parse_maps(maps, maps_path)
-    regions = numa_regions(numa, numa_path)
+    mappings = maps.count("\n")
+    if coarse_over is not None and mappings > coarse_over:
+        found = MoveRanges((), None, mappings, tuple(writable_anonymous(maps)))
+    else:
+        numa, numa_path = read_memory_file(source, pid, "numa_maps", limit)
+        scan = scan_numa_maps(numa, numa_path, node=node)
+        found = MoveRanges(move_ranges(maps, scan.off_node, maps_path), scan.residency, scan.lines)
     if start_time is not None:
         check_start_time(source, pid, start_time, "its memory map")
-    return MoveRanges(move_ranges(vmas, regions, node), residency_of(regions))
+    return found
 
 
 class PageMap:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ...applier.memory import MoveCancel, MoveProgress, PageMove
+from ...applier.memory import MoveCancel, PageMove
+from ...applier.pagewalk import MoveProgress
 from ...model import StepResult
 from ...reasons import Outcome, Reason, Step
 from ..runtime.threadname import name_os_thread
