@@ -155,6 +155,18 @@ _BIND_PID_1 = _HEALTH.replace('b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
                               'b"POST /v1/bind HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 10\\r\\n\\r\\n{\\"pid\\": 1}"')
 
 
+def _ask(script: str, sock: str, *prefix: str) -> list[str]:
+    """The words of ``script``'s one line (status line and seconds), run as ``prefix`` says."""
+    return subprocess.run([*prefix, PY, "-c", script, sock], capture_output=True, text=True, timeout=90,
+                          cwd="/").stdout.split()
+
+
+def _all_answered_503(hog: subprocess.Popen, n: int) -> None:
+    """Nothing is lost: each of the hog's binds is answered once the hung run times out."""
+    statuses = [hog.stdout.readline().split()[1:2] for _ in range(n)]
+    assert all(s == ["503"] for s in statuses), statuses
+
+
 @pytest.fixture
 def slow_table_daemon():
     fake: list[HangingNpuSmi] = []
@@ -182,19 +194,15 @@ def test_another_uids_and_roots_healthz_answer_while_one_uid_keeps_eight_binds_w
         assert hog.stdout.readline().strip() == "sent"
         # the hog's binds reached the daemon and wait on the one hung process-table run
         assert wait_for(lambda: fake.hung_runs() == 1, 30), daemon.log()[-2000:]
-        for who in (["--reuid=65533"], None):
-            argv = [*NOBODY, *who, PY, "-c", _HEALTH, daemon.sock] if who else [PY, "-c", _HEALTH, daemon.sock]
-            line = subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd="/").stdout.split()
+        for who in ([*NOBODY, "--reuid=65533"], []):
+            line = _ask(_HEALTH, daemon.sock, *who)
             assert line[:2] == ["HTTP/1.1", "200"], (who, line)
             assert float(line[-1]) < 1.0, (who, line)
         # and a bind of another uid is not queued behind the hog either: it is refused at once
         # (not permitted: it names a process it does not own), not after the hung run
-        out = subprocess.run([*NOBODY, "--reuid=65533", PY, "-c", _BIND_PID_1, daemon.sock],
-                             capture_output=True, text=True, timeout=90, cwd="/").stdout.split()
+        out = _ask(_BIND_PID_1, daemon.sock, *NOBODY, "--reuid=65533")
         assert out[:2] == ["HTTP/1.1", "403"] and float(out[-1]) < 1.0, out
-        # nothing is lost: every one of the hog's binds is answered once the hung run times out
-        statuses = [hog.stdout.readline().split()[1:2] for _ in range(hog_binds)]
-        assert all(s == ["503"] for s in statuses), statuses
+        _all_answered_503(hog, hog_binds)
     finally:
         fake.answer()
         if hog.poll() is None:
@@ -215,16 +223,13 @@ def test_root_in_a_container_cannot_take_the_host_roots_threads_and_healthz_need
     try:
         assert hog.stdout.readline().strip() == "sent"
         assert wait_for(lambda: fake.hung_runs() == 1, 30), daemon.log()[-2000:]
-        line = subprocess.run([PY, "-c", _HEALTH, daemon.sock], capture_output=True, text=True,
-                              timeout=90).stdout.split()
+        line = _ask(_HEALTH, daemon.sock)
         assert line[:2] == ["HTTP/1.1", "200"] and float(line[-1]) < 1.0, line
         # the host's root gets a thread of its own: refused at once (pid 1 is never a worker),
         # not queued behind the container's binds until the hung run ends
-        line = subprocess.run([PY, "-c", _BIND_PID_1, daemon.sock], capture_output=True, text=True,
-                              timeout=90).stdout.split()
+        line = _ask(_BIND_PID_1, daemon.sock)
         assert line[:2] == ["HTTP/1.1", "403"] and float(line[-1]) < 1.0, line
-        statuses = [hog.stdout.readline().split()[1:2] for _ in range(hog_binds)]
-        assert all(s == ["503"] for s in statuses), statuses
+        _all_answered_503(hog, hog_binds)
     finally:
         fake.answer()
         if hog.poll() is None:
