@@ -15,7 +15,7 @@ import struct
 import pytest
 
 from ascendbind.applier.pagewalk import GAP_PAGES, Batch, Chosen, Cost, Walk, choose, choose_spans
-from ascendbind.discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, MoveRange
+from ascendbind.discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, movable_pages
 from ascendbind.discovery.pages import PageMap
 
 P = 4096
@@ -118,6 +118,19 @@ def test_a_batch_holds_one_chunk_of_pages_of_one_size_and_asks_where_mixed_mappi
     huge = [b for b in got if b.page == 2 << 20]
     assert [b.direct for b in huge] == [[BASE + (1000 + 512 * k) * P] for k in range(3)]
     assert walk.mappings == 3
+
+
+def test_the_walk_picks_the_pages_the_pagemap_bits_call_movable(pagemap):
+    # every combination of the bits that matter and some that do not (soft-dirty, 55;
+    # a page frame number in the low bits), each at its own page of one mapping
+    bits = [PM_PRESENT, PM_SWAPPED, PM_FILE, PM_EXCLUSIVE, 1 << 55, 0x12345]
+    entries = {}
+    for k in range(1 << len(bits)):
+        entries[k] = sum(b for j, b in enumerate(bits) if k >> j & 1)
+    walk = Walk(pagemap(entries), [R(0, len(entries))], 64 << 20)
+    (batch,) = [b for b in walk if b is not None]
+    table = [entries[k] for k in range(len(entries))]
+    assert batch.direct == movable_pages(table, BASE, P) and len(batch.direct) == 2 * 2 * 2  # 3 free bits
 
 
 def test_a_process_gone_mid_walk_reads_nothing_and_batches_nothing(pagemap):

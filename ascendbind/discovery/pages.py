@@ -82,17 +82,23 @@ def read_move_ranges(source: HostSource, pid: int, node: int, *, start_time: int
 
 class PageMap:
     """``/proc/<pid>/pagemap`` held open: ``entries(addr, n)`` are the 64-bit entries of
-    the ``n`` base pages from ``addr`` (fewer, or none, once the process is gone)."""
+    the ``n`` base pages from ``addr`` (fewer, or none, once the process is gone);
+    ``read`` the same as bytes."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def entries(self, addr: int, count: int) -> memoryview:
+    def read(self, addr: int, count: int) -> bytes:
+        """The entries as the kernel wrote them, 8 bytes each (in whole entries; fewer, or
+        none, once the process is gone)."""
         try:
             raw = os.pread(self.fd, count * _ENTRY, (addr // BASE_PAGE) * _ENTRY)
         except OSError:
-            raw = b""
-        return memoryview(raw[: len(raw) - len(raw) % _ENTRY]).cast("Q")
+            return b""
+        return raw[: len(raw) - len(raw) % _ENTRY]
+
+    def entries(self, addr: int, count: int) -> memoryview:
+        return memoryview(self.read(addr, count)).cast("Q")
 
     def close(self) -> None:
         if self.fd >= 0:
