@@ -335,12 +335,13 @@ class PageMove:
         return self._gone() or self._done(outcome, reason, detail)
 
     def _verdict(self) -> StepResult:
+        # a worker that exits mid-move fails its last pages, or (its pagemap reading short or
+        # empty once its address space is gone) leaves the walk nothing more to move: either
+        # way that is an exit, not a failure nor a move done
+        gone = self._gone()
+        if gone is not None:
+            return gone
         full, failed = self.left.get("target_full", 0), self.left.get("failed", 0)
-        if full or failed:
-            # a worker that exits mid-move fails its last pages: that is an exit, not a failure
-            gone = self._gone()
-            if gone is not None:
-                return gone
         stayed = ", ".join(f"{n} {why}" for why, n in sorted(self.left.items()) if n)
         summary = f"{_mib(self.moved)} of private memory moved to NUMA node {self.node}"
         if stayed:
