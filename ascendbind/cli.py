@@ -134,10 +134,9 @@ def _plan_errors(plan: Plan) -> PlanImpossible:
 def cmd_plan(args) -> int:
     from .discovery import LiveHost, SnapshotHost
     from .discovery.sources import OneTimeoutPerTool, is_snapshot_dir
-    from .planner.isolation import explain_isolation, plan_isolation, require_built_level
+    from .planner.isolation import explain_isolation, plan_isolation
 
     config = config_from_args(args)
-    require_built_level(config)
     pid = args.pid
     if args.snapshot:
         if not os.path.isdir(args.snapshot):

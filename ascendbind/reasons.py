@@ -63,6 +63,8 @@ class Reason(str, enum.Enum):
     CHANGED_BY_OWNER = "changed_by_owner"  # a mask changed by someone else since isolation set it: left as it is
     MASK_UNCHANGEABLE = "mask_unchangeable"  # a kernel thread or workqueue whose mask the kernel refuses to change
     MASK_WRITE_FAILED = "mask_write_failed"  # a kernel thread's or workqueue's mask write failed or read back wrong
+    TASK_PINNED_INSIDE = "task_pinned_inside"  # host: a task its owner pinned wholly inside the protected CPUs: left
+    TOO_MANY_TASKS = "too_many_tasks"  # host: the record holds as many moved tasks as the state file may: no more
     # release
     NOTHING_TO_RESTORE = "nothing_to_restore"
     # any step

@@ -303,6 +303,24 @@ def test_status_json_shape(tree):
     iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     out = iso.to_json(cfg)
     assert out["protected"] == "8-11" and out["housekeeping"] == "0-1,6-7"
-    assert out["changed"] == {"irq": 4, "default": 1, "workqueue": 1, "task": 0}
+    assert out["changed"] == {"irq": 4, "default": 1, "workqueue": 1, "workqueues": 0, "task": 0}
+    assert out["tasks"] is None and out["skipped_total"] == 0  # the host level's report: only at host
     assert {g["class"] for g in out["cpus"]} == {"housekeeping", "protected", "other"}
     assert out["last_change"]["written"] == 6 and out["skipped"] == [] and out["daemon_threads"] is None
+
+
+def test_host_narrows_the_unbound_workqueues_mask_records_it_first_and_puts_it_back(tree):
+    # the shared mask of the kernel's unbound workqueues, in the fixture tree (the real one is
+    # host-wide: tests/test_isolation_guest.py changes it in the guest only)
+    shared = tree[1] / "devices" / "virtual" / "workqueue" / "cpumask"
+    shared.write_text(ALL12 + "\n")
+    cfg = config(tree).replace(isolation="host")
+    iso = Isolation()
+    on_disk = []
+    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: on_disk.append(iso.state_json()))
+    assert shared.read_text().strip() == "000000ff"  # 0-7: the protected 8-11 are gone
+    assert on_disk and on_disk[0]["masks"]["workqueues"] == {"original": ALL12, "ours": ["000000ff"]}
+    out = iso.to_json(cfg)
+    assert out["changed"]["workqueues"] == 1 and out["tasks"]["never_moved"]["pid 1"] == 0
+    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    assert shared.read_text() == ALL12 and iso.record.empty  # byte for byte

@@ -26,8 +26,7 @@ from ascendbind.model import DeviceType, NpuChip
 from ascendbind.planner import make_plan
 from ascendbind.planner.driverwork import (device_id, driver_cpus, sq_send_wq_device, sq_send_wq_name,
                                           sq_task_device, trs_mbox_device)
-from ascendbind.planner.isolation import (NO_HOUSEKEEPING, explain_isolation, level_refusal, narrowed,
-                                          plan_isolation, require_built_level)
+from ascendbind.planner.isolation import NO_HOUSEKEEPING, explain_isolation, narrowed, plan_isolation, task_target
 from ascendbind.settings import load_config
 from tests.golden import CASES, HOSTS, golden_path, run_plan
 from tests.planner_hosts import host, one_npu_host, worker
@@ -133,7 +132,7 @@ GOLDEN = [(h, c) for h, cases in CASES.items() for c in cases]
 def test_every_golden_plan_is_the_same_at_every_level(name, case):
     with open(golden_path(name, case)) as fh:
         golden = json.load(fh)
-    for level in ("off", "irqs"):
+    for level in ("off", "irqs", "host"):
         code, plan, _err = run_plan(name, [*CASES[name][case], "--isolation", level])
         assert plan == golden["plan"], f"{name}/{case} at {level}"
         if golden["exit"] != 0 or level == "off":
@@ -155,13 +154,31 @@ def test_plan_explain_shows_the_level_cpu_by_cpu_and_a_refusal_is_exit_3(capsys)
     assert "200-239" in captured.out  # the plan is printed all the same: only the bind would be refused
 
 
-def test_host_is_refused_until_it_is_built():
-    assert level_refusal(Config(isolation="irqs")) is None
-    assert "not built" in level_refusal(Config(isolation="host"))
-    with pytest.raises(ConfigError, match="isolation = host is not built"):
-        require_built_level(Config(isolation="host"))
-    code, _plan, err = run_plan("a2-8x910b3", ["--npu", "3", "--isolation", "host"])
-    assert code == 2 and "not built" in err
+def test_plan_explain_at_host_says_what_the_level_does_to_other_tasks_cpu_by_cpu(capsys):
+    from ascendbind.cli import main
+
+    code = main(["plan", "--snapshot", os.path.join(HOSTS, "a2-8x910b3"), "--npu", "3", "--explain",
+                 "--isolation", "host"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"isolation host: housekeeping CPUs {pairs(0, 24, 8)} (auto), protected CPUs 122-143" in out
+    assert "no other userspace task" in out and "no unbound workqueue" in out and "pid 1" in out
+    assert "CPU 122-141  protected     NPU 3 main" in out
+    facts, plans, cfg = fixture_plans("a2-8x910b3", [3], isolation="host")
+    iso = plan_isolation(facts, plans, cfg)
+    assert iso.moves_tasks and iso.moves_irqs
+    assert not plan_isolation(facts, plans, Config(isolation="irqs")).moves_tasks
+    assert not plan_isolation(facts, [], cfg).moves_tasks  # nothing bound: nothing moves
+
+
+@pytest.mark.parametrize("mask, protected, out", [
+    ("0-7", "4-5", "0-3,6-7"),  # every CPU it had but the protected ones
+    ("4-6", "4-5", "6"),        # narrowed by its owner: what is left of its own choice, not the housekeeping set
+    ("4-5", "4-5", None),       # pinned wholly inside by its owner: left there (reported)
+    ("0-1", "4-5", "0-1"),      # already off them: unchanged
+])
+def test_task_target_keeps_what_the_task_chose_and_never_widens_it(mask, protected, out):
+    got = task_target(parse_cpulist(mask), parse_cpulist(protected))
+    assert (None if got is None else format_cpulist(got)) == out
 
 
 # ---------------------------------------------------------------- narrowed and the driver's work

@@ -62,11 +62,11 @@ from ..discovery.deadline import READERS
 from ..errors import AscendbindError, ConfigError
 from ..model import HostFacts
 from ..planner import lint_config
-from ..planner.isolation import require_built_level
 from .runtime import systemd
 from .runtime.threadname import name_os_thread
 from .host.autobind import AutoBinder
 from .core import Daemon
+from .isolate.taskwatch import TaskWatch
 from .host.hotplug import HotplugMonitor
 from .api.listen import open_listen_socket
 from .api.metrics import METRICS_LIMITS, Metrics, start_tcp_listener
@@ -100,6 +100,7 @@ class _Service:
         self.server: ApiServer | None = None
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
+        self.taskwatch = TaskWatch(self.daemon)
         self.hotplug = HotplugMonitor(lambda: rediscover_and_replan(self.daemon))
         self.autobind: AutoBinder | None = None
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -121,7 +122,6 @@ class _Service:
 
     def start(self) -> None:
         cfg = self.config
-        require_built_level(cfg)
         real_state_dir = self.daemon.state.prepare()
         ensure_fd_budget(API_LIMITS.max_total + METRICS_LIMITS.max_total + FD_OVERHEAD)
         try:
@@ -133,6 +133,7 @@ class _Service:
         restored = self.daemon.restore()
         threading.Thread(target=self._warm_up, name="discovery", daemon=True).start()
         self.reconciler.start()
+        self.taskwatch.start()
         self.daemon.hotplug_status = self.hotplug.start()
         self.daemon.rediscovery_pending = self.hotplug.debouncer.pending
         self.daemon.reconcile_mode = self.reconciler.thread_events.describe
@@ -172,7 +173,6 @@ class _Service:
     def reload(self) -> None:
         try:
             new = self.reload_config()
-            require_built_level(new)
         except ConfigError as exc:
             log.error("SIGHUP: config not reloaded; keeping the running one", error=str(exc))
             return
@@ -205,7 +205,8 @@ class _Service:
         self.stopping = "api"
         if self.server is not None:
             self.server.stop()
-        for name, part in (("reconcile loop", self.reconciler), ("hot-plug monitor", self.hotplug),
+        for name, part in (("reconcile loop", self.reconciler), ("host task watcher", self.taskwatch),
+                           ("hot-plug monitor", self.hotplug),
                            ("auto-bind", self.autobind), ("metrics listener", self.tcp)):
             if part is not None:
                 self.stopping = name

@@ -34,7 +34,7 @@ from .sysfs import parse_cpulist_file
 
 __all__ = ["irq_numbers", "irq_names", "default_affinity_path", "read_default_affinity", "workqueue_mask_path",
            "read_workqueue_mask", "KernelThread", "kernel_threads", "kernel_isolated_cpus", "own_threads",
-           "WORKQUEUE_DIR"]
+           "WORKQUEUE_DIR", "unbound_workqueues_path", "read_unbound_workqueues"]
 
 WORKQUEUE_DIR = "/sys/devices/virtual/workqueue"
 
@@ -77,6 +77,16 @@ def workqueue_mask_path(name: str, sys_root: str = "/sys") -> str:
 def read_workqueue_mask(name: str, sys_root: str = "/sys") -> str | None:
     """The mask text of workqueue ``name`` (None: no such workqueue in sysfs)."""
     text = read_once(workqueue_mask_path(name, sys_root), 4096)
+    return None if text is None else text.strip()
+
+
+def unbound_workqueues_path(sys_root: str = "/sys") -> str:
+    """The mask the kernel's unbound workqueues share (those without a sysfs mask of their own)."""
+    return f"{sys_root}/devices/virtual/workqueue/cpumask"
+
+
+def read_unbound_workqueues(sys_root: str = "/sys") -> str | None:
+    text = read_once(unbound_workqueues_path(sys_root), 4096)
     return None if text is None else text.strip()
 
 

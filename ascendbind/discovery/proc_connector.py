@@ -61,7 +61,10 @@ class ProcEventSocket:
         self.filtered = False  # whether the kernel drops other processes' events
 
     @classmethod
-    def open(cls, *, timeout: float = 0.5, buffer_bytes: int = BUFFER_BYTES) -> ProcEventSocket:
+    def open(cls, *, timeout: float = 0.5, buffer_bytes: int = BUFFER_BYTES,
+             program: bytes | None = None) -> ProcEventSocket:
+        """Subscribe; ``program`` (a classic BPF filter) replaces the per-worker filter
+        for a listener that wants other events (the host isolation level: process starts)."""
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
                                  NETLINK_CONNECTOR)
@@ -71,19 +74,22 @@ class ProcEventSocket:
             raise DiscoveryError(f"process events: no connector socket ({exc.strerror})", code=code) from None
         src = cls(sock)
         try:
-            src._subscribe(timeout, buffer_bytes)
+            src._subscribe(timeout, buffer_bytes, program)
         except BaseException:
             sock.close()
             raise
         return src
 
-    def _subscribe(self, timeout: float, buffer_bytes: int) -> None:
+    def _subscribe(self, timeout: float, buffer_bytes: int, program: bytes | None = None) -> None:
         sock = self.sock
         try:
             sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, buffer_bytes)
         except OSError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)  # capped at rmem_max
-        self.set_filter(())  # nothing of the host's churn is queued, not even before the first pass
+        if program is None:
+            self.set_filter(())  # nothing of the host's churn is queued, not even before the first pass
+        elif not self._attach(program):
+            raise DiscoveryError("process events: the kernel refused the socket filter", code="error")
         ack = struct.unpack("=I", os.urandom(4))[0]  # acks go to every listener: ours is ours by this
         try:
             sock.bind((0, CN_IDX_PROC))
@@ -121,22 +127,24 @@ class ProcEventSocket:
         """Keep only the events of ``tgids`` in the kernel (True), or, for more tgids than a
         filter holds or a kernel that refuses it, every event (False: the reader filters)."""
         prog = socket_filter(list(tgids))
-        if prog is not None:
-            insns = array.array("B", prog)
-            addr, _n = insns.buffer_info()  # the kernel copies the program during the call
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
-                                     struct.pack("HL", len(prog) // 8, addr))
-                self.filtered = True
-                return True
-            except OSError:
-                pass
+        if prog is not None and self._attach(prog):
+            return True
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
         except OSError:
             pass  # none attached
         self.filtered = False
         return False
+
+    def _attach(self, prog: bytes) -> bool:
+        insns = array.array("B", prog)
+        addr, _n = insns.buffer_info()  # the kernel copies the program during the call
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", len(prog) // 8, addr))
+        except OSError:
+            return False
+        self.filtered = True
+        return True
 
     def read(self, limit: int = READ_LIMIT) -> tuple[list[bytes], bool]:
         """The datagrams queued now (at most ``limit``), and whether events were lost."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ProcEvent", "ThreadChanges", "parse_events", "thread_changes", "listen_message", "ack_error",
     "socket_filter", "MAX_FILTER_TGIDS", "CN_IDX_PROC", "NETLINK_CONNECTOR", "LISTEN", "IGNORE",
+    "started_processes", "process_start_filter",
 ]
 
 NETLINK_CONNECTOR = 11
@@ -68,6 +69,7 @@ COMM_LEN = 16
 # than that are filtered after reading instead
 MAX_FILTER_TGIDS = 1500
 _LD_W_ABS, _JEQ_K, _JA, _RET_K = 0x20, 0x15, 0x05, 0x06
+_ST, _LDX_MEM, _JEQ_X = 0x02, 0x61, 0x1D
 _KEEP, _DROP = 0xFFFFFFFF, 0
 
 
@@ -213,4 +215,43 @@ def socket_filter(tgids: Sequence[int]) -> bytes | None:
         prog.append(_insn(_JEQ_K, 0, 1, _be(tgid)))
         prog.append(_insn(_RET_K, 0, 0, _KEEP))
     prog.append(_insn(_RET_K, 0, 0, _DROP))
+    return b"".join(prog)
+
+
+def started_processes(events: Iterable[ProcEvent | None]) -> tuple[list[int], int]:
+    """The processes that ``events`` say started (a fork whose child is a process of its
+    own) or replaced their image (exec), in order, each once; and how many messages were
+    malformed. An exec is news too: its name, and the cgroup a service manager moved
+    the child into before it, are only final then."""
+    seen: dict[int, None] = {}
+    malformed = 0
+    for ev in events:
+        if ev is None:
+            malformed += 1
+        elif (ev.kind == "fork" and ev.tid == ev.tgid) or ev.kind == "exec":
+            seen[ev.tgid] = None
+    return list(seen), malformed
+
+
+def process_start_filter() -> bytes:
+    """A classic BPF program that keeps acks, the forks that start a process (child pid
+    equal to child tgid: a new thread inherits the mask of the thread that made it)
+    and exec events, and drops the rest of the host's churn (new threads, renames,
+    exits) in the kernel. Both words of the fork are compared as loaded (byte order
+    does not change equality)."""
+    prog = [
+        _insn(_LD_W_ABS, 0, 0, DATA),  # 0: what
+        _insn(_JEQ_K, 0, 1, _be(NONE)),  # 1: an ack ->
+        _insn(_RET_K, 0, 0, _KEEP),  # 2:   keep
+        _insn(_JEQ_K, 0, 5, _be(FORK)),  # 3: a fork -> 4, else 9
+        _insn(_LD_W_ABS, 0, 0, EVENT_DATA + 8),  # 4:   child_pid
+        _insn(_ST, 0, 0, 0),  # 5:   M[0] = child_pid
+        _insn(_LDX_MEM, 0, 0, 0),  # 6:   X = M[0]
+        _insn(_LD_W_ABS, 0, 0, EVENT_DATA + 12),  # 7:   child_tgid
+        _insn(_JEQ_X, 2, 3, 0),  # 8:   a process -> keep (11), a thread -> drop (12)
+        _insn(_JEQ_K, 1, 0, _be(EXEC)),  # 9: exec -> keep (11)
+        _insn(_RET_K, 0, 0, _DROP),  # 10: any other kind
+        _insn(_RET_K, 0, 0, _KEEP),  # 11
+        _insn(_RET_K, 0, 0, _DROP),  # 12
+    ]
     return b"".join(prog)

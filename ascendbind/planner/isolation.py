@@ -26,6 +26,12 @@ rest of the host to.
 less the protected CPUs, or the housekeeping set when nothing would be left.
 The driver's per-device work (its kernel threads, workqueues and mailbox IRQs,
 driverwork.py) goes to its NPU's IRQ CPUs instead.
+
+``host`` adds the other userspace tasks and the unbound workqueues' shared
+mask. ``task_target`` is the one rule for a task: its mask less the protected
+CPUs, and nothing (left where it is, and reported) when that leaves no CPU:
+such a task was pinned there by its owner. The workqueues' mask follows
+``narrowed``, like an IRQ's.
 """
 
 from __future__ import annotations
@@ -35,33 +41,15 @@ from dataclasses import dataclass, field
 
 from ..config import Config
 from ..cpulist import format_cpulist, parse_cpulist
-from ..errors import ConfigError
 from ..frozen import frozen_map
 from ..model import HostFacts, Mode, Plan, PlanIssue, WorkerFacts
 from .plan import make_plan
 
-__all__ = ["IsolationPlan", "plan_isolation", "host_plan", "protected_roles", "narrowed", "level_refusal",
-           "require_built_level", "explain_isolation", "BUILT_LEVELS", "NO_HOUSEKEEPING"]
+__all__ = ["IsolationPlan", "plan_isolation", "host_plan", "protected_roles", "narrowed", "task_target",
+           "explain_isolation", "NO_HOUSEKEEPING"]
 
-BUILT_LEVELS = ("off", "irqs")
 NO_HOUSEKEEPING = "no_housekeeping_cpus"
 _ROLES = ("main", "acl", "release")
-
-
-def level_refusal(config: Config) -> str | None:
-    """Why ``config.isolation`` cannot run in this version (None: it can)."""
-    if config.isolation in BUILT_LEVELS:
-        return None
-    return (f"isolation = {config.isolation} is not built in this version: moving every other task off the "
-            f"bound workers' CPUs is not implemented yet; use isolation = irqs (other interrupts, the driver's "
-            f"work and the daemon itself leave those CPUs) or off")
-
-
-def require_built_level(config: Config) -> None:
-    """ConfigError when ``config.isolation`` is a level this version cannot run."""
-    why = level_refusal(config)
-    if why:
-        raise ConfigError(why)
 
 
 @dataclass(frozen=True)
@@ -90,6 +78,12 @@ class IsolationPlan:
         """Whether this level changes IRQ masks: ``irqs`` (and the levels above it) with
         something bound and somewhere to move to."""
         return self.level != "off" and bool(self.protected) and bool(self.housekeeping)
+
+    @property
+    def moves_tasks(self) -> bool:
+        """Whether this level changes other tasks' affinity and the unbound workqueues'
+        mask: ``host`` with something bound and somewhere to move to."""
+        return self.level == "host" and bool(self.protected) and bool(self.housekeeping)
 
     def to_json(self) -> dict:
         return {
@@ -207,6 +201,14 @@ def narrowed(mask: frozenset[int], protected: frozenset[int], housekeeping: froz
     return kept or frozenset(housekeeping) or frozenset(mask)
 
 
+def task_target(mask: frozenset[int], protected: frozenset[int]) -> frozenset[int] | None:
+    """The affinity another task gets at ``host``: ``mask`` less the protected CPUs; None
+    when nothing would be left (a task pinned inside the protected CPUs by its owner is
+    left there and reported: moving it elsewhere would overrule a choice it made)."""
+    kept = frozenset(mask) - protected
+    return kept or None
+
+
 # ---------------------------------------------------------------- explanation
 
 _WHAT = {
@@ -220,6 +222,14 @@ _WHAT = {
                      "(each other IRQ loses these CPUs, new IRQs too, irqbalance is told to keep off)",
         "housekeeping": "the daemon's threads and the tools it runs; the IRQs that would have no CPU left",
         "other": "unchanged (an IRQ allowed here keeps it)",
+    },
+    "host": {
+        "protected": "no thread of the daemon, no tool it runs; no IRQ but its NPU's pinned SQ/CQ; no other "
+                     "userspace task (each loses these CPUs, one started later within 100 ms) but the bound "
+                     "workers, their children, pid 1, kubelet's pods and the exempt; no unbound workqueue",
+        "housekeeping": "the daemon's threads and the tools it runs; the IRQs that would have no CPU left; the "
+                        "other tasks and the unbound workqueues keep the CPUs they had here",
+        "other": "unchanged (an IRQ or a task allowed here keeps it)",
     },
 }
 

@@ -6,7 +6,11 @@ daemon's own threads (and so the tools they start) on the housekeeping CPUs;
 keeper.py follows the held table: after every change it plans the levels
 (planner/isolation.py), records each mask in the state file before writing it,
 writes it, and puts back what is no longer needed, unless its owner changed it
-meanwhile. The ``Daemon`` calls it; it never changes the held table.
+meanwhile. The ``Daemon`` calls it; it never changes the held table. masks.py
+reads and writes each kind of mask; banned.py tells irqbalance. At ``host``,
+hosttasks.py sweeps the other tasks (which are never moved, and where the
+others go) and taskwatch.py is the thread that moves tasks started later
+(process events, or a listing of ``/proc``).
 
 May import: from the daemon, state/ and runtime/; from the rest of ascendbind, anything.
 """

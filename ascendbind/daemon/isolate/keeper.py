@@ -30,37 +30,38 @@ recorded is put back: that needs no facts.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
 
-from ...applier.irqbalance import Unreachable, banned_cpus, reset_banned_cpus, tell_banned_cpus
 from ...applier.taskmask import task_cpus
 from ...config import Config
-from ...cpulist import format_cpulist, parse_cpulist
+from ...cpulist import format_cpulist
 from ...decisions import MaskWrite
-from ...discovery.hostwork import (irq_names, irq_numbers, kernel_isolated_cpus, kernel_threads, read_default_affinity,
-                                   read_workqueue_mask)
-from ...discovery.irqbalance import auto_banned_cpus
-from ...discovery.irqhost import irq_masks_writable, irqbalance_pids, read_irq_mask
-from ...discovery.process import read_identity
-from ...discovery.tasks import read_environ
+from ...discovery.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
+                                   read_unbound_workqueues, read_workqueue_mask)
+from ...discovery.irqhost import irq_masks_writable, read_irq_mask
 from ...errors import ConfigError, PlanImpossible
 from ...model import Binding, HostFacts, PlanIssue
 from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
 from ...planner.isolation import IsolationPlan, narrowed, plan_isolation
 from ...reasons import Reason
-from ..state.isolationrecord import IsolationRecord, SavedBan, SavedMask, key_kind, mask_key
-from .masks import SKIP_REASONS, Mask, hex_cpus, list_cpus, mask_of
+from ..state.isolationrecord import IsolationRecord, SavedMask, key_kind, mask_key
+from .banned import follow_irqbalance
+from .hosttasks import HostTasks
+from .masks import SKIP_REASONS, Mask, hex_cpus, mask_of
 from .rules import Act, irq_target, mask_act
 from .selfmask import DaemonThreads
 
 __all__ = ["Isolation"]
 
 log = structlog.get_logger("ascendbind.isolation")
+
+MAX_LISTED = 256  # skipped masks listed in status (all are counted)
 
 
 class Isolation:
@@ -80,6 +81,9 @@ class Isolation:
         self._planned: tuple | None = None  # (host, plans, config) -> plan, for a save that changed nothing
         self._applied: tuple | None = None
         self.stopped = False  # put back for good: the daemon is stopping
+        self._moving = False
+        self.tasks = HostTasks()  # the host level's other tasks
+        self.woken = threading.Event()  # set when the host level starts or stops moving tasks (taskwatch.py)
 
     # ---------------------------------------------------------- state
 
@@ -178,9 +182,15 @@ class Isolation:
             on = False
         else:
             self.skipped.pop("irq", None)
-        counts = self._masks(iso if on else None, host, config, pinned, persist)
-        self._irqbalance(iso if on else None, config, persist)
+        host_on = iso is not None and iso.moves_tasks
+        bound = {b.pid: b.start_time for b in bindings}
+        wanted = self._wanted(iso, host, config, pinned, on, host_on, bound) if iso is not None and host else {}
+        counts = self._masks(wanted, config, pinned, persist)
+        follow_irqbalance(self, iso if on else None, config, persist)
         self._applied = (config, iso, pinned, self.record.empty)
+        if host_on != self._moving:
+            self._moving = host_on
+            self.woken.set()
         seconds = time.monotonic() - t0
         self.last = {"at": round(time.time(), 3), "seconds": round(seconds, 6), **counts}
         if any(counts.values()):
@@ -188,11 +198,40 @@ class Isolation:
                      protected=format_cpulist(iso.protected) if iso else "", housekeeping=format_cpulist(
                          iso.housekeeping) if iso else "", seconds=round(seconds, 4), **counts)
 
+    @property
+    def moving_tasks(self) -> bool:
+        """Whether the host level moves other tasks now (the watcher follows new ones)."""
+        return self._moving and not self.stopped
+
+    def adopt(self, daemon, pids: Iterable[int]) -> dict[str, int]:
+        """Move the tasks of ``pids`` (just started, or just exec'd) at ``host``, with the
+        same record-before-write as ``follow``; under the daemon's lock, like ``follow``."""
+        with daemon.lock:
+            iso = self.plan
+            if not self.moving_tasks or iso is None or not iso.moves_tasks:
+                return {}
+            bound = {h.binding.pid: h.binding.start_time for h in daemon.held.values()}
+            wanted, swept = self.tasks.wanted(iso, daemon.config, bound, self.record.masks, self._refused, pids)
+            return self._masks(wanted, daemon.config, frozenset(), lambda: self._persist(daemon), scope=swept)
+
+    def resweep(self, daemon) -> None:
+        """A full follow at the next save, and that save now (the watcher's periodic sweep:
+        threads made while their process was being moved, events lost, pids reused)."""
+        with daemon.lock:
+            self._applied = None
+        daemon.save()
+
+    def _persist(self, daemon) -> None:
+        daemon.state.save_encoded([h.state_record() for h in daemon.held.values()], isolation=self.state_json())
+
     def put_back(self, config: Config, persist: Callable[[], None]) -> None:
         """Give the host back every mask and irqbalance's banned CPUs (the daemon stops)."""
-        counts = self._masks(None, None, config, frozenset(), persist)
-        self._irqbalance(None, config, persist)
+        counts = self._masks({}, config, frozenset(), persist)
+        follow_irqbalance(self, None, config, persist)
         self._applied = None
+        if self._moving:
+            self._moving = False
+            self.woken.set()
         log.info("isolation put the host back", **counts)
 
     def _plan(self, host: HostFacts, plans: tuple, config: Config) -> IsolationPlan:
@@ -205,9 +244,28 @@ class Isolation:
 
     # ---------------------------------------------------------- masks
 
-    def _wanted(self, iso: IsolationPlan, host: HostFacts, config: Config,
-                pinned: frozenset[int]) -> dict[str, tuple[str, frozenset[int]]]:
-        """key -> (current text, wanted CPUs) of every mask the level sets."""
+    def _wanted(self, iso: IsolationPlan, host: HostFacts, config: Config, pinned: frozenset[int], irqs: bool,
+                tasks: bool, bound: dict[int, int | None]) -> dict[str, tuple[str, frozenset[int]]]:
+        """key -> (current text, wanted CPUs) of every mask the level sets: with ``irqs``
+        the IRQ level's, with ``tasks`` the host level's."""
+        out: dict[str, tuple[str, frozenset[int]]] = {}
+        if tasks:
+            out, _swept = self.tasks.wanted(iso, config, bound, self.record.masks, self._refused)
+            self.tasks.swept_at = round(time.time(), 3)
+            # a task refused for good that exited is forgotten with it
+            self._refused = {k: v for k, v in self._refused.items() if key_kind(k) != "task" or k in _swept
+                             or k in self.record.masks}
+            current = read_unbound_workqueues(config.sys_root)
+            saved = self.record.masks.get("workqueues")
+            if current is not None and "workqueues" not in self._refused and (
+                    cpus := hex_cpus(saved.original if saved is not None else current)) is not None:
+                out["workqueues"] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
+        if irqs:
+            out.update(self._irq_wanted(iso, host, config, pinned))
+        return out
+
+    def _irq_wanted(self, iso: IsolationPlan, host: HostFacts, config: Config,
+                    pinned: frozenset[int]) -> dict[str, tuple[str, frozenset[int]]]:
         proc = config.proc_root
         drivers = driver_cpus(host, iso)
         names = irq_names(proc) if drivers else {}
@@ -241,137 +299,91 @@ class Isolation:
                 out[key] = (current, cpus)
         return out
 
-    def _masks(self, iso: IsolationPlan | None, host: HostFacts | None, config: Config, pinned: frozenset[int],
-               persist: Callable[[], None]) -> dict[str, int]:
-        wanted = self._wanted(iso, host, config, pinned) if iso is not None and host is not None else {}
+    def _masks(self, wanted: dict[str, tuple[str, frozenset[int]]], config: Config, pinned: frozenset[int],
+               persist: Callable[[], None], scope: set[str] | None = None) -> dict[str, int]:
+        """Weigh and carry out every mask in ``wanted`` or the record (with ``scope``: only
+        the record's keys in it; the rest is left for a full follow)."""
         held = {mask_key("irq", i) for i in pinned}  # the IRQ step's while pinned
         plan: list[tuple[str, Act, Mask, str | None]] = []
-        for key in sorted((set(wanted) | set(self.record.masks)) - held):
+        recorded = set(self.record.masks) if scope is None else set(self.record.masks) & scope
+        for key in sorted((set(wanted) | recorded) - held):
             m = mask_of(key, config)
             current = wanted[key][0] if key in wanted else m.read()
             target = wanted[key][1] if key in wanted else None
             act = mask_act(self.record.masks.get(key), None if current is None else m.parse(current), target, m.parse)
             plan.append((key, act, m, current))
         # a skip is listed until the mask is tried again; a refused one whenever the level is on
-        self.skipped = {k: v for k, v in self.skipped.items() if k in wanted or k in self.record.masks or k == "irq"}
-        if iso is not None:
-            self.skipped.update(self._refused)
+        if scope is None:
+            self.skipped = {k: v for k, v in self.skipped.items() if k in wanted or k in self.record.masks or k == "irq"}
+            if wanted:
+                self.skipped.update(self._refused)
         counts = {"written": 0, "restored": 0, "left_to_owner": 0, "skipped": 0}
         writes = []
+        changes: dict[str, SavedMask | None] = {}  # applied to the record in one copy per batch
+
+        def saved_of(key: str) -> SavedMask | None:
+            return changes[key] if key in changes else self.record.masks.get(key)
+
         for key, act, m, current in plan:
-            saved = self.record.masks.get(key)
+            saved = saved_of(key)
             if act is Act.WRITE:
                 text = m.text(wanted[key][1], current)
-                self.record = self.record.with_mask(key, (saved or SavedMask(current)).with_ours(text))
+                changes[key] = (saved or SavedMask(current)).with_ours(text)
                 writes.append((key, m, text, saved))
             elif act is Act.KEEP:
-                self.record = self.record.with_mask(key, saved.settled(current))
+                changes[key] = saved.settled(current)
             elif act in (Act.SETTLED, Act.GONE):
-                self.record = self.record.with_mask(key, None)
+                changes[key] = None
             elif act is Act.OWNER:
-                self.record = self.record.with_mask(key, None)
+                changes[key] = None
                 self._left(key, saved, current)
                 counts["left_to_owner"] += 1
+        self.record = self.record.with_masks(changes)
+        changes = {}
         if writes:
             persist()  # what is about to change is on disk before it changes
         for key, m, text, before in writes:
             w = m.write(text, False)
             if w.status == "ok":
-                self.record = self.record.with_mask(key, self.record.masks[key].settled(w.now or text))
+                changes[key] = saved_of(key).settled(w.now or text)
                 self.skipped.pop(key, None)
                 counts["written"] += 1
             else:
-                self._failed(key, w, before)
+                changes[key] = self._failed(key, w, before, saved_of(key))
                 counts["skipped"] += 1
         for key, act, m, _current in plan:
             if act is Act.RESTORE:
-                saved = self.record.masks[key]
+                saved = saved_of(key)
                 w = m.write(saved.original, True)
                 if w.status in ("ok", "gone"):
-                    self.record = self.record.with_mask(key, None)
+                    changes[key] = None
                     counts["restored"] += 1 if w.status == "ok" else 0
                 else:
                     # refused now (it can never go back: forgotten, and listed) or failed (tried again)
-                    self._failed(key, w, None if w.status == "unchangeable" else saved)
+                    changes[key] = self._failed(key, w, None if w.status == "unchangeable" else saved, saved)
                     counts["skipped"] += 1
+        self.record = self.record.with_masks(changes)
         return counts
 
-    def _failed(self, key: str, w: MaskWrite, before: SavedMask | None) -> None:
+    def _failed(self, key: str, w: MaskWrite, before: SavedMask | None, now: SavedMask | None) -> SavedMask | None:
+        """Note a write that failed; the record's value for ``key`` afterwards."""
         unchangeable, failed = SKIP_REASONS[key_kind(key)]
         reason = unchangeable if w.status == "unchangeable" else failed
-        if w.status in ("unchangeable", "gone"):
-            # nothing changed: the record is as before this write (or gone with a value never ours)
-            self.record = self.record.with_mask(key, before)
         self.skipped[key] = {"reason": reason.value, "detail": f"{key}: {w.error or w.status}"}
         if w.status == "unchangeable":
             self._refused[key] = self.skipped[key]
         if w.status == "failed":
             log.warning("isolation could not write a mask", key=key, error=w.error, now=w.now)
+        # nothing changed: the record is as before this write (or gone with a value never ours)
+        return before if w.status in ("unchangeable", "gone") else now
 
     def _left(self, key: str, saved: SavedMask, current: str | None) -> None:
         why = (f"{key} holds {current}, neither its original {saved.original} nor what isolation wrote "
                f"({', '.join(saved.ours) or '-'}): its owner changed it, so it is left as it is")
         self.left.append({"what": key, "reason": Reason.CHANGED_BY_OWNER.value, "detail": why})
+        self.tasks.left_to_owner(key)
         log.warning("mask changed by its owner meanwhile; left as it is", key=key, now=current,
                     original=saved.original, ours=list(saved.ours))
-
-    # ---------------------------------------------------------- irqbalance
-
-    def _irqbalance(self, iso: IsolationPlan | None, config: Config, persist: Callable[[], None]) -> None:
-        proc, timeout = config.proc_root, config.command_timeout_seconds
-        ban = self.record.irqbalance
-        if ban is not None:
-            ident = read_identity(ban.pid, proc)
-            if ident is None or ident.comm != "irqbalance" or ident.start_time != ban.start_time:
-                self.record = self.record.with_ban(None)
-                ban = None  # its banned CPUs lived in its memory and went with it
-        pids = irqbalance_pids(proc) if iso is not None or ban is not None else []
-        if iso is None:
-            self.irqbalance = None
-            if ban is not None:
-                self._reset_irqbalance(ban, config)
-            return
-        if not pids:
-            self.irqbalance = "not running"
-            return
-        if config.irqbalance == "warn":
-            self.irqbalance = (f"{Reason.IRQBALANCE_ACTIVE.value}: irqbalance (pid {pids[0]}) runs and may move IRQs "
-                               "onto the protected CPUs again (irqbalance = warn)")
-            return
-        pid = ban.pid if ban is not None else pids[0]
-        try:
-            if ban is None:
-                ident = read_identity(pid, proc)
-                ban = SavedBan(pid, None if ident is None else ident.start_time,
-                               banned_cpus(pid, proc_root=proc, timeout=timeout))
-            original = hex_cpus(ban.original) or frozenset()
-            text = format_cpulist(original | iso.protected_cpus)
-            if ban.ours[-1:] != (text,):
-                self.record = self.record.with_ban(ban.with_ours(text))
-                persist()
-                tell_banned_cpus(pid, parse_cpulist(text), proc_root=proc, timeout=timeout)
-            self.irqbalance = f"told: irqbalance (pid {pid}) keeps IRQs off CPUs {text} from its next pass"
-        except Unreachable as exc:
-            self.irqbalance = f"{Reason.IRQBALANCE_UNREACHABLE.value}: {exc}"
-
-    def _reset_irqbalance(self, ban: SavedBan, config: Config) -> None:
-        proc, timeout = config.proc_root, config.command_timeout_seconds
-        original = hex_cpus(ban.original) or frozenset()
-        try:
-            now = hex_cpus(banned_cpus(ban.pid, proc_root=proc, timeout=timeout))
-            if now != original and now not in [list_cpus(t) for t in ban.ours]:
-                self.left.append({"what": "irqbalance banned CPUs", "reason": Reason.CHANGED_BY_OWNER.value,
-                                  "detail": f"irqbalance (pid {ban.pid}) bans {format_cpulist(now or ())}, neither "
-                                            f"its own {format_cpulist(original)} nor what isolation told it"})
-                log.warning("irqbalance's banned CPUs changed by someone else; left as they are", pid=ban.pid)
-            else:
-                auto = auto_banned_cpus(read_environ(ban.pid, proc), kernel_isolated_cpus(config.sys_root))
-                sent = reset_banned_cpus(ban.pid, None if auto == original else original, proc_root=proc,
-                                         timeout=timeout)
-                log.info("irqbalance's banned CPUs given back", pid=ban.pid, command=sent)
-            self.record = self.record.with_ban(None)
-        except Unreachable as exc:
-            self.irqbalance = f"{Reason.IRQBALANCE_UNREACHABLE.value}: banned CPUs not given back yet: {exc}"
 
     # ---------------------------------------------------------- status
 
@@ -386,8 +398,11 @@ class Isolation:
         out.update(
             waiting=self.waiting,
             daemon_threads=None if self.threads is None else self.threads.to_json(),
-            changed={k: kinds.get(k, 0) for k in ("irq", "default", "workqueue", "task")},
-            skipped=[{"what": k, **v} for k, v in sorted(self.skipped.items())],
+            changed={k: kinds.get(k, 0) for k in ("irq", "default", "workqueue", "workqueues", "task")},
+            # bounded: at host thousands of tasks may be refused (a cpuset without a housekeeping CPU)
+            skipped=[{"what": k, **v} for k, v in sorted(self.skipped.items())[:MAX_LISTED]],
+            skipped_total=len(self.skipped),
+            tasks=self.tasks.to_json() if config.isolation == "host" or self.tasks.swept_at else None,
             left_to_owner=list(self.left),
             irqbalance=self.irqbalance,
             last_change=self.last or None,

@@ -1,9 +1,9 @@
 """The kinds of mask isolation changes, each as read / write / parse / format.
 
 ``mask_of(key, config)`` gives the four for a record key (isolationrecord.py):
-an IRQ's ``smp_affinity``, the default for new IRQs and a workqueue's
-``cpumask`` are hex masks written as files (applier/hostmasks.py); a kernel
-thread's affinity is a cpu list set with ``sched_setaffinity`` (applier/taskmask.py),
+an IRQ's ``smp_affinity``, the default for new IRQs, a workqueue's ``cpumask``
+and the one unbound workqueues share are hex masks written as files
+(applier/hostmasks.py); a thread's affinity is a cpu list set with ``sched_setaffinity`` (applier/taskmask.py),
 and reads as gone once its pid names a task with another start time.
 """
 
@@ -17,7 +17,8 @@ from ...applier.taskmask import set_task_cpus, task_cpus
 from ...config import Config
 from ...cpulist import format_cpulist, format_mask, parse_cpulist, parse_mask
 from ...decisions import MaskWrite
-from ...discovery.hostwork import default_affinity_path, read_default_affinity, read_workqueue_mask, workqueue_mask_path
+from ...discovery.hostwork import (default_affinity_path, read_default_affinity, read_unbound_workqueues,
+                                   read_workqueue_mask, unbound_workqueues_path, workqueue_mask_path)
 from ...discovery.irqhost import irq_mask_path, read_irq_mask
 from ...discovery.process import stat_of
 from ...reasons import Reason
@@ -54,6 +55,10 @@ def mask_of(key: str, config: Config) -> Mask:
     """How to read, write and compare the mask a record key names."""
     kind, _, rest = key.partition(":")
     proc, sys_ = config.proc_root, config.sys_root
+    if kind == "workqueues":
+        path = unbound_workqueues_path(sys_)
+        return Mask(lambda: read_unbound_workqueues(sys_), lambda text, exact: write_mask_file(key, path, text, exact=exact),
+                    hex_cpus, _hex_text)
     if kind in ("irq", "default", "workqueue"):
         path = (irq_mask_path(int(rest), proc) if kind == "irq" else default_affinity_path(proc) if kind == "default"
                 else workqueue_mask_path(rest, sys_))
@@ -67,14 +72,21 @@ def mask_of(key: str, config: Config) -> Mask:
         cpus = task_cpus(int(pid)) if st is not None and st[1] == int(start) else None
         return None if cpus is None else format_cpulist(cpus)
 
-    return Mask(read_task, lambda text, exact: set_task_cpus(key, int(pid), parse_cpulist(text)), list_cpus,
-                 lambda cpus, _current: format_cpulist(cpus))
+    def write_task(text: str, _exact: bool) -> MaskWrite:
+        # the id names this task only while its start time is the recorded one
+        st = stat_of(int(pid), proc)
+        if st is None or st[1] != int(start):
+            return MaskWrite(key, "gone", None, None, f"task {pid} started at {start} is gone")
+        return set_task_cpus(key, int(pid), parse_cpulist(text))
+
+    return Mask(read_task, write_task, list_cpus, lambda cpus, _current: format_cpulist(cpus))
 
 
 # kind -> (the reason of a value the kernel refuses, the reason of any other failed write)
 SKIP_REASONS = {"irq": (Reason.IRQ_UNCHANGEABLE, Reason.IRQ_WRITE_FAILED),
                 "default": (Reason.IRQ_UNCHANGEABLE, Reason.IRQ_WRITE_FAILED),
                 "workqueue": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED),
+                "workqueues": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED),
                 "task": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED)}
 
 

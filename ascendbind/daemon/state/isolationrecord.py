@@ -7,7 +7,14 @@ is:
 * ``irq:<n>``: ``/proc/irq/<n>/smp_affinity`` (hex mask text);
 * ``default``: ``/proc/irq/default_smp_affinity`` (hex mask text);
 * ``workqueue:<name>``: ``/sys/devices/virtual/workqueue/<name>/cpumask`` (hex);
-* ``task:<pid>:<start time>``: a kernel thread's affinity (cpu list text);
+* ``workqueues``: ``/sys/devices/virtual/workqueue/cpumask``, the mask every
+  unbound workqueue without a sysfs mask of its own follows (hex);
+* ``task:<tid>:<start time>``: one thread's affinity (cpu list text): an NPU
+  driver thread's, or at ``host`` any other userspace thread's. The start time
+  tells a reused id apart: a thread that exited has nothing to put back.
+
+The record of a host with many tasks is as large as the tasks isolation moved
+(some 50 bytes each in the state file); the keeper caps their number.
 
 it keeps the text read before the first write (``original``, what goes back)
 and every text it wrote or was about to write since (``ours``, oldest first):
@@ -32,14 +39,14 @@ from ...frozen import frozen_map
 
 __all__ = ["SavedMask", "SavedBan", "IsolationRecord", "mask_key", "key_kind", "KINDS"]
 
-KINDS = ("irq", "default", "workqueue", "task")
-_KEY = re.compile(r"irq:[0-9]{1,7}|default|workqueue:[A-Za-z0-9_.:-]{1,64}|task:[0-9]{1,10}:[0-9]{1,20}")
+KINDS = ("irq", "default", "workqueue", "workqueues", "task")
+_KEY = re.compile(r"irq:[0-9]{1,7}|default|workqueues|workqueue:[A-Za-z0-9_.:-]{1,64}|task:[0-9]{1,10}:[0-9]{1,20}")
 _TEXT = re.compile(r"[0-9a-fA-F,\-]{0,8192}")
 MAX_OURS = 16  # texts kept per mask: more than any sequence of saves between two successful writes
 
 
 def mask_key(kind: str, *parts: object) -> str:
-    """``irq:24``, ``default``, ``workqueue:dev0_sq_send_wq``, ``task:812:4711``."""
+    """``irq:24``, ``default``, ``workqueues``, ``workqueue:dev0_sq_send_wq``, ``task:812:4711``."""
     key = ":".join([kind, *map(str, parts)])
     if kind not in KINDS or not _KEY.fullmatch(key):
         raise ValueError(f"not an isolation mask key: {key!r}")
@@ -122,6 +129,19 @@ class IsolationRecord:
             masks.pop(key, None)
         else:
             masks[key] = saved
+        return replace(self, masks=frozen_map(dict(sorted(masks.items()))))
+
+    def with_masks(self, changes: Mapping[str, SavedMask | None]) -> IsolationRecord:
+        """Many ``with_mask`` at once (None: forget that key): one copy for a batch of
+        thousands of tasks, not one per task."""
+        if not changes:
+            return self
+        masks = dict(self.masks)
+        for key, saved in changes.items():
+            if saved is None:
+                masks.pop(key, None)
+            else:
+                masks[key] = saved
         return replace(self, masks=frozen_map(dict(sorted(masks.items()))))
 
     def with_ban(self, ban: SavedBan | None) -> IsolationRecord:

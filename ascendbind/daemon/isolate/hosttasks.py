@@ -1,0 +1,199 @@
+"""The ``host`` level's other tasks: which are never moved and why, and where each
+thread of the others goes.
+
+``HostTasks.wanted`` sweeps the processes (all of them, or those an event or a
+listing just named) and answers, for each thread isolation may change, its
+mask now and the mask it wants (``task_target``: its mask less the protected
+CPUs); the keeper weighs each with rules.py like any other mask, under the key
+``task:<tid>:<start time>``.
+
+Never moved, and counted by why:
+
+* ``pid 1``: the init process (systemd). Its affinity is inherited by every
+  service it starts later, so changing it would be a host-wide change that
+  outlives the daemon; the daemon never acts on pid 1. What it starts is moved
+  like any other task, within the event window.
+* ``kernel``: every kernel thread (``PF_KTHREAD``). Per-CPU ones refuse any
+  change, the rest are the kernel's; unbound kernel work follows the unbound
+  workqueues' mask instead.
+* ``daemon``: the daemon and the tools it runs (selfmask.py keeps them on
+  the housekeeping CPUs).
+* ``bound``: a bound worker and every process below it. Its threads are the
+  bind's; a child inherits the mask of the thread that forked it (a data
+  loader, a compile worker): it is part of the workload the pool was planned
+  for, so it keeps that mask.
+* ``kubepods``: a process in kubelet's ``kubepods`` cgroup hierarchy (a path
+  component starting with ``kubepods``, v1 or v2). kubelet's CPU manager
+  writes those cpusets and rewrites them on its own reconcile, which resets
+  the affinity of the tasks inside: moving them would be a fight lost every
+  few seconds. Pods keep off the pools through kubelet itself.
+* ``exempt``: ``isolation_exempt``: a cgroup path (that cgroup and those
+  below it) or a shell-style pattern of the process's name.
+
+A thread whose own mask lies wholly inside the protected CPUs was put there by
+its owner; it is left there and reported (``task_pinned_inside``). A thread
+whose mask changed after isolation set it is left to its owner by the keeper
+(``changed_by_owner``) and never touched again while it lives (``hands_off``):
+whoever set it again wants it so, and a second write would be a fight.
+
+The record grows with the tasks moved; past ``MAX_TASKS`` no further task is
+moved (``too_many_tasks``, counted) so the state file stays bounded.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterable, Mapping
+
+import structlog
+
+from ...applier.taskmask import task_cpus
+from ...config import Config, exempt_entries
+from ...cpulist import format_cpulist
+from ...discovery.hosttasks import ProcessFacts, list_pids, process_facts, thread_starts
+from ...planner.isolation import IsolationPlan, task_target
+from ...reasons import Reason
+from ..state.isolationrecord import SavedMask, key_kind, mask_key
+from .masks import list_cpus
+
+__all__ = ["HostTasks", "never_moved", "MAX_TASKS", "NEVER"]
+
+log = structlog.get_logger("ascendbind.isolation")
+
+MAX_TASKS = 65536  # threads with a saved mask: some 3 MiB of state file
+MAX_DEPTH = 64  # parents walked up to find a bound worker or the daemon
+NEVER = ("pid 1", "kernel", "daemon", "bound", "kubepods", "exempt")
+
+
+def never_moved(p: ProcessFacts, ancestors: Iterable[int], bound: Mapping[int, int | None], own: int,
+                cgroups: tuple[str, ...], comms: tuple[str, ...]) -> str | None:
+    """Why process ``p`` is never moved (one of ``NEVER``), or None. ``ancestors``: the
+    pids above it; ``bound``: the bound workers' pid -> start time; ``own``: the daemon's pid;
+    ``cgroups``, ``comms``: the exempt cgroup paths and name patterns."""
+    if p.pid == 1:
+        return "pid 1"
+    if p.kernel:
+        return "kernel"
+    line = (p.pid, *ancestors)
+    if own in line:
+        return "daemon"
+    if (p.pid in bound and bound[p.pid] in (None, p.start_time)) or any(a in bound for a in line[1:]):
+        return "bound"
+    if any(part.startswith("kubepods") for path in p.cgroups for part in path.split("/")):
+        return "kubepods"
+    if any(path == c or path.startswith(c + "/") for path in p.cgroups for c in cgroups):
+        return "exempt"
+    if any(fnmatch.fnmatchcase(p.comm, pattern) for pattern in comms):
+        return "exempt"
+    return None
+
+
+class HostTasks:
+    """What the host level knows of the other tasks between sweeps."""
+
+    def __init__(self) -> None:
+        self.hands_off: set[str] = set()  # task keys left to their owner: never written again
+        self.pinned: dict[str, dict] = {}  # task key -> the report of a task pinned inside
+        self.never: dict[str, int] = {}  # why -> processes, from the latest full sweep
+        self.over_limit = 0  # threads not moved in the latest sweep: the record is full
+        self.listed: frozenset[int] = frozenset()  # the pids the latest full sweep saw
+        self.swept_at: float | None = None
+        self.mode: dict[str, str | None] = {"mode": "off", "reason": None}  # set by the watcher
+
+    def wanted(self, iso: IsolationPlan, config: Config, bound: Mapping[int, int | None],
+               saved: Mapping[str, SavedMask], skip: Iterable[str],
+               pids: Iterable[int] | None = None) -> tuple[dict[str, tuple[str, frozenset[int]]], set[str]]:
+        """(key -> (mask text now, wanted CPUs), the task keys swept) for the processes
+        ``pids`` (None: every process; then the memory of gone tasks is pruned too)."""
+        proc = config.proc_root
+        full = pids is None
+        listing = list_pids(proc) if full else sorted(set(pids))
+        facts: dict[int, ProcessFacts | None] = {}
+        parents: dict[int, int] = {}
+
+        def ancestors(p: ProcessFacts) -> list[int]:
+            out, pid = [], p.ppid
+            while pid > 1 and len(out) < MAX_DEPTH and pid not in out:
+                out.append(pid)
+                if pid not in parents:
+                    known = facts.get(pid)
+                    up = known if known is not None else process_facts(pid, proc, cgroups=False)
+                    parents[pid] = up.ppid if up is not None else 0
+                pid = parents[pid]
+            return out
+
+        cgroups, comms = exempt_entries(config.isolation_exempt)
+        own, protected = os.getpid(), iso.protected_cpus
+        skip = set(skip)
+        room = MAX_TASKS - sum(1 for k in saved if key_kind(k) == "task")
+        out: dict[str, tuple[str, frozenset[int]]] = {}
+        swept: set[str] = set()
+        never: dict[str, int] = {}
+        over = 0
+        for pid in listing:
+            p = facts[pid] = process_facts(pid, proc)
+            if p is None:
+                continue
+            why = never_moved(p, ancestors(p) if p.pid != 1 and not p.kernel else (), bound, own, cgroups, comms)
+            if why is not None:
+                never[why] = never.get(why, 0) + 1
+            for tid, start in thread_starts(pid, proc).items() if why != "kernel" else ():
+                key = mask_key("task", tid, start)
+                swept.add(key)
+                if why is not None or key in self.hands_off or key in skip:
+                    continue
+                now = task_cpus(tid)
+                if now is None:
+                    continue
+                mine = saved.get(key)
+                base = now
+                if mine is not None:
+                    base = list_cpus(mine.original) or now
+                target = task_target(base, protected)
+                if target is None:
+                    self._pinned(key, p, tid, now, iso)
+                    continue
+                if mine is None and target != now:
+                    if room <= 0:
+                        over += 1
+                        continue
+                    room -= 1
+                out[key] = (format_cpulist(now), target)
+        if full:
+            self.never, self.listed = never, frozenset(listing)
+            self.hands_off &= swept
+            self.pinned = {k: v for k, v in self.pinned.items() if k in swept}
+            self.over_limit = over
+        else:
+            self.over_limit += over
+        if over:
+            log.warning("isolation moves no more tasks: the record is full", limit=MAX_TASKS, not_moved=over)
+        return out, swept
+
+    def _pinned(self, key: str, p: ProcessFacts, tid: int, now: frozenset[int], iso: IsolationPlan) -> None:
+        if key in self.pinned:
+            return
+        detail = (f"task {tid} of {p.comm} (pid {p.pid}) is allowed only CPUs {format_cpulist(now)}, all of them "
+                  f"protected ({format_cpulist(iso.protected_cpus)}): its owner put it there, so it is left there")
+        self.pinned[key] = {"what": key, "reason": Reason.TASK_PINNED_INSIDE.value, "detail": detail}
+        log.warning("a task pinned inside the protected CPUs is left there", task=tid, pid=p.pid, comm=p.comm,
+                    cpus=format_cpulist(now))
+
+    def left_to_owner(self, key: str) -> None:
+        """The keeper found ``key`` changed by its owner: it is never written again while it lives."""
+        if key_kind(key) == "task":
+            self.hands_off.add(key)
+
+    def to_json(self) -> dict:
+        pinned = list(self.pinned.values())
+        return {
+            "events": self.mode,
+            "never_moved": {k: self.never.get(k, 0) for k in NEVER},
+            "left_to_owner": len(self.hands_off),
+            "pinned_inside": len(pinned),
+            "pinned": pinned[:32],
+            "too_many_tasks": self.over_limit,
+            "swept_at": self.swept_at,
+        }
+
