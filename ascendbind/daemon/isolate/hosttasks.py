@@ -89,6 +89,49 @@ def never_moved(p: ProcessFacts, ancestors: Iterable[int], bound: Mapping[int, i
     return None
 
 
+_HEIRS = (None, "exempt", "kubepods")  # whose threads may hold a mask inherited from a moved task
+
+
+class _Inheritance:
+    """Whether a thread with no record of its own holds a mask isolation wrote on a
+    thread of its own process or of its parent: a thread inherits the mask of the
+    thread that creates it, and a process that of the thread that forks it. Such a
+    thread is recorded with that thread's original, so putting the host back gives
+    it the mask it would have had (its own later choice is its owner's, as for any
+    task). A record's thread id may since name another task: only a record whose
+    newest text equals this thread's mask counts."""
+
+    def __init__(self, saved: Mapping[str, SavedMask], proc: str) -> None:
+        self.proc = proc
+        self.by_tid: dict[int, SavedMask] = {}
+        for key, mask in saved.items():
+            if key_kind(key) == "task":
+                self.by_tid[int(key.split(":")[1])] = mask
+        self.parents: dict[int, list[int]] = {}
+
+    def __call__(self, p: ProcessFacts, threads: Mapping[int, int], now: frozenset[int]) -> SavedMask | None:
+        if not self.by_tid:
+            return None
+        text = format_cpulist(now)
+        for tid in threads:
+            found = self._match(tid, text)
+            if found is not None:
+                return found
+        if p.ppid not in self.parents:
+            self.parents[p.ppid] = list(thread_starts(p.ppid, self.proc)) if p.ppid > 1 else []
+        for tid in self.parents[p.ppid]:
+            found = self._match(tid, text)
+            if found is not None:
+                return found
+        return None
+
+    def _match(self, tid: int, text: str) -> SavedMask | None:
+        mask = self.by_tid.get(tid)
+        if mask is not None and mask.ours and mask.ours[-1] == text:
+            return SavedMask(mask.original, (text,))
+        return None
+
+
 class HostTasks:
     """What the host level knows of the other tasks between sweeps."""
 
@@ -97,15 +140,18 @@ class HostTasks:
         self.pinned: dict[str, dict] = {}  # task key -> the report of a task pinned inside
         self.never: dict[str, int] = {}  # why -> processes, from the latest full sweep
         self.over_limit = 0  # threads not moved in the latest sweep: the record is full
+        self.moved = 0  # threads the watcher moved (tasks started after the level's follow)
         self.listed: frozenset[int] = frozenset()  # the pids the latest full sweep saw
         self.swept_at: float | None = None
         self.mode: dict[str, str | None] = {"mode": "off", "reason": None}  # set by the watcher
 
     def wanted(self, iso: IsolationPlan, config: Config, bound: Mapping[int, int | None],
                saved: Mapping[str, SavedMask], skip: Iterable[str],
-               pids: Iterable[int] | None = None) -> tuple[dict[str, tuple[str, frozenset[int]]], set[str]]:
-        """(key -> (mask text now, wanted CPUs), the task keys swept) for the processes
-        ``pids`` (None: every process; then the memory of gone tasks is pruned too)."""
+               pids: Iterable[int] | None = None) -> tuple[dict[str, tuple[str, frozenset[int]]], set[str],
+                                                           dict[str, SavedMask]]:
+        """(key -> (mask text now, wanted CPUs), the task keys swept, the records of tasks
+        that inherited a mask isolation wrote) for the processes ``pids`` (None: every
+        process; then the memory of gone tasks is pruned too)."""
         proc = config.proc_root
         full = pids is None
         listing = list_pids(proc) if full else sorted(set(pids))
@@ -130,7 +176,9 @@ class HostTasks:
         out: dict[str, tuple[str, frozenset[int]]] = {}
         swept: set[str] = set()
         never: dict[str, int] = {}
+        heirs: dict[str, SavedMask] = {}
         over = 0
+        inherit = _Inheritance(saved, proc)
         for pid in listing:
             p = facts[pid] = process_facts(pid, proc)
             if p is None:
@@ -138,15 +186,20 @@ class HostTasks:
             why = never_moved(p, ancestors(p) if p.pid != 1 and not p.kernel else (), bound, own, cgroups, comms)
             if why is not None:
                 never[why] = never.get(why, 0) + 1
-            for tid, start in thread_starts(pid, proc).items() if why != "kernel" else ():
+            threads = thread_starts(pid, proc) if why in _HEIRS else {}
+            for tid, start in threads.items():
                 key = mask_key("task", tid, start)
                 swept.add(key)
-                if why is not None or key in self.hands_off or key in skip:
+                if key in self.hands_off or key in skip:
                     continue
                 now = task_cpus(tid)
                 if now is None:
                     continue
                 mine = saved.get(key)
+                if mine is None and (mine := inherit(p, threads, now)) is not None:
+                    heirs[key] = mine
+                if why is not None:
+                    continue
                 base = now
                 if mine is not None:
                     base = list_cpus(mine.original) or now
@@ -169,7 +222,27 @@ class HostTasks:
             self.over_limit += over
         if over:
             log.warning("isolation moves no more tasks: the record is full", limit=MAX_TASKS, not_moved=over)
-        return out, swept
+        return out, swept, heirs
+
+    def heirs(self, config: Config, saved: Mapping[str, SavedMask]) -> dict[str, SavedMask]:
+        """The records of every task that inherited a mask isolation wrote and has none of
+        its own yet: taken before the level puts the host back, so those go back too."""
+        if not any(key_kind(k) == "task" for k in saved):
+            return {}
+        proc = config.proc_root
+        inherit = _Inheritance(saved, proc)
+        out = {}
+        for pid in list_pids(proc):
+            p = process_facts(pid, proc, cgroups=False)
+            if p is None or p.kernel or p.pid == 1:
+                continue
+            threads = thread_starts(pid, proc)
+            for tid, start in threads.items():
+                key = mask_key("task", tid, start)
+                now = task_cpus(tid) if key not in saved and key not in self.hands_off else None
+                if now is not None and (mine := inherit(p, threads, now)) is not None:
+                    out[key] = mine
+        return out
 
     def _pinned(self, key: str, p: ProcessFacts, tid: int, now: frozenset[int], iso: IsolationPlan) -> None:
         if key in self.pinned:
@@ -194,6 +267,7 @@ class HostTasks:
             "pinned_inside": len(pinned),
             "pinned": pinned[:32],
             "too_many_tasks": self.over_limit,
+            "moved_since": self.moved,
             "swept_at": self.swept_at,
         }
 

@@ -62,6 +62,7 @@ __all__ = ["Isolation"]
 log = structlog.get_logger("ascendbind.isolation")
 
 MAX_LISTED = 256  # skipped masks listed in status (all are counted)
+ADOPT_ROUNDS = 4
 
 
 class Isolation:
@@ -184,6 +185,9 @@ class Isolation:
             self.skipped.pop("irq", None)
         host_on = iso is not None and iso.moves_tasks
         bound = {b.pid: b.start_time for b in bindings}
+        if not host_on:
+            # before the tasks go back: those that inherited a mask isolation wrote go back with them
+            self.record = self.record.with_masks(self.tasks.heirs(config, self.record.masks))
         wanted = self._wanted(iso, host, config, pinned, on, host_on, bound) if iso is not None and host else {}
         counts = self._masks(wanted, config, pinned, persist)
         follow_irqbalance(self, iso if on else None, config, persist)
@@ -211,8 +215,21 @@ class Isolation:
             if not self.moving_tasks or iso is None or not iso.moves_tasks:
                 return {}
             bound = {h.binding.pid: h.binding.start_time for h in daemon.held.values()}
-            wanted, swept = self.tasks.wanted(iso, daemon.config, bound, self.record.masks, self._refused, pids)
-            return self._masks(wanted, daemon.config, frozenset(), lambda: self._persist(daemon), scope=swept)
+            total: dict[str, int] = {}
+            # a thread started while its process was being moved has the old mask, or ours unrecorded:
+            # the same processes again until a round finds nothing new (bounded: threads are not
+            # created in a loop faster than a round, and the full sweep catches the rest)
+            for _ in range(ADOPT_ROUNDS):
+                wanted, swept, heirs = self.tasks.wanted(iso, daemon.config, bound, self.record.masks,
+                                                         self._refused, pids)
+                self.record = self.record.with_masks(heirs)
+                counts = self._masks(wanted, daemon.config, frozenset(), lambda: self._persist(daemon), scope=swept)
+                for k, v in counts.items():
+                    total[k] = total.get(k, 0) + v
+                if not counts["written"] and not heirs:
+                    break
+            self.tasks.moved += total.get("written", 0)
+            return total
 
     def resweep(self, daemon) -> None:
         """A full follow at the next save, and that save now (the watcher's periodic sweep:
@@ -226,6 +243,7 @@ class Isolation:
 
     def put_back(self, config: Config, persist: Callable[[], None]) -> None:
         """Give the host back every mask and irqbalance's banned CPUs (the daemon stops)."""
+        self.record = self.record.with_masks(self.tasks.heirs(config, self.record.masks))
         counts = self._masks({}, config, frozenset(), persist)
         follow_irqbalance(self, None, config, persist)
         self._applied = None
@@ -250,7 +268,8 @@ class Isolation:
         the IRQ level's, with ``tasks`` the host level's."""
         out: dict[str, tuple[str, frozenset[int]]] = {}
         if tasks:
-            out, _swept = self.tasks.wanted(iso, config, bound, self.record.masks, self._refused)
+            out, _swept, heirs = self.tasks.wanted(iso, config, bound, self.record.masks, self._refused)
+            self.record = self.record.with_masks(heirs)
             self.tasks.swept_at = round(time.time(), 3)
             # a task refused for good that exited is forgotten with it
             self._refused = {k: v for k, v in self._refused.items() if key_kind(k) != "task" or k in _swept
