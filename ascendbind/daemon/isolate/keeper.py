@@ -12,7 +12,12 @@ the bound workers' plans it plans the level (planner/isolation.py), then:
   ``devN_sq_task`` threads and ``devN_sq_send_wq`` workqueues of bound NPUs go
   to their NPU's IRQ CPUs; a running irqbalance is told to keep IRQs off the
   protected CPUs as well as those it bans already (``irqbalance = ban`` or
-  ``stop``; ``warn`` only reports it).
+  ``stop``; ``warn`` only reports it: banned.py); what each wants is wanted.py's;
+* ``host``: also every other userspace thread (hosttasks.py: which are never
+  moved, and the mask less the protected CPUs for the rest) and the unbound
+  workqueues' shared mask. ``adopt`` does the same for the processes the
+  watcher (taskwatch.py) names as they start; a thread that inherited a mask
+  isolation wrote is recorded with its parent's original, so it goes back too.
 
 Each mask is weighed by rules.py. Every change is added to the record and the
 state file written *before* the first write; what is no longer wanted is put
@@ -38,24 +43,21 @@ from typing import Any
 
 import structlog
 
-from ...applier.taskmask import task_cpus
 from ...config import Config
 from ...cpulist import format_cpulist
 from ...decisions import MaskWrite
-from ...discovery.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
-                                   read_unbound_workqueues, read_workqueue_mask)
-from ...discovery.irqhost import irq_masks_writable, read_irq_mask
+from ...discovery.irqhost import irq_masks_writable
 from ...errors import ConfigError, PlanImpossible
 from ...model import Binding, HostFacts, PlanIssue
-from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
-from ...planner.isolation import IsolationPlan, narrowed, plan_isolation
+from ...planner.isolation import IsolationPlan, plan_isolation
 from ...reasons import Reason
 from ..state.isolationrecord import IsolationRecord, SavedMask, key_kind, mask_key
 from .banned import follow_irqbalance
 from .hosttasks import HostTasks
-from .masks import SKIP_REASONS, Mask, hex_cpus, mask_of
-from .rules import Act, irq_target, mask_act
+from .masks import SKIP_REASONS, Mask, mask_of
+from .rules import Act, mask_act
 from .selfmask import DaemonThreads
+from .wanted import irq_wanted, workqueues_wanted
 
 __all__ = ["Isolation"]
 
@@ -274,48 +276,9 @@ class Isolation:
             # a task refused for good that exited is forgotten with it
             self._refused = {k: v for k, v in self._refused.items() if key_kind(k) != "task" or k in _swept
                              or k in self.record.masks}
-            current = read_unbound_workqueues(config.sys_root)
-            saved = self.record.masks.get("workqueues")
-            if current is not None and "workqueues" not in self._refused and (
-                    cpus := hex_cpus(saved.original if saved is not None else current)) is not None:
-                out["workqueues"] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
+            out.update(workqueues_wanted(iso, config, self.record.masks, self._refused))
         if irqs:
-            out.update(self._irq_wanted(iso, host, config, pinned))
-        return out
-
-    def _irq_wanted(self, iso: IsolationPlan, host: HostFacts, config: Config,
-                    pinned: frozenset[int]) -> dict[str, tuple[str, frozenset[int]]]:
-        proc = config.proc_root
-        drivers = driver_cpus(host, iso)
-        names = irq_names(proc) if drivers else {}
-        out: dict[str, tuple[str, frozenset[int]]] = {}
-
-        def base(key: str, current: str, parse) -> frozenset[int] | None:
-            saved = self.record.masks.get(key)
-            return parse(saved.original) if saved is not None else parse(current)
-
-        for irq in irq_numbers(proc):
-            key = mask_key("irq", irq)
-            current = read_irq_mask(irq, proc_root=proc)
-            if irq in pinned or key in self._refused or current is None:
-                continue
-            cpus = base(key, current, hex_cpus)
-            if cpus is not None:
-                out[key] = (current, irq_target(cpus, names.get(irq), iso, drivers))
-        current = read_default_affinity(proc)
-        if current is not None and (cpus := base("default", current, hex_cpus)) is not None:
-            out["default"] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
-        for t in kernel_threads(lambda comm: sq_task_device(comm) in drivers, proc) if drivers else ():
-            key = mask_key("task", t.pid, t.start_time)
-            now = task_cpus(t.pid)
-            if key not in self._refused and now is not None:
-                out[key] = (format_cpulist(now), drivers[sq_task_device(t.comm)])
-        for device, cpus in drivers.items():
-            name = sq_send_wq_name(device)
-            current = read_workqueue_mask(name, config.sys_root)
-            key = mask_key("workqueue", name)
-            if current is not None and key not in self._refused:
-                out[key] = (current, cpus)
+            out.update(irq_wanted(iso, host, config, pinned, self.record.masks, self._refused))
         return out
 
     def _masks(self, wanted: dict[str, tuple[str, frozenset[int]]], config: Config, pinned: frozenset[int],

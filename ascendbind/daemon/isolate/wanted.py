@@ -1,0 +1,75 @@
+"""What each level wants of the host's masks, mask by mask: key -> (the text it
+holds now, the CPUs the level wants for it). Each is weighed afterwards by
+rules.py against the record; a mask is always narrowed from its *original* (the
+record's, else its text now), so a release of one of two workers puts back the
+CPUs the other no longer needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from ...applier.taskmask import task_cpus
+from ...config import Config
+from ...cpulist import format_cpulist
+from ...discovery.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
+                                   read_unbound_workqueues, read_workqueue_mask)
+from ...discovery.irqhost import read_irq_mask
+from ...model import HostFacts
+from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
+from ...planner.isolation import IsolationPlan, narrowed
+from ..state.isolationrecord import SavedMask, mask_key
+from .masks import hex_cpus
+from .rules import irq_target
+
+__all__ = ["irq_wanted", "workqueues_wanted"]
+
+
+def irq_wanted(iso: IsolationPlan, host: HostFacts, config: Config, pinned: frozenset[int],
+               saved: Mapping[str, SavedMask], refused: Collection[str]) -> dict[str, tuple[str, frozenset[int]]]:
+    """key -> (text now, wanted CPUs) of each mask the ``irqs`` level sets: every IRQ but
+    the ``pinned`` ones, the default for new IRQs, the bound NPUs' driver threads and
+    workqueues; none ``refused`` for good."""
+    proc = config.proc_root
+    drivers = driver_cpus(host, iso)
+    names = irq_names(proc) if drivers else {}
+    out: dict[str, tuple[str, frozenset[int]]] = {}
+
+    def base(key: str, current: str, parse) -> frozenset[int] | None:
+        mine = saved.get(key)
+        return parse(mine.original) if mine is not None else parse(current)
+
+    for irq in irq_numbers(proc):
+        key = mask_key("irq", irq)
+        current = read_irq_mask(irq, proc_root=proc)
+        if irq in pinned or key in refused or current is None:
+            continue
+        cpus = base(key, current, hex_cpus)
+        if cpus is not None:
+            out[key] = (current, irq_target(cpus, names.get(irq), iso, drivers))
+    current = read_default_affinity(proc)
+    if current is not None and (cpus := base("default", current, hex_cpus)) is not None:
+        out["default"] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
+    for t in kernel_threads(lambda comm: sq_task_device(comm) in drivers, proc) if drivers else ():
+        key = mask_key("task", t.pid, t.start_time)
+        now = task_cpus(t.pid)
+        if key not in refused and now is not None:
+            out[key] = (format_cpulist(now), drivers[sq_task_device(t.comm)])
+    for device, cpus in drivers.items():
+        name = sq_send_wq_name(device)
+        current = read_workqueue_mask(name, config.sys_root)
+        key = mask_key("workqueue", name)
+        if current is not None and key not in refused:
+            out[key] = (current, cpus)
+    return out
+
+
+def workqueues_wanted(iso: IsolationPlan, config: Config, saved: Mapping[str, SavedMask],
+                      refused: Collection[str]) -> dict[str, tuple[str, frozenset[int]]]:
+    """The ``host`` level's wish for the mask the kernel's unbound workqueues share."""
+    current = read_unbound_workqueues(config.sys_root)
+    mine = saved.get("workqueues")
+    if current is None or "workqueues" in refused:
+        return {}
+    cpus = hex_cpus(mine.original if mine is not None else current)
+    return {} if cpus is None else {"workqueues": (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))}
