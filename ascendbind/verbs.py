@@ -279,6 +279,16 @@ def _isolation_lines(iso: dict | None) -> list[str]:
     for key in ("waiting", "irqbalance"):
         if iso.get(key):
             out.append(f"  {key}: {iso[key]}")
+    tasks = iso.get("tasks")
+    if tasks:
+        events = tasks.get("events") or {}
+        never = ", ".join(f"{k} {v}" for k, v in (tasks.get("never_moved") or {}).items() if v) or "none"
+        how = events.get("mode") + (f" ({events['reason']})" if events.get("reason") else "")
+        out.append(f"  other tasks: new ones found by {how}; moved as they started {tasks.get('moved_as_started', 0)}; "
+                   f"never moved: {never}; left to their owner {tasks.get('left_to_owner', 0)}; pinned inside "
+                   f"{tasks.get('pinned_inside', 0)}" + (f"; not moved, record full [too_many_tasks] "
+                                                          f"{tasks['too_many_tasks']}" if tasks.get("too_many_tasks") else ""))
+        out += [f"  pinned inside [{p['reason']}]: {p['detail']}" for p in (tasks.get("pinned") or ())[:8]]
     out += [f"  warning: {w}" for w in iso.get("warnings") or ()]
     if iso.get("error"):
         out.append(f"  error [{iso['error']['code']}]: {iso['error']['reason']}")

@@ -153,6 +153,11 @@ def test_host_moves_other_tasks_started_before_and_after_the_bind_and_release_pu
     assert tasks["events"]["mode"] == "sweep", tasks  # outside the connector's namespace
     assert tasks["never_moved"]["pid 1"] == 1 and tasks["never_moved"]["exempt"] == 1
     assert tasks["never_moved"]["bound"] >= 1 and tasks["never_moved"]["daemon"] >= 1
+    assert tasks["moved_as_started"] >= 1  # the late neighbour (its threads and children inherit)
+    text = ns.cli(args=["status"])
+    assert text["rc"] == 0, text["stderr"]
+    assert "isolation: host" in text["stdout"] and "other tasks: new ones found by sweep" in text["stdout"]
+    assert "never moved: pid 1 1, daemon" in text["stdout"] and "exempt 1" in text["stdout"]
     release(ns, worker)
     # every mask back as it was, read back
     assert only(ns.masks(pid=before)) == {format_cpulist(STARTED_ON)} and len(ns.masks(pid=before)) == 5

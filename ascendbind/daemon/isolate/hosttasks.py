@@ -267,7 +267,7 @@ class HostTasks:
             "pinned_inside": len(pinned),
             "pinned": pinned[:32],
             "too_many_tasks": self.over_limit,
-            "moved_since": self.moved,
+            "moved_as_started": self.moved,
             "swept_at": self.swept_at,
         }
 
