@@ -26,6 +26,8 @@ the answer or ``{"error": ...}`` out):
   ``wait_off`` (``pid``, ``cpus``, ``timeout``): polls those until no thread of
   ``pid`` is allowed any of ``cpus``; answers the seconds from the process's start
   (its ``spawn``) or None at the deadline;
+* ``starts`` (``cpus``, ``count``): the seconds from each of ``count`` forks of a
+  short ``sleep`` until it is off ``cpus`` (the bench's figure);
 * ``wq``: the covered workqueue ``cpumask``'s text; ``exit``.
 """
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -212,6 +215,35 @@ class Harness:
                 return {"seconds": time.monotonic() - self.started.get(pid, deadline - timeout), "masks": now}
             time.sleep(0.001)  # a deadline poll of the masks, not a wait for time to pass
         return {"seconds": None, "masks": masks(pid)}
+
+    def op_starts(self, cpus: str, count: int, timeout: float = 5.0) -> dict:
+        """``count`` times: fork a child that execs ``sleep`` and poll its mask until it holds
+        none of ``cpus``; the seconds from just before the fork to that read-back, each (None:
+        not moved within ``timeout``). The child of init inherits init's mask, which the
+        host level never changes, so each must be found and moved by the watcher."""
+        off = cpus_of(cpus)
+        out = []
+        rng = random.Random(count)
+        for _ in range(count):
+            # a start at a random point of the watcher's period, not right after its last move
+            gap = time.monotonic() + rng.uniform(0, 0.05)
+            while time.monotonic() < gap:
+                time.sleep(0.0005)
+            t0 = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                os.execv("/bin/sleep", ["sleep", "60"])
+            took = None
+            while time.monotonic() - t0 < timeout:
+                now = masks(pid)
+                if now and not any(cpus_of(m) & off for m in now.values()):
+                    took = time.monotonic() - t0
+                    break
+                time.sleep(0.0002)  # a deadline poll of the mask
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            out.append(took)
+        return {"seconds": out}
 
     def op_wq(self) -> dict:
         with open(f"{WQ}/cpumask") as fh:

@@ -80,6 +80,10 @@ class TaskWatch:
 
     def _run(self) -> None:
         iso = self.daemon.isolation
+        # learn now whether events can be had: a kernel that ignores the subscription costs the
+        # wait for its answer, which must not delay the first move after a bind
+        if self._events() is not None:
+            self._close()
         while not self._stop.is_set():
             if not iso.moving_tasks:
                 self._close()
