@@ -36,7 +36,8 @@ from ascendbind.decisions import IrqBinding
 from ascendbind.discovery.irqhost import read_irq_mask
 from ascendbind.discovery.proc_connector import ProcEventSocket
 from ascendbind.discovery.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
-                                              listen_message, parse_events, socket_filter, thread_changes)
+                                              listen_message, parse_events, process_start_filter, socket_filter,
+                                              started_processes, thread_changes)
 from ascendbind.errors import DiscoveryError
 from ascendbind.cpulist import parse_mask
 from ascendbind.frozen import frozen_map
@@ -599,3 +600,32 @@ def test_a_daemon_in_its_own_network_namespace_falls_back_to_listing_and_says_wh
     finally:
         d.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- process starts (the host isolation level)
+
+
+def test_started_processes_are_forks_of_a_process_and_execs_each_once():
+    events = [ProcEvent("fork", 50, 50), ProcEvent("fork", 40, 41), ProcEvent("exec", 60, 60),
+              ProcEvent("comm", 50, 50, comm="x"), ProcEvent("exit", 70, 70), None, ProcEvent("exec", 50, 50)]
+    assert started_processes(events) == ([50, 60], 1)  # a new thread (41 of 40) is no new process
+
+
+def test_the_kernel_keeps_only_process_starts_and_execs_for_the_host_level():
+    src = _open_or_skip(program=process_start_filter())
+    try:
+        assert src.filtered
+        with start_worker(plain=1, acl=0, release=0) as w:
+            _events(src)  # whatever came before
+            tid = w.spawn("worker_new")  # a thread: fork (child tid != tgid), comm; then its exit
+            w.stop(tid)
+            child = subprocess.Popen(["true"])  # a process: fork, then exec; then its exit
+            child.wait()
+            got, lost = _events_until(src, lambda evs: any(e.kind == "exec" and e.tgid == child.pid for e in evs))
+            mine = [e for e in got if e.tgid in (w.pid, child.pid)]
+            assert not lost and ("fork", child.pid) in {(e.kind, e.tgid) for e in mine}, got
+            assert {e.kind for e in got} <= {"fork", "exec", "ack"}, {e.kind for e in got}
+            assert all(e.tid == e.tgid for e in got if e.kind == "fork"), got  # no thread's fork passed
+            assert child.pid in started_processes(got)[0]
+    finally:
+        src.close()

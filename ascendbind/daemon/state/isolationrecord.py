@@ -14,7 +14,7 @@ is:
   tells a reused id apart: a thread that exited has nothing to put back.
 
 The record of a host with many tasks is as large as the tasks isolation moved
-(some 50 bytes each in the state file); the keeper caps their number.
+(some 80 bytes each in the state file); hosttasks.py caps their number.
 
 it keeps the text read before the first write (``original``, what goes back)
 and every text it wrote or was about to write since (``ours``, oldest first):
