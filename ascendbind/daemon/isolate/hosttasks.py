@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from collections.abc import Iterable, Mapping
 
 import structlog
@@ -143,6 +144,7 @@ class HostTasks:
         self.moved = 0  # threads the watcher moved (tasks started after the level's follow)
         self.listed: frozenset[int] = frozenset()  # the pids the latest full sweep saw
         self.swept_at: float | None = None
+        self.sweep_seconds = 0.0  # what the latest full sweep took (under the daemon's lock)
         self.mode: dict[str, str | None] = {"mode": "off", "reason": None}  # set by the watcher
 
     def wanted(self, iso: IsolationPlan, config: Config, bound: Mapping[int, int | None],
@@ -154,6 +156,7 @@ class HostTasks:
         process; then the memory of gone tasks is pruned too)."""
         proc = config.proc_root
         full = pids is None
+        t0 = time.monotonic()
         listing = list_pids(proc) if full else sorted(set(pids))
         facts: dict[int, ProcessFacts | None] = {}
         parents: dict[int, int] = {}
@@ -214,6 +217,7 @@ class HostTasks:
                     room -= 1
                 out[key] = (format_cpulist(now), target)
         if full:
+            self.sweep_seconds = time.monotonic() - t0
             self.never, self.listed = never, frozenset(listing)
             self.hands_off &= swept
             self.pinned = {k: v for k, v in self.pinned.items() if k in swept}
@@ -269,5 +273,6 @@ class HostTasks:
             "too_many_tasks": self.over_limit,
             "moved_as_started": self.moved,
             "swept_at": self.swept_at,
+            "sweep_seconds": round(self.sweep_seconds, 4),
         }
 
