@@ -16,7 +16,7 @@ the answer or ``{"error": ...}`` out):
 
 * ``daemon`` (``env``, ``config``: the config file's text): start ``ascendbind serve`` (fixture npu-smi, two NPUs
   near CPU 0 and CPU 1); ``restart``, ``stop`` (``sig``), ``kill`` (-9), ``log``,
-  ``status`` (``GET /v1/workers``), ``cli`` (``args``: an ascendbind verb against it), ``curl`` (``method``, ``path``, ``body``),
+  ``status`` (``GET /v1/workers``), ``cli`` (``args``: an ascendbind verb against it), ``metrics`` (its text), ``curl`` (``method``, ``path``, ``body``),
   ``state`` (the state file), ``sighup`` (``config``: the text of the config file);
 * ``spawn`` (``comm``, ``threads``): a process named ``comm`` with that many more
   threads, driven over its own pipes; ``fork`` (``pid``): a child of it, same
@@ -163,6 +163,9 @@ class Harness:
         out = subprocess.run([sys.executable, "-m", "ascendbind", *args, "--socket", self.daemon.sock],
                              capture_output=True, text=True, env=self.daemon.env, timeout=60)
         return {"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
+
+    def op_metrics(self) -> dict:
+        return {"text": self.daemon.metrics_text()}
 
     def op_state(self) -> dict:
         with open(os.path.join(self.daemon.state_dir, "state.json")) as fh:

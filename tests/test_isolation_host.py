@@ -27,7 +27,7 @@ import pytest
 from ascendbind.cpulist import format_cpulist, parse_cpulist, parse_mask
 from ascendbind.daemon.isolate.hosttasks import never_moved
 from ascendbind.discovery.hosttasks import ProcessFacts
-from tests.daemon_harness import wait_for
+from tests.daemon_harness import metric_value, wait_for
 from tests.deploy_tools import in_ci
 from tests.golden import ROOT
 
@@ -191,6 +191,9 @@ def test_a_task_narrowed_by_its_owner_is_reported_and_never_fought_over(ns):
     iso = ns.iso()
     assert iso["tasks"]["left_to_owner"] == 2
     assert {e["reason"] for e in iso["left_to_owner"]} == {"changed_by_owner"}
+    text = ns.metrics()["text"]
+    assert metric_value(text, "ascendbind_isolation_tasks", state="left_to_owner") == 2
+    assert metric_value(text, "ascendbind_isolation_tasks", state="pinned_inside") == 2
     release(ns, worker)
     assert only(ns.masks(pid=later)) == {last} and only(ns.masks(pid=inside)) == {last}
     assert "changed by its owner meanwhile" in ns.log()["log"]

@@ -18,7 +18,7 @@ is moved onto it, and nothing is moved off it.
 
 An explicit ``housekeeping_cpus`` list is taken as given, less the CPUs that
 are not online and less the protected ones (each with a warning). With
-protected CPUs and no housekeeping CPU left, ``irqs`` refuses the bind
+protected CPUs and no housekeeping CPU left, ``irqs`` and ``host`` refuse the bind
 (``no_housekeeping_cpus``, with the numbers): there is nowhere to move the
 rest of the host to.
 

@@ -41,6 +41,7 @@ DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_
 NPU_CHECK_VERDICTS = ("confirmed", "unlisted", "unverified", "contradicted")
 # what became of an affinity write that reached another process's thread (applier/confirm.py)
 RECYCLED_WRITE_RESULTS = ("undone", "failed")
+ISOLATION_TASK_STATES = ("recorded", "left_to_owner", "pinned_inside", "record_full")
 HTTP_PATHS = ("/v1/bind", "/v1/release", "/v1/workers", "/v1/plan", "/healthz", "/metrics", "other")
 # what one numa_maps read came to (daemon/watch/locality.py)
 MEMORY_CHECK_RESULTS = ("measured", "no_pages", "unreadable", "malformed", "too_large")
@@ -150,6 +151,14 @@ class Metrics:
             "events) or listing (task lists and a staggered name sweep), with the reason events are off",
             ["mode", "reason"], registry=r,
         )
+        self.isolation_tasks = Gauge(
+            "ascendbind_isolation_tasks",
+            "Threads the host isolation level holds moved (recorded), leaves to their owner, leaves pinned inside "
+            "the protected CPUs, or could not move because its record is full",
+            ["state"], registry=r,
+        )
+        for state in ISOLATION_TASK_STATES:
+            self.isolation_tasks.labels(state=state).set(0)
         self.thread_events = Counter(
             "ascendbind_thread_events", "Process events about bound workers' threads read by the reconcile loop",
             registry=r,

@@ -133,6 +133,13 @@ class Isolation:
             raise
         except Exception:  # a bug here must not cost the state file of the bindings
             log.exception("isolation could not follow the bound workers")
+        self._gauge(daemon)
+
+    def _gauge(self, daemon) -> None:
+        recorded = sum(1 for k in self.record.masks if key_kind(k) == "task")
+        for state, value in (("recorded", recorded), ("left_to_owner", len(self.tasks.hands_off)),
+                             ("pinned_inside", len(self.tasks.pinned)), ("record_full", self.tasks.over_limit)):
+            daemon.metrics.isolation_tasks.labels(state=state).set(value)
 
     def stop(self, daemon) -> None:
         """The daemon stops: every mask isolation changed goes back (bindings stay)."""
@@ -231,6 +238,7 @@ class Isolation:
                 if not counts["written"] and not heirs:
                     break
             self.tasks.moved += total.get("written", 0)
+            self._gauge(daemon)
             return total
 
     def resweep(self, daemon) -> None:
