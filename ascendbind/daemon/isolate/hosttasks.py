@@ -126,6 +126,9 @@ class _Inheritance:
                 return found
         return None
 
+    def add(self, tid: int, mask: SavedMask) -> None:
+        self.by_tid[tid] = mask
+
     def _match(self, tid: int, text: str) -> SavedMask | None:
         mask = self.by_tid.get(tid)
         if mask is not None and mask.ours and mask.ours[-1] == text:
@@ -201,6 +204,7 @@ class HostTasks:
                 mine = saved.get(key)
                 if mine is None and (mine := inherit(p, threads, now)) is not None:
                     heirs[key] = mine
+                    inherit.add(tid, mine)
                 if why is not None:
                     continue
                 base = now
@@ -235,17 +239,27 @@ class HostTasks:
             return {}
         proc = config.proc_root
         inherit = _Inheritance(saved, proc)
-        out = {}
-        for pid in list_pids(proc):
-            p = process_facts(pid, proc, cgroups=False)
-            if p is None or p.kernel or p.pid == 1:
-                continue
-            threads = thread_starts(pid, proc)
-            for tid, start in threads.items():
-                key = mask_key("task", tid, start)
-                now = task_cpus(tid) if key not in saved and key not in self.hands_off else None
-                if now is not None and (mine := inherit(p, threads, now)) is not None:
-                    out[key] = mine
+        out: dict[str, SavedMask] = {}
+        found = None
+        processes = [p for pid in list_pids(proc) if (p := process_facts(pid, proc, cgroups=False)) is not None
+                     and not p.kernel and p.pid != 1]
+        # a grandchild inherits from a child whose record is only found in this sweep: again
+        # until a pass finds nothing (an heir of a record lost in a crash is found this way too)
+        for _ in range(MAX_DEPTH):
+            if found is not None and not found:
+                break
+            found = {}
+            for p in processes:
+                threads = thread_starts(p.pid, proc)
+                for tid, start in threads.items():
+                    key = mask_key("task", tid, start)
+                    if key in saved or key in out or key in self.hands_off:
+                        continue
+                    now = task_cpus(tid)
+                    if now is not None and (mine := inherit(p, threads, now)) is not None:
+                        found[key] = mine
+                        inherit.add(tid, mine)
+            out.update(found)
         return out
 
     def _pinned(self, key: str, p: ProcessFacts, tid: int, now: frozenset[int], iso: IsolationPlan) -> None:
