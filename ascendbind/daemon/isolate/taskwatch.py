@@ -83,13 +83,17 @@ class TaskWatch:
 
     def _run(self) -> None:
         iso = self.daemon.isolation
-        # learn now whether events can be had: a kernel that ignores the subscription costs the
-        # wait for its answer, which must not delay the first move after a bind
-        if self._events() is not None:
-            self._close()
+        probed = False
         while not self._stop.is_set():
             if not iso.moving_tasks:
                 self._close()
+                if not probed and self.daemon.config.isolation == "host":
+                    # learn before the first bind whether events can be had: a kernel that ignores
+                    # the subscription costs the wait for its answer, which must not delay the
+                    # first move after a bind
+                    probed = True
+                    if self._events() is not None:
+                        self._close()
                 iso.tasks.mode = {"mode": "off", "reason": None}
                 iso.woken.wait(1.0)
                 iso.woken.clear()
