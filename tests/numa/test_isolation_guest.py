@@ -46,10 +46,12 @@ def masks():
 @pytest.fixture
 def neighbour():
     """``stress-ng --cpu 8`` in a session of its own, its workers running before the test goes on."""
+    # stress-ng keeps its files in its working directory: the guest's /tmp, not the read-only checkout
     proc = subprocess.Popen(["stress-ng", "--cpu", "8", "--timeout", "1800s", "--quiet"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True, cwd="/tmp")
     try:
-        assert wait_for(lambda: len(_children(proc.pid)) >= 8, SLOW), "stress-ng did not start its 8 workers"
+        assert wait_for(lambda: proc.poll() is not None or len(_children(proc.pid)) >= 8, SLOW)
+        assert proc.poll() is None, f"stress-ng exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}"
         yield proc
     finally:
         with contextlib.suppress(ProcessLookupError):
