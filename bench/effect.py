@@ -1,41 +1,53 @@
-"""What binding buys: a stand-in worker under a noisy neighbour, unbound vs bound.
+"""What binding buys: a stand-in worker under a noisy neighbour, unbound vs bound,
+and, on a two-node kernel, bound with the rest of the host fenced off.
 
     .venv/bin/python bench/effect.py [--seconds 30] [--rounds 3] [--helpers 4]
-        [--neighbour auto|stress-ng|spin|none] [--neighbour-procs N] [--json PATH]
+        [--neighbour auto|stress-ng|spin|none] [--neighbour-procs N] [--guest] [--json PATH]
 
 The stand-in (bench/stand_in.py) has the real worker's shape: a main thread
 handing small steps to an ``acl_thread`` over a pipe and waiting for each, a
 ``release_thread`` poked every few steps, and helper threads waking every
 millisecond. While a neighbour keeps every CPU busy (``stress-ng --cpu N``, or
-N spinning processes of our own when stress-ng is absent), it runs three ways,
-alternated round by round so drift in the host's load hits all three alike:
+N spinning processes of our own when stress-ng is absent), it runs several ways,
+alternated round by round so drift in the host's load hits every arm alike:
 
 * ``unbound``  as started: every thread may run on every allowed CPU;
 * ``daemon``   bound by ascendbind through the daemon: POST /v1/bind with the
                worker's pid, a real ``ascendbind serve`` on the fixture one-NPU
                host (``small_pool = share``: on 2 CPUs, main on CPU 0 and
-               acl/release on CPU 1);
+               acl/release on CPU 1), ``isolation = off``;
 * ``pool``     every thread on the NPU's whole pool, no role split. No config
                key turns the role split off, so this arm sets each thread's mask
                to the daemon's planned pool itself with sched_setaffinity.
 
-Per role thread: CPU migrations (``se.nr_migrations`` in
-/proc/<pid>/task/<tid>/sched) and involuntary context switches
-(``nonvoluntary_ctxt_switches``) per second; per arm: step latency p50 / p99 /
-p99.9 and steps per second; then the ratios of each bound arm to unbound.
+``--guest`` runs the bench in the two-node QEMU guest of tests/numa_guest.py
+(8 vCPUs, node 0 = CPUs 0-3, node 1 = CPUs 4-7; two fixture NPUs, one a node)
+with the neighbour on all 8 CPUs, and arms ``unbound``, ``daemon`` and:
+
+* ``irqs``     bound as ``daemon``, with ``isolation = irqs`` (every other IRQ
+               off the worker's main/ACL/release CPUs);
+* ``host``     bound, with ``isolation = host`` (every other task too: the
+               neighbour's processes leave those CPUs).
+
+The level changes between arms by rewriting the daemon's config file and
+SIGHUP, checked in ``GET /v1/workers`` before the worker is bound.
+
+Per role thread: CPU migrations, involuntary context switches and run-queue
+delay (bench/effect_parts.py) per second; per arm: step latency p50 / p99 /
+p99.9 and steps per second; then the ratios of each arm to unbound and, in
+the guest, of each isolation arm to ``daemon`` (bound alone).
 
 On the fixture host the NPU's pool is every online CPU, so ``pool`` equals
 ``unbound`` there; ``--host-npu-smi`` uses the host's own npu-smi instead, where
-a pool is the NPU's NUMA-local CPUs.
+a pool is the NPU's NUMA-local CPUs. Software emulation makes every guest figure
+slower than a real host's; the ratios between arms of one run are what carries over.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import subprocess
+import signal
 import sys
 import tempfile
 import time
@@ -47,143 +59,52 @@ sys.path.insert(0, str(ROOT))
 
 from ascendbind.cpulist import format_cpulist  # noqa: E402
 from bench.common import write_json  # noqa: E402
+from bench.effect_parts import (ROLE_THREADS, ROLES, StandInProc, fmt_ratio, latency_summary,  # noqa: E402,F401
+                                log_histogram, migration_cut, percentile, pin_all, ratio)
 from bench.neighbour import Neighbour  # noqa: E402
-from tests.daemon_harness import DaemonProc, base_env, free_port  # noqa: E402
-from tests.workers import cpus_allowed_of, reap  # noqa: E402
+from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for  # noqa: E402
+from tests.workers import cpus_allowed_of  # noqa: E402
 
 ARMS = ("unbound", "daemon", "pool")
-ROLES = ("main", "acl", "release", "helpers")
-ROLE_THREADS = ("main", "acl", "release")  # the threads the role split places
+GUEST_ARMS = ("unbound", "daemon", "irqs", "host")
+LEVELS = {"daemon": "off", "irqs": "irqs", "host": "host"}  # the bound arms and their isolation level
 GOAL_MIGRATION_CUT = 0.90
-
-# ---------------------------------------------------------------- figures (pure)
-
-
-def percentile(sorted_values, q: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (q in 0..100)."""
-    n = len(sorted_values)
-    if not n:
-        return float("nan")
-    rank = math.ceil(round(q * n / 100, 9))  # round: 99.9 * 1000 / 100 is 999.0000000000001 in floats
-    return float(sorted_values[min(n - 1, max(0, rank - 1))])
+GOAL_HOST_SHARE = 0.10  # the host level's role-thread switches and run delay against bound alone
 
 
-def log_histogram(values_ns, lo_ns: float = 1e3, hi_ns: float = 1e9, per_decade: int = 20) -> dict:
-    """Counts over log-spaced bins from ``lo_ns`` to ``hi_ns`` (values outside go to the end bins)."""
-    decades = math.log10(hi_ns / lo_ns)
-    n_bins = int(round(decades * per_decade))
-    counts = [0] * n_bins
-    scale = per_decade / math.log(10)
-    log_lo = math.log(lo_ns)
-    for v in values_ns:
-        i = int((math.log(max(v, 1)) - log_lo) * scale)
-        counts[min(n_bins - 1, max(0, i))] += 1
-    edges = [lo_ns / 1e3 * 10 ** (i / per_decade) for i in range(n_bins + 1)]
-    return {"edges_us": [round(e, 4) for e in edges], "counts": counts}
+class Levels:
+    """The daemon's isolation level, set through its config file and SIGHUP."""
+
+    def __init__(self, daemon: DaemonProc, path: str) -> None:
+        self.daemon, self.path, self.level = daemon, path, "off"
+
+    def set(self, level: str, timeout: float) -> bool:
+        """Whether the daemon now runs at ``level`` (False: it refused it and kept the last)."""
+        if level == self.level:
+            return True
+        with open(self.path, "w") as fh:
+            fh.write(f'isolation = "{level}"\n')
+        said = self.daemon.log().count("SIGHUP: config")  # "config reloaded" or "config not reloaded"
+        self.daemon.proc.send_signal(signal.SIGHUP)
+        if not wait_for(lambda: self.daemon.log().count("SIGHUP: config") > said, timeout, 0.2):
+            raise RuntimeError(f"the daemon did not reload its config for isolation = {level}")
+        if self.daemon.client.workers().get("isolation", {}).get("level") != level:
+            return False
+        self.level = level
+        return True
 
 
-def latency_summary(values_ns) -> dict:
-    s = sorted(values_ns)
-    return {
-        "p50": percentile(s, 50) / 1e3,
-        "p99": percentile(s, 99) / 1e3,
-        "p99.9": percentile(s, 99.9) / 1e3,
-        "max": (s[-1] / 1e3) if s else float("nan"),
-        "mean": (sum(s) / len(s) / 1e3) if s else float("nan"),
-    }
+def new_acc() -> dict:
+    return {"samples": array("q"), "wall_s": 0.0, "bind_ms": [], **{k: dict.fromkeys(ROLES, 0) for k in COUNTERS}}
 
 
-def ratio(a: float, b: float) -> float | None:
-    """a / b, or None when b is zero (a ratio to nothing is not a figure)."""
-    if b == 0 or b != b or a != a:
-        return None
-    return a / b
-
-
-def migration_cut(bound: dict, unbound: dict, roles=ROLE_THREADS) -> float | None:
-    """1 - (bound role-thread migrations/s) / (unbound role-thread migrations/s)."""
-    b = sum(bound["threads"][r]["migrations_per_s"] for r in roles)
-    u = sum(unbound["threads"][r]["migrations_per_s"] for r in roles)
-    r = ratio(b, u)
-    return None if r is None else 1 - r
-
-
-def fmt_ratio(r: float | None) -> str:
-    return "n/a" if r is None else f"{r:.2f}x"
-
-
-# ---------------------------------------------------------------- the host side
-
-
-def thread_counters(pid: int, tid: int) -> tuple[int, int]:
-    """(se.nr_migrations, nonvoluntary_ctxt_switches) of one thread."""
-    migrations = nonvol = 0
-    with open(f"/proc/{pid}/task/{tid}/sched") as fh:
-        for line in fh:
-            if line.startswith("se.nr_migrations"):
-                migrations = int(line.split(":", 1)[1])
-                break
-    with open(f"/proc/{pid}/task/{tid}/status") as fh:
-        for line in fh:
-            if line.startswith("nonvoluntary_ctxt_switches:"):
-                nonvol = int(line.split(":", 1)[1])
-    return migrations, nonvol
-
-
-class StandInProc:
-    """One bench/stand_in.py child, driven over its stdin/stdout; always reaped."""
-
-    def __init__(self, helpers: int, work: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "stand_in.py"), "--helpers", str(helpers), "--work", str(work)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("ready "):
-            self.close()
-            raise RuntimeError(f"stand-in worker did not start: {line!r}")
-        ids = json.loads(line[6:])
-        self.pid = ids["pid"]
-        self.tids: dict[str, list[int]] = {"main": [ids["main"]], "acl": [ids["acl"]],
-                                           "release": [ids["release"]], "helpers": ids.get("helpers", [])}
-
-    def ask(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline().strip()
-        if not reply or reply == "?":
-            raise RuntimeError(f"stand-in {self.pid} did not answer {line!r}")
-        return reply
-
-    def counters(self) -> dict[str, tuple[int, int]]:
-        out = {}
-        for role, tids in self.tids.items():
-            m = n = 0
-            for tid in tids:
-                a, b = thread_counters(self.pid, tid)
-                m, n = m + a, n + b
-            out[role] = (m, n)
-        return out
-
-    def masks(self) -> dict[str, str]:
-        return {role: " ".join(sorted({format_cpulist(cpus_allowed_of(self.pid, t) or ()) for t in tids}))
-                for role, tids in self.tids.items() if tids}
-
-    def close(self) -> None:
-        reap(self.proc)
-
-
-def pin_all(pid: int, cpus: frozenset[int]) -> None:
-    """Every thread of ``pid`` on ``cpus`` (the pool-only arm), read back."""
-    for name in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(name), cpus)
-        if os.sched_getaffinity(int(name)) != cpus:
-            raise RuntimeError(f"thread {name} of {pid} kept {os.sched_getaffinity(int(name))}, not {cpus}")
+COUNTERS = ("migrations", "nonvoluntary", "run_delay_ns")  # the order of StandInProc.counters' figures
 
 
 def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, tag: str, acc: dict) -> None:
     w = StandInProc(args.helpers, args.work)
     try:
-        if arm == "daemon":
+        if arm in LEVELS:
             t0 = time.perf_counter()
             answer = daemon.client.bind(pid=w.pid, npu=args.npu)
             acc["bind_ms"].append((time.perf_counter() - t0) * 1e3)
@@ -208,9 +129,9 @@ def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, 
         acc["samples"].extend(samples)
         acc["wall_s"] += int(wall) / 1e9
         for role in ROLES:
-            acc["migrations"][role] += after[role][0] - before[role][0]
-            acc["nonvoluntary"][role] += after[role][1] - before[role][1]
-        if arm == "daemon":
+            for k, name in enumerate(COUNTERS):
+                acc[name][role] += after[role][k] - before[role][k]
+        if arm in LEVELS:
             daemon.client.release(pid=w.pid)
     finally:
         w.close()
@@ -221,12 +142,14 @@ def arm_result(arm: str, acc: dict, n_helpers: int) -> dict:
     threads = {}
     for role in ROLES:
         count = n_helpers if role == "helpers" else 1
+        delay = acc.get("run_delay_ns", {}).get(role, 0)
         threads[role] = {
             "threads": count,
             "migrations": acc["migrations"][role],
             "nonvoluntary": acc["nonvoluntary"][role],
             "migrations_per_s": acc["migrations"][role] / wall,
             "nonvoluntary_per_s": acc["nonvoluntary"][role] / wall,
+            "run_delay_ms_per_s": delay / 1e6 / wall,  # ms a second spent runnable, waiting for a CPU
         }
     return {
         "arm": arm,
@@ -241,45 +164,183 @@ def arm_result(arm: str, acc: dict, n_helpers: int) -> dict:
     }
 
 
-def ratios(results: dict[str, dict]) -> dict[str, dict]:
-    base = results["unbound"]
+def role_sum(result: dict, key: str) -> float:
+    """``key`` summed over the role threads (main, acl_thread, release_thread)."""
+    return sum(result["threads"][r].get(key, 0.0) for r in ROLE_THREADS)
+
+
+def ratios(results: dict[str, dict], base: str = "unbound") -> dict[str, dict]:
+    """Each arm but ``base`` against ``base``."""
+    ref = results[base]
     out = {}
-    for arm in ("daemon", "pool"):
-        r = results[arm]
+    for arm, r in results.items():
+        if arm == base:
+            continue
         out[arm] = {
-            "steps_per_s": ratio(r["steps_per_s"], base["steps_per_s"]),
-            **{k: ratio(r["latency_us"][k], base["latency_us"][k]) for k in ("p50", "p99", "p99.9")},
+            "steps_per_s": ratio(r["steps_per_s"], ref["steps_per_s"]),
+            **{k: ratio(r["latency_us"][k], ref["latency_us"][k]) for k in ("p50", "p99", "p99.9")},
             **{f"migrations_{role}": ratio(r["threads"][role]["migrations_per_s"],
-                                           base["threads"][role]["migrations_per_s"]) for role in ROLES},
+                                           ref["threads"][role]["migrations_per_s"]) for role in ROLES},
             **{f"nonvoluntary_{role}": ratio(r["threads"][role]["nonvoluntary_per_s"],
-                                             base["threads"][role]["nonvoluntary_per_s"]) for role in ROLES},
-            "migration_cut": migration_cut(r, base),
+                                             ref["threads"][role]["nonvoluntary_per_s"]) for role in ROLES},
+            **{f"run_delay_{role}": ratio(r["threads"][role].get("run_delay_ms_per_s", 0.0),
+                                          ref["threads"][role].get("run_delay_ms_per_s", 0.0)) for role in ROLES},
+            "role_nonvoluntary": ratio(role_sum(r, "nonvoluntary_per_s"), role_sum(ref, "nonvoluntary_per_s")),
+            "role_run_delay": ratio(role_sum(r, "run_delay_ms_per_s"), role_sum(ref, "run_delay_ms_per_s")),
+            "migration_cut": migration_cut(r, ref),
         }
     return out
 
 
-def print_table(results: dict, rat: dict, plan_npu: dict, args) -> None:
-    hdr = f"{'':<26}" + "".join(f"{a:>12}" for a in ARMS) + f"{'daemon/unb':>12}{'pool/unb':>10}"
+def print_table(results: dict, rat: dict, args, base: str = "unbound") -> None:
+    arms = list(results)
+    others = [a for a in arms if a != base]
+    hdr = f"{'':<28}" + "".join(f"{a:>11}" for a in arms) + "".join(f"{a + '/' + base[:3]:>12}" for a in others)
     print(hdr)
     print("-" * len(hdr))
 
-    def row(label, get, key, fmt="{:12.1f}"):
-        vals = "".join(fmt.format(get(results[a])) for a in ARMS)
-        print(f"{label:<26}{vals}{fmt_ratio(rat['daemon'][key]):>12}{fmt_ratio(rat['pool'][key]):>10}")
+    def row(label, get, key, fmt="{:11.1f}"):
+        vals = "".join(fmt.format(get(results[a])) for a in arms)
+        print(f"{label:<28}{vals}" + "".join(f"{fmt_ratio(rat[a][key]):>12}" for a in others))
 
-    row("steps/s", lambda r: r["steps_per_s"], "steps_per_s", "{:12.0f}")
+    row("steps/s", lambda r: r["steps_per_s"], "steps_per_s", "{:11.0f}")
     for k in ("p50", "p99", "p99.9"):
         row(f"step latency {k} (us)", lambda r, k=k: r["latency_us"][k], k)
     names = {"main": "main", "acl": "acl_thread", "release": "release_thread",
              "helpers": f"{args.helpers} helpers"}
-    for role in ROLES:
-        row(f"migrations/s {names[role]}", lambda r, role=role: r["threads"][role]["migrations_per_s"],
-            f"migrations_{role}", "{:12.2f}")
-    for role in ROLES:
-        row(f"invol. csw/s {names[role]}", lambda r, role=role: r["threads"][role]["nonvoluntary_per_s"],
-            f"nonvoluntary_{role}", "{:12.2f}")
+    for label, key, rkey in (("migrations/s", "migrations_per_s", "migrations"),
+                             ("invol. csw/s", "nonvoluntary_per_s", "nonvoluntary"),
+                             ("run delay ms/s", "run_delay_ms_per_s", "run_delay")):
+        for role in ROLES:
+            row(f"{label} {names[role]}", lambda r, role=role, key=key: r["threads"][role][key],
+                f"{rkey}_{role}", "{:11.2f}")
     print("masks: " + "; ".join(f"{a}: " + ", ".join(f"{k} {v}" for k, v in results[a]["masks"].items())
-                                for a in ARMS))
+                                for a in arms))
+
+
+def daemon_env(tmp: str, args) -> dict[str, str]:
+    extra = {"ASCENDBIND_RECONCILE_SECONDS": "5"}
+    if args.in_guest:
+        from tests.numa.conftest import recorded_npu_smi
+
+        # two NPUs, one a node; the replayed tables keep discovery to seconds in the guest
+        extra.update(ASCENDBIND_NPU_SMI=recorded_npu_smi(os.path.join(tmp, "npu-smi"), 2, "0-3;4-7"),
+                     ASCENDBIND_COMMAND_TIMEOUT_SECONDS="120", ASCENDBIND_CONFIG=os.path.join(tmp, "config.toml"),
+                     ASCENDBIND_IRQBALANCE="warn", ASCENDBIND_MEMORY_CHECK_SECONDS="0")
+        with open(extra["ASCENDBIND_CONFIG"], "w") as fh:
+            fh.write('isolation = "off"\n')
+    elif args.host_npu_smi:
+        extra["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+    return base_env(f"{tmp}/s.sock", f"{tmp}/state", free_port(), **extra)
+
+
+def measure(args) -> dict:
+    """Every arm, alternated over the rounds: the results, the ratios and the plan."""
+    arms = GUEST_ARMS if args.in_guest else ARMS
+    n_cpus = len(os.sched_getaffinity(0))
+    procs = n_cpus if args.neighbour_procs is None else args.neighbour_procs
+    slow = 20 if args.in_guest else 1  # Python starts some 20 to 50 times slower in the guest
+    # generous: worker start-up and binding take seconds per arm on a loaded host
+    neighbour = Neighbour(args.neighbour, procs, budget_s=3 * args.seconds + slow * (90 * args.rounds + 120))
+    if neighbour.note:
+        print(f"note: {neighbour.note}")
+    accs = {a: new_acc() for a in arms}
+    refused: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="ascendbind-effect-") as tmp:
+        daemon = DaemonProc(tmp, daemon_env(tmp, args)).start(wait=False)
+        try:
+            daemon.wait_ready(15 * slow)
+            daemon.wait_discovered(15 * slow)
+            levels = Levels(daemon, daemon.env.get("ASCENDBIND_CONFIG", ""))
+            planned = daemon.client.plan(npu=args.npu)["plan"]
+            if planned.get("errors") or str(args.npu) not in planned.get("npus", {}):
+                raise SystemExit(f"no plan for NPU {args.npu}: {planned.get('errors')}")
+            plan_npu = planned["npus"][str(args.npu)]
+            pool = frozenset(plan_npu["pool"])
+            neighbour.start()
+            for i in range(args.rounds):
+                for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
+                    if arm in refused:
+                        continue
+                    neighbour.check()
+                    if args.in_guest and arm in LEVELS and not levels.set(LEVELS[arm], 15 * slow):
+                        refused.append(arm)
+                        print(f"note: this daemon refuses isolation = {LEVELS[arm]}; arm {arm} left out")
+                        continue
+                    run_arm(arm, args, daemon, pool, tmp, f"{arm}-{i}", accs[arm])
+            neighbour.check()
+        finally:
+            neighbour.stop()
+            daemon.stop(timeout=10 * slow)
+    results = {a: arm_result(a, accs[a], args.helpers) for a in arms if a not in refused}
+    out = {"bench": "effect", "params": {
+        "seconds": args.seconds, "rounds": args.rounds, "helpers": args.helpers, "work": args.work,
+        "neighbour": neighbour.describe(), "neighbour_note": neighbour.note, "npu": args.npu, "cpus": n_cpus,
+        "fixture_host": not args.host_npu_smi, "guest": bool(args.in_guest)},
+        "plan": plan_npu, "arms": results, "ratios": ratios(results)}
+    if args.in_guest:
+        out["ratios_to_bound"] = ratios({a: r for a, r in results.items() if a != "unbound"}, base="daemon")
+    return out
+
+
+def report(res: dict, args) -> None:
+    p, plan_npu, results, rat = res["params"], res["plan"], res["arms"], res["ratios"]
+    print(f"stand-in worker: main + acl_thread + release_thread + {p['helpers']} helpers, "
+          f"{p['work']}-iteration steps; {p['cpus']} CPUs" + (" (two-node guest)" if p.get("guest") else ""))
+    print(f"neighbour: {p['neighbour']}; arms alternated over {p['rounds']} rounds, {p['seconds']:g} s measured per arm")
+    print(f"plan for NPU {p['npu']}: pool {format_cpulist(plan_npu['pool'])}, main {format_cpulist(plan_npu['main'])}, "
+          f"acl {format_cpulist(plan_npu['acl'])}, release {format_cpulist(plan_npu['release'])}")
+    print_table(results, rat, args)
+    binds = sorted(results["daemon"]["bind_ms"])
+    if binds:
+        print(f"daemon bind round trip (POST /v1/bind, under the neighbour): median {percentile(binds, 50):.1f} ms "
+              f"over {len(binds)} binds")
+    cut = rat["daemon"]["migration_cut"]
+    if cut is None:
+        print("role-thread migrations: unbound threads did not migrate at all; no cut to report")
+    else:
+        verdict = "met" if cut >= GOAL_MIGRATION_CUT else "MISSED"
+        print(f"role threads (main, acl_thread, release_thread) bound by the daemon migrate {100 * cut:.1f} % less "
+              f"than unbound (goal >= {100 * GOAL_MIGRATION_CUT:.0f} %: {verdict})")
+    print(f"p99 step latency bound / unbound = {fmt_ratio(rat['daemon']['p99'])}; below 1 is faster")
+    for arm, r in res.get("ratios_to_bound", {}).items():
+        nv, rd = r["role_nonvoluntary"], r["role_run_delay"]
+        line = (f"{arm} / bound alone, role threads: involuntary switches {fmt_ratio(nv)}, run delay {fmt_ratio(rd)}, "
+                f"p99 {fmt_ratio(r['p99'])}, p99.9 {fmt_ratio(r['p99.9'])}")
+        if arm == "host":
+            ok = nv is not None and rd is not None and nv <= GOAL_HOST_SHARE and rd <= GOAL_HOST_SHARE
+            line += f" (goal <= {GOAL_HOST_SHARE:.2f}x both: {'met' if ok else 'MISSED'})"
+        print(line)
+
+
+def in_the_guest(args) -> int:
+    """Boot the two-node guest and run this bench there; its JSON comes back through the
+    guest's writable directory."""
+    import json
+
+    from tests.numa_guest import TOPOLOGIES, run_in_guest, why_not
+
+    why = why_not()
+    if why:
+        print(why, file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="bench-effect-") as out:
+        os.chmod(out, 0o755)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--in-guest", "--json", os.path.join(out, "effect.json"),
+               "--seconds", str(args.seconds), "--rounds", str(args.rounds), "--helpers", str(args.helpers),
+               "--work", str(args.work), "--warm", str(args.warm), "--neighbour", args.neighbour]
+        if args.neighbour_procs is not None:
+            cmd += ["--neighbour-procs", str(args.neighbour_procs)]
+        proc = run_in_guest(TOPOLOGIES["2node"], cmd, out_dir=out, timeout=3600)
+        path = os.path.join(out, "effect.json")
+        if not os.path.exists(path):
+            sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
+            return 1
+        with open(path) as fh:
+            res = json.load(fh)
+    report(res, args)
+    write_json(args.json, res)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -294,77 +355,18 @@ def main(argv=None) -> int:
     ap.add_argument("--npu", type=int, default=0)
     ap.add_argument("--host-npu-smi", action="store_true",
                     help="let the daemon use the npu-smi on PATH, not the fixture one-NPU host")
+    ap.add_argument("--guest", action="store_true",
+                    help="run in the two-node QEMU guest, with the isolation arms (irqs, host)")
+    ap.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.rounds < 1 or args.helpers < 0 or args.work < 0:
         ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0")
-    n_cpus = len(os.sched_getaffinity(0))
-    procs = n_cpus if args.neighbour_procs is None else args.neighbour_procs
-    # generous: worker start-up and binding take seconds per arm on a loaded host
-    neighbour = Neighbour(args.neighbour, procs, budget_s=3 * args.seconds + 90 * args.rounds + 120)
-    if neighbour.note:
-        print(f"note: {neighbour.note}")
-
-    accs = {a: {"samples": array("q"), "wall_s": 0.0, "bind_ms": [], "migrations": dict.fromkeys(ROLES, 0),
-                "nonvoluntary": dict.fromkeys(ROLES, 0)} for a in ARMS}
-    with tempfile.TemporaryDirectory(prefix="ascendbind-effect-") as tmp:
-        extra = {"ASCENDBIND_RECONCILE_SECONDS": "5"}
-        if args.host_npu_smi:
-            extra["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
-        env = base_env(f"{tmp}/s.sock", f"{tmp}/state", free_port(), **extra)
-        daemon = DaemonProc(tmp, env).start()
-        try:
-            daemon.wait_discovered()
-            planned = daemon.client.plan(npu=args.npu)["plan"]
-            if planned.get("errors") or str(args.npu) not in planned.get("npus", {}):
-                print(f"no plan for NPU {args.npu}: {planned.get('errors')}", file=sys.stderr)
-                return 3
-            plan_npu = planned["npus"][str(args.npu)]
-            pool = frozenset(plan_npu["pool"])
-            neighbour.start()
-            for i in range(args.rounds):
-                order = ARMS[i % len(ARMS):] + ARMS[:i % len(ARMS)]
-                for arm in order:
-                    neighbour.check()
-                    run_arm(arm, args, daemon, pool, tmp, f"{arm}-{i}", accs[arm])
-            neighbour.check()
-        finally:
-            neighbour.stop()
-            daemon.stop()
-
-    results = {a: arm_result(a, accs[a], args.helpers) for a in ARMS}
-    rat = ratios(results)
-    print(f"stand-in worker: main + acl_thread + release_thread + {args.helpers} helpers, "
-          f"{args.work}-iteration steps; {n_cpus} CPUs")
-    print(f"neighbour: {neighbour.describe()}; arms alternated over {args.rounds} rounds, "
-          f"{args.seconds:g} s measured per arm")
-    print(f"plan for NPU {args.npu}: pool {format_cpulist(plan_npu['pool'])}, main {format_cpulist(plan_npu['main'])}, "
-          f"acl {format_cpulist(plan_npu['acl'])}, release {format_cpulist(plan_npu['release'])}"
-          + ("  (the pool is every allowed CPU: pool-only equals unbound here)"
-             if pool == frozenset(os.sched_getaffinity(0)) else ""))
-    print_table(results, rat, plan_npu, args)
-    binds = sorted(results["daemon"]["bind_ms"])
-    if binds:
-        print(f"daemon bind round trip (POST /v1/bind, under the neighbour): median {percentile(binds, 50):.1f} ms "
-              f"over {len(binds)} binds")
-    cut = rat["daemon"]["migration_cut"]
-    if cut is None:
-        print("role-thread migrations: unbound threads did not migrate at all; no cut to report")
-    else:
-        verdict = "met" if cut >= GOAL_MIGRATION_CUT else "MISSED"
-        print(f"role threads (main, acl_thread, release_thread) bound by the daemon migrate {100 * cut:.1f} % less "
-              f"than unbound (goal >= {100 * GOAL_MIGRATION_CUT:.0f} %: {verdict})")
-    print(f"p99 step latency bound / unbound = {fmt_ratio(rat['daemon']['p99'])} "
-          f"(pool only / unbound = {fmt_ratio(rat['pool']['p99'])}); below 1 is faster")
-    write_json(args.json, {
-        "bench": "effect",
-        "params": {"seconds": args.seconds, "rounds": args.rounds, "helpers": args.helpers, "work": args.work,
-                   "neighbour": neighbour.describe(), "neighbour_note": neighbour.note, "npu": args.npu,
-                   "fixture_host": not args.host_npu_smi},
-        "plan": plan_npu,
-        "arms": results,
-        "ratios": rat,
-    })
+    if args.guest:
+        return in_the_guest(args)
+    res = measure(args)
+    report(res, args)
+    write_json(args.json, res)
     return 0
 
 

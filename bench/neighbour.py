@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -45,8 +46,9 @@ class Neighbour:
             return
         if self.kind == "stress-ng":
             argv = ["stress-ng", "--cpu", str(self.procs), "--timeout", f"{self.budget}s", "--quiet"]
+            # its temporary files go to its working directory, which must be writable
             self.members.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                 start_new_session=True))
+                                                 cwd=tempfile.gettempdir(), start_new_session=True))
             # stress-ng forks its workers: wait until they exist, so the first arm is loaded too
             import psutil
             deadline = time.monotonic() + 10

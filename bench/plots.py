@@ -11,8 +11,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display on a server; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLOURS = {"unbound": "#c0504d", "daemon": "#1f77b4", "pool": "#9bbb59"}
-LABELS = {"unbound": "unbound", "daemon": "bound (daemon, role split)", "pool": "pool only (no role split)"}
+COLOURS = {"unbound": "#c0504d", "daemon": "#1f77b4", "pool": "#9bbb59", "irqs": "#8064a2", "host": "#f79646"}
+LABELS = {"unbound": "unbound", "daemon": "bound (daemon, role split)", "pool": "pool only (no role split)",
+          "irqs": "bound, isolation = irqs", "host": "bound, isolation = host"}
 DPI = 90
 
 
@@ -59,10 +60,12 @@ def plot_effect_threads(effect: dict, path: str) -> str:
     roles = ["main", "acl", "release", "helpers"]
     names = ["main", "acl_thread", "release_thread", "helper (each)"]
     arms = list(effect["arms"])
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    panels = [("migrations_per_s", "CPU migrations / s"), ("nonvoluntary_per_s", "involuntary context switches / s")]
+    if all("run_delay_ms_per_s" in effect["arms"][a]["threads"]["main"] for a in arms):
+        panels.append(("run_delay_ms_per_s", "run-queue delay (ms / s)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2))
     width = 0.8 / len(arms)
-    for ax, key, title in ((axes[0], "migrations_per_s", "CPU migrations / s"),
-                           (axes[1], "nonvoluntary_per_s", "involuntary context switches / s")):
+    for ax, (key, title) in zip(axes, panels):
         for i, arm in enumerate(arms):
             th = effect["arms"][arm]["threads"]
             vals = [th[r][key] / max(1, th[r]["threads"]) for r in roles]

@@ -311,7 +311,7 @@ def test_status_json_shape(tree):
 
 def test_host_narrows_the_unbound_workqueues_mask_records_it_first_and_puts_it_back(tree):
     # the shared mask of the kernel's unbound workqueues, in the fixture tree (the real one is
-    # host-wide: tests/test_isolation_guest.py changes it in the guest only)
+    # host-wide: tests/numa/test_isolation_host_guest.py changes it in the guest only)
     shared = tree[1] / "devices" / "virtual" / "workqueue" / "cpumask"
     shared.write_text(ALL12 + "\n")
     cfg = config(tree).replace(isolation="host")

@@ -1,0 +1,177 @@
+"""Isolation on a real two-node kernel under a noisy neighbour (the 2node guest).
+
+The fixture npu-smi describes two NPUs, one a node: NPU 0's pool is CPUs 0-3, NPU 1's
+4-7. ``stress-ng --cpu 8`` keeps every CPU busy. A worker bound on NPU 0 protects
+NPU 0's main, ACL and release CPUs; what this checks is what the kernel itself
+shows: every IRQ mask in /proc/irq, the per-CPU counts of /proc/interrupts while
+the guest's own devices are kept busy, the daemon's threads' masks in
+/proc/<pid>/task/*/status. Release, stop and ``kill -9`` plus a restart each put
+every mask back byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+
+import pytest
+
+from ascendbind.cpulist import parse_cpulist
+from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for
+from tests.numa.conftest import recorded_npu_smi
+from tests.test_isolation_daemon import assert_off_the_protected_cpus, changed, host_masks, put_back, thread_cpus
+from tests.workers import start_worker
+
+SLOW = 600.0  # seconds: Python in the guest runs tens of times slower than on a host
+STARTED_ON = frozenset(os.sched_getaffinity(0))
+
+
+@pytest.fixture(scope="module")
+def npu_smi(tmp_path_factory):
+    return recorded_npu_smi(str(tmp_path_factory.mktemp("npu-smi")), 2, "0-3;4-7")
+
+
+@pytest.fixture
+def masks():
+    saved = host_masks()
+    try:
+        yield saved
+    finally:
+        put_back(saved)
+
+
+@pytest.fixture
+def neighbour():
+    """``stress-ng --cpu 8`` in a session of its own, its workers running before the test goes on."""
+    # stress-ng keeps its files in its working directory: the guest's /tmp, not the read-only checkout
+    proc = subprocess.Popen(["stress-ng", "--cpu", "8", "--timeout", "1800s", "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True, cwd="/tmp")
+    try:
+        assert wait_for(lambda: proc.poll() is not None or len(_children(proc.pid)) >= 8, SLOW)
+        assert proc.poll() is None, f"stress-ng exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as fh:
+            out += [int(c) for c in fh.read().split()]
+    return out
+
+
+@contextlib.contextmanager
+def daemon(directory: str, npu_smi: str, **env: str):
+    full = base_env(os.path.join(directory, "s.sock"), os.path.join(directory, "state"), free_port(),
+                    ASCENDBIND_NPU_SMI=npu_smi, ASCENDBIND_IRQBALANCE="warn", ASCENDBIND_MEMORY_CHECK_SECONDS="0",
+                    ASCENDBIND_COMMAND_TIMEOUT_SECONDS="120", **env)
+    d = DaemonProc(directory, full)
+    try:
+        yield start(d)
+    finally:
+        d.stop(timeout=SLOW)
+
+
+def start(d: DaemonProc) -> DaemonProc:
+    d.start(wait=False)
+    d.wait_ready(SLOW)
+    d.wait_discovered(SLOW)
+    return d
+
+
+def bind(d: DaemonProc, pid: int) -> dict:
+    status, body = d.curl("POST", "/v1/bind", {"pid": pid, "npu": 0})
+    assert status == 200, body
+    return d.client.workers()["isolation"]
+
+
+# ------------------------------------------------------------ /proc/interrupts
+
+
+def irq_counts() -> dict[str, list[int]]:
+    """Each numbered IRQ's count per CPU (the columns of /proc/interrupts, CPU 0 first)."""
+    with open("/proc/interrupts") as fh:
+        header = fh.readline().split()
+        out = {}
+        for line in fh:
+            name, _, rest = line.partition(":")
+            if name.strip().isdigit():
+                out[name.strip()] = [int(w) for w in rest.split()[:len(header)]]
+    return out
+
+
+def busy_devices(directory: str, files: int) -> None:
+    """Work for the guest's own devices: files written and read back through the root file
+    system (virtio 9p), each fsync'd, so their interrupts fire while the counts are read."""
+    for i in range(files):
+        path = os.path.join(directory, f"busy-{i}")
+        with open(path, "wb") as fh:
+            fh.write(os.urandom(4096))
+            fh.flush()
+            os.fsync(fh.fileno())
+        with open(path, "rb") as fh:
+            fh.read()
+        os.unlink(path)
+
+
+def fired(before: dict[str, list[int]], after: dict[str, list[int]], irqs: set[str], cpus) -> int:
+    return sum(after[i][c] - before[i][c] for i in irqs if i in before and i in after for c in cpus
+               if c < len(after[i]))
+
+
+# ------------------------------------------------------------ the tests
+
+
+def test_irqs_under_a_neighbour_no_other_irq_and_no_daemon_thread_on_the_workers_cpus_and_each_restore(
+        masks, neighbour, npu_smi, tmp_path):
+    # the guest's root is the host's, read-only: busy_devices writes to a 9p directory
+    # of the host that the guest may write, its results directory
+    work = tempfile.mkdtemp(prefix="busy-", dir=os.environ.get("NUMA_GUEST_OUT") or str(tmp_path))
+    with daemon(str(tmp_path / "d"), npu_smi, ASCENDBIND_ISOLATION="irqs") as d, start_worker() as w:
+        iso = bind(d, w.pid)
+        protected = parse_cpulist(iso["protected"])
+        housekeeping = parse_cpulist(iso["housekeeping"])
+        assert protected and protected <= frozenset(range(4)) and not protected & housekeeping, iso
+        assert_off_the_protected_cpus(iso)
+        assert set(thread_cpus(d.pid).values()) == {housekeeping}
+        moved = {k[4:] for k in changed(masks) if k.startswith("irq:")}
+        assert moved, "no IRQ of the guest was moved"
+        # x86 moves an IRQ when it next fires: one round first, so the counts read the new masks
+        busy_devices(work, 20)
+        before = irq_counts()
+        busy_devices(work, 200)
+        after = irq_counts()
+        # the guest's devices interrupted, and never on the worker's CPUs
+        elsewhere = fired(before, after, moved, sorted(set(range(len(after[next(iter(after))]))) - protected))
+        assert elsewhere > 0, "busy_devices made no interrupt of a moved IRQ: the check would prove nothing"
+        assert fired(before, after, moved, sorted(protected)) == 0
+        # release puts every mask back, byte for byte, and the daemon's threads where they were
+        assert d.curl("POST", "/v1/release", {"pid": w.pid})[0] == 200
+        assert changed(masks) == {}
+        assert set(thread_cpus(d.pid).values()) == {STARTED_ON}
+        # stop puts back
+        bind(d, w.pid)
+        assert changed(masks)
+        d.stop(timeout=SLOW)
+        assert changed(masks) == {}
+        # kill -9: the masks stay as the killed daemon left them; the next one, finding its
+        # worker gone, puts them back
+        start(d)
+        bind(d, w.pid)
+        narrowed = host_masks()
+        d.stop(signal.SIGKILL, timeout=SLOW)
+        assert host_masks() == narrowed
+    # the worker has exited: a daemon started now on the same state puts every mask back
+    again = start(DaemonProc(d.dir, d.env))
+    try:
+        assert wait_for(lambda: changed(masks) == {}, SLOW), changed(masks)
+    finally:
+        again.stop(timeout=SLOW)
+    os.rmdir(work)
