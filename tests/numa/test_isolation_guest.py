@@ -6,12 +6,18 @@ NPU 0's main, ACL and release CPUs; what this checks is what the kernel itself
 shows: every IRQ mask in /proc/irq, the per-CPU counts of /proc/interrupts while
 the guest's own devices are kept busy, the daemon's threads' masks in
 /proc/<pid>/task/*/status. Release, stop and ``kill -9`` plus a restart each put
-every mask back byte for byte.
+every mask back byte for byte. At ``host`` the neighbour's threads, those of a
+neighbour started after the bind too, leave those CPUs and come back on release.
+
+At ``host`` this test process names itself ``guest_test`` and is exempt
+(``isolation_exempt``): the level would move it too, and what it starts would
+inherit the narrowed mask instead of being moved.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -46,17 +52,53 @@ def masks():
 @pytest.fixture
 def neighbour():
     """``stress-ng --cpu 8`` in a session of its own, its workers running before the test goes on."""
-    # stress-ng keeps its files in its working directory: the guest's /tmp, not the read-only checkout
-    proc = subprocess.Popen(["stress-ng", "--cpu", "8", "--timeout", "1800s", "--quiet"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True, cwd="/tmp")
+    proc = stress_ng(8)
     try:
-        assert wait_for(lambda: proc.poll() is not None or len(_children(proc.pid)) >= 8, SLOW)
-        assert proc.poll() is None, f"stress-ng exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}"
+        started(proc, 8)
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(60)
+        stopped(proc)
+
+
+def _name_self(name: bytes) -> None:
+    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+
+
+@pytest.fixture
+def exempt():
+    with open("/proc/self/comm", "rb") as fh:
+        own = fh.read().strip()
+    _name_self(b"guest_test")
+    try:
+        yield "guest_test"
+    finally:
+        _name_self(own)
+
+
+def stress_ng(cpus: int) -> subprocess.Popen:
+    # stress-ng keeps its files in its working directory: the guest's /tmp, not the read-only checkout
+    return subprocess.Popen(["stress-ng", "--cpu", str(cpus), "--timeout", "1800s", "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, cwd="/tmp")
+
+
+def started(proc: subprocess.Popen, workers: int) -> None:
+    assert wait_for(lambda: proc.poll() is not None or len(_children(proc.pid)) >= workers, SLOW)
+    assert proc.poll() is None, f"stress-ng exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}"
+
+
+def stopped(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(60)
+
+
+def task_cpus(root: subprocess.Popen) -> dict[int, frozenset[int]]:
+    """Every thread of ``root`` and of its children: its allowed CPUs."""
+    out = {}
+    for pid in (root.pid, *_children(root.pid)):
+        with contextlib.suppress(OSError):
+            out.update(thread_cpus(pid))
+    return out
 
 
 def _children(pid: int) -> list[int]:
@@ -72,6 +114,7 @@ def daemon(directory: str, npu_smi: str, **env: str):
     full = base_env(os.path.join(directory, "s.sock"), os.path.join(directory, "state"), free_port(),
                     ASCENDBIND_NPU_SMI=npu_smi, ASCENDBIND_IRQBALANCE="warn", ASCENDBIND_MEMORY_CHECK_SECONDS="0",
                     ASCENDBIND_COMMAND_TIMEOUT_SECONDS="120", **env)
+    os.makedirs(directory, exist_ok=True)
     d = DaemonProc(directory, full)
     try:
         yield start(d)
@@ -174,4 +217,35 @@ def test_irqs_under_a_neighbour_no_other_irq_and_no_daemon_thread_on_the_workers
         assert wait_for(lambda: changed(masks) == {}, SLOW), changed(masks)
     finally:
         again.stop(timeout=SLOW)
+    os.rmdir(work)
+
+
+def test_host_under_a_neighbour_moves_its_threads_and_a_late_ones_off_the_workers_cpus_and_release_puts_back(
+        masks, neighbour, npu_smi, exempt, tmp_path):
+    work = tempfile.mkdtemp(prefix="busy-", dir=os.environ.get("NUMA_GUEST_OUT") or str(tmp_path))
+    everywhere = set(task_cpus(neighbour).values())
+    with daemon(str(tmp_path / "d"), npu_smi, ASCENDBIND_ISOLATION="host", ASCENDBIND_ISOLATION_EXEMPT=exempt) as d, \
+            start_worker() as w:
+        iso = bind(d, w.pid)
+        protected = parse_cpulist(iso["protected"])
+        assert iso["level"] == "host" and protected <= frozenset(range(4)), iso
+        assert_off_the_protected_cpus(iso)
+        assert set(thread_cpus(d.pid).values()) == {parse_cpulist(iso["housekeeping"])}
+        # the neighbour's threads, and those of one started after the bind, leave the worker's CPUs
+        assert wait_for(lambda: not any(c & protected for c in task_cpus(neighbour).values()), SLOW), \
+            task_cpus(neighbour)
+        late = stress_ng(2)
+        try:
+            started(late, 2)
+            assert wait_for(lambda: not any(c & protected for c in task_cpus(late).values()), SLOW), task_cpus(late)
+        finally:
+            stopped(late)
+        busy_devices(work, 20)
+        before = irq_counts()
+        busy_devices(work, 100)
+        moved = {k[4:] for k in changed(masks) if k.startswith("irq:")}
+        assert fired(before, irq_counts(), moved, sorted(protected)) == 0
+        assert d.curl("POST", "/v1/release", {"pid": w.pid})[0] == 200
+        assert wait_for(lambda: set(task_cpus(neighbour).values()) == everywhere, SLOW), task_cpus(neighbour)
+        assert changed(masks) == {}
     os.rmdir(work)
