@@ -69,6 +69,7 @@ from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover
 from .watch.npucheck import NpuChecker
+from .api.contention import Contention
 from .api.metrics import Metrics
 from .watch.observe import role_cpus
 from .ownership import Ownership
@@ -96,6 +97,8 @@ class Daemon(Ownership):
         self.state = StateFile(config.state_dir, proc_root=config.proc_root)
         self.lock = threading.RLock()
         self.held: dict[int, Held] = {}
+        self.contention = Contention(self)  # what the held workers get of their CPUs, read at scrape time
+        self.metrics.attach(self.contention)
         self.started = time.time()
         self.hotplug_status = "off"
         # set by the service to its hot-plug debouncer: a burst of uevents not yet acted upon

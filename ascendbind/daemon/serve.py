@@ -69,7 +69,8 @@ from .host.autobind import AutoBinder
 from .core import Daemon
 from .host.hotplug import HotplugMonitor
 from .api.listen import open_listen_socket
-from .api.metrics import METRICS_LIMITS, Metrics, start_tcp_listener
+from .api.metrics import Metrics
+from .api.metricsport import METRICS_LIMITS, start_tcp_listener
 from .watch.reconcile import Reconciler
 from .host.replan import rediscover_and_replan
 from .api.server import API_LIMITS, ApiServer
