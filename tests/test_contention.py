@@ -64,7 +64,9 @@ def test_role_counters_agree_with_proc_and_only_grow_across_a_thread_exit_and_a_
         first = _exported(d.metrics_text())  # the first look: the series exist, at 0
         assert all(v == [0, 0, 0] for v in first.values()), first
 
+        # GET /v1/workers takes a look of its own; the scrape right after shows it or a later one
         p1a = _proc(w.pid)
+        d.client.workers()
         m1 = _exported(d.metrics_text())
         p1b = _proc(w.pid)
         # two main threads contend for the main CPUs, two ACL threads burn after the loop pins them
@@ -74,6 +76,7 @@ def test_role_counters_agree_with_proc_and_only_grow_across_a_thread_exit_and_a_
         # a look younger than a second is reused; wait for one that sees the ACL threads as such
         assert wait_for(lambda: metric_value(d.metrics_text(), FAMILIES[0], npu="0", role="acl") >= 0.3, 10)
         p2a = _proc(w.pid)
+        d.client.workers()
         m2 = _exported(d.metrics_text())
         p2b = _proc(w.pid)
         for r in ROLES:

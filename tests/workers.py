@@ -54,6 +54,8 @@ def spawn(name):
     tid = q.get()
     stops[tid] = (ev, t)
     return tid
+import hashlib
+MIB = bytes(1 << 20)
 burned = {}
 def burner(name, ms, ready, stop):
     name_self(name)
@@ -61,9 +63,11 @@ def burner(name, ms, ready, stop):
     born[tid] = sorted(os.sched_getaffinity(0))
     done = burned[tid] = threading.Event()
     ready.put(tid)
+    # hashing a MiB lets go of the GIL: burners contend for the CPU (run-queue delay),
+    # not for the interpreter lock (a sleep on a futex, which no run queue sees)
     end = time.thread_time() + ms / 1000
     while time.thread_time() < end:
-        pass
+        hashlib.sha256(MIB).digest()
     done.set()
     stop.wait()
 def burn(name, ms):

@@ -59,7 +59,7 @@ def parse_workers_query(query: str) -> tuple[int | None, bool]:
 def workers_answer(daemon, query: str = "", peer: Peer | None = None) -> dict[str, Any]:
     """The answer to ``GET /v1/workers?query`` asked by ``peer`` (None: the daemon itself)."""
     pid, explain = parse_workers_query(query)
-    daemon.contention.refresh()  # reads the threads outside the daemon's lock (a look under a second is reused)
+    daemon.contention.refresh(force=True)  # a look of its own, outside the daemon's lock
     with daemon.lock:
         if pid is None:
             return {"workers": [_record(daemon, h) for _, h in sorted(daemon.held.items())],
