@@ -106,6 +106,9 @@ class Daemon(Ownership):
         # set by the service to its reconcile loop's thread-events source: how the loop learns of threads
         self.reconcile_mode: Callable[[], dict[str, str | None]] = lambda: {"mode": "listing", "reason": "not_started"}
         self.pid = os.getpid()
+        # set by the service to its reconcile loop's poke: the held table changed
+        self.held_changed: Callable[[], None] = lambda: None
+        self._saved_held: frozenset[int] = frozenset()
         # the memory step's moves, in the background (memmove.py), and the locality check
         # that measures where a worker's memory is and asks for reruns (locality.py)
         self.mover = MemoryMover(self)
@@ -144,6 +147,10 @@ class Daemon(Ownership):
                 log.error("could not write the state file", path=self.state.path,
                           error=exc.strerror if isinstance(exc, OSError) else str(exc))
             self.metrics.bound_workers.set(len(self.held))
+            held = frozenset(map(id, self.held.values()))
+            if held != self._saved_held:  # a worker bound, bound again or gone: the loop looks now
+                self._saved_held = held
+                self.held_changed()
             # a released or gone worker's locality series goes with it
             self.metrics.memory_local(ratios_by_npu(self.held.values()))
         finally:

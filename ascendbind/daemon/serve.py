@@ -137,6 +137,7 @@ class _Service:
         self.daemon.hotplug_status = self.hotplug.start()
         self.daemon.rediscovery_pending = self.hotplug.debouncer.pending
         self.daemon.reconcile_mode = self.reconciler.thread_events.describe
+        self.daemon.held_changed = self.reconciler.poke
         if cfg.auto_bind:
             self.autobind = AutoBinder(self.daemon)
             self.autobind.start()

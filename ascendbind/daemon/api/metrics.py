@@ -129,6 +129,11 @@ class Metrics:
             "queued, no worker exited, no mask read had moved",
             registry=r,
         )
+        self.reconcile_woken_runs = Counter(
+            "ascendbind_reconcile_woken_runs",
+            "Looks between passes at the workers process events named (a thread born, renamed or exited), "
+            "woken by the events themselves", registry=r,
+        )
         self.reconcile_duration = Histogram(
             "ascendbind_reconcile_duration_seconds",
             "Wall time of one reconcile pass over all bound workers (includes time preempted)",
