@@ -31,7 +31,6 @@ __all__ = ["ThreadSched", "parse_schedstat", "parse_nonvoluntary", "parse_cpu_bu
 class ThreadSched:
     """One thread's scheduler counters, as read at one moment."""
 
-    start_time: int  # field 22 of its stat: with the tid, the thread's identity
     cpu_ns: int
     delay_ns: int
     nonvoluntary: int

@@ -9,17 +9,25 @@ interrupts that fired there other than the worker's NPUs' own.
 
 Why at scrape time, not in the reconcile pass: the pass is the daemon's hot
 loop (every few seconds, nearly always quiet on an idle host) and costs one
-syscall per thread; three file reads per thread would multiply it. A scrape
-comes every 15–60 s, and its reads are shared with ``GET /v1/workers`` (a
-look younger than ``MIN_INTERVAL`` is reused).
+``sched_getaffinity`` per thread, about 1.4 us; reading a thread's
+``schedstat`` and ``status`` costs some 30 us (the kernel formats ``status``
+whole), twenty times that. A scrape comes every 15–60 s, a look younger than
+``MIN_INTERVAL`` is reused, and a scrape reads every ACL, release and UVB thread
+but only one in ``MAIN_SWEEP`` of the main threads (staggered by tid, each in
+turn; a thread not read yet is read at once): a main thread's counts reach the
+series at most ``MAIN_SWEEP`` looks late, never lost while it lives.
+``GET /v1/workers`` reads every thread.
 
-Counters that never go backwards. Each thread is known by its tid and start
-time (a tid the kernel hands out again is another thread); a look adds, per
-thread, what its counters grew since the last look to the role the thread has
-now (a thread renamed into the ACL role counts there from then on). A thread
-that exits keeps what it had at the last look; so does a worker released. A
-thread first seen after a worker's first look is new (born or renamed since)
-and counts from its birth; the threads at the first look count from then.
+Counters that never go backwards. A look adds, per thread, what its counters
+grew since the thread's last read to the role the thread has now (a thread
+renamed into the ACL role counts there from then on). A thread that exits keeps
+what it had at its last read (what it ran after that is not seen); so does a
+worker released. A thread first met after a worker's first look is new (born or
+renamed since) and counts from its birth; the threads at the first look count
+from then. A tid whose counters are lower than at its last read is another
+thread, born under a tid the kernel handed out again; one that wrapped the
+whole pid space between two reads and outgrew its predecessor would be taken
+for it, the limit the reconcile loop's thread cache has too.
 
 Labels stay bounded: ``npu`` is the worker's NPUs in one value (``"3"``, or
 ``"0,1"`` for a worker that drives two: its main threads run on both NPUs'
@@ -49,10 +57,13 @@ from ...cpulist import format_cpulist
 from ...discovery.cpuusage import LOG_DIR, cpu_busy_ns, interrupt_counts, open_task_dir, pod_names, task_tids, \
     thread_sched
 
-__all__ = ["Contention", "ROLE_NAMES", "MIN_INTERVAL"]
+__all__ = ["Contention", "ROLE_NAMES", "MIN_INTERVAL", "MAIN_SWEEP"]
 
 ROLE_NAMES = ("main", "acl", "release", "uvb")
 MIN_INTERVAL = 1.0  # seconds: a look younger than this is reused
+# a scrape reads one in MAIN_SWEEP of a worker's main threads (staggered by tid), every ACL,
+# release and UVB thread, and every thread it has not read yet; GET /v1/workers reads all
+MAIN_SWEEP = 8
 _NS = 1e-9
 
 _FAMILIES = (
@@ -122,12 +133,14 @@ class Contention:
         self._totals: dict[tuple[str, str], list[int]] = {}  # (npu, role) -> [cpu ns, delay ns, involuntary]
         self._foreign: dict[str, list[int]] = {}  # npu -> [cpu ns, interrupts]
         self._at = float("-inf")
+        self._looks = 0
 
     # ------------------------------------------------------------ looking
 
     def refresh(self, *, force: bool = False) -> None:
         """Read every held worker's threads and pools once (unless a look is younger than
-        ``min_interval``). Never call it holding the daemon's lock."""
+        ``min_interval``); ``force``: a look now, of every thread. Never call it holding
+        the daemon's lock."""
         if not force and time.monotonic() - self._at < self.min_interval:
             return
         with self.daemon.lock:  # taken first and let go: worker_json runs under it and takes ours
@@ -145,12 +158,13 @@ class Contention:
                 if first:
                     w = self._workers[v.key] = _Worker()
                     w.pod = pod_names(v.pid, proc_root, self.log_dir)
-                self._look(v, w, first, proc_root)
+                self._look(v, w, first, proc_root, force)
                 self._pool(v, w, busy, irqs)
             self._views = views
+            self._looks += 1
             self._at = time.monotonic()
 
-    def _look(self, v: _View, w: _Worker, first: bool, proc_root: str) -> None:
+    def _look(self, v: _View, w: _Worker, first: bool, proc_root: str, full: bool) -> None:
         fd = open_task_dir(v.pid, proc_root)
         if fd is None:
             return
@@ -160,44 +174,52 @@ class Contention:
             roles = v.roles
             if first:  # the cache may lag a pass behind: threads it has not met yet count as main
                 roles = {tid: roles.get(tid, "main") for tid in task_tids(fd)}
-            seen = self._threads(w, fd, roles, v.npu, baseline=first)
+            seen = self._threads(w, fd, roles, v.npu, baseline=first, full=full or first)
         finally:
             os.close(fd)
         for tid in v.uvb:
             ufd = open_task_dir(tid, proc_root)
             if ufd is not None:
                 try:
-                    seen += self._threads(w, ufd, {tid: "uvb"}, v.npu, baseline=first)
+                    seen += self._threads(w, ufd, {tid: "uvb"}, v.npu, baseline=first, full=True)
                 finally:
                     os.close(ufd)
         for tid in [t for t in w.threads if t not in seen]:
             del w.threads[tid]  # exited (or not this worker's any more): its counts stay
 
-    def _threads(self, w: _Worker, fd: int, roles: dict[int, str], npu: str, *, baseline: bool) -> list[int]:
+    def _threads(self, w: _Worker, fd: int, roles: dict[int, str], npu: str, *, baseline: bool,
+                 full: bool) -> list[int]:
         seen = []
+        turn = self._looks % MAIN_SWEEP
         for tid, role in roles.items():
+            last = w.threads.get(tid)
+            counts = w.roles.setdefault(role, [0, 0, 0, 0, 0])
+            total = self._totals.setdefault((npu, role), [0, 0, 0])  # exported from the first look, at 0
+            if not full and role == "main" and last is not None and tid % MAIN_SWEEP != turn:
+                seen.append(tid)  # not its turn: what it ran since its last read is added at its next
+                counts[4] += 1
+                continue
             s = thread_sched(fd, tid)
             if s is None:
                 continue
             seen.append(tid)
-            now = (s.start_time, s.cpu_ns, s.delay_ns, s.nonvoluntary)
-            last = w.threads.get(tid)
+            now = (s.cpu_ns, s.delay_ns, s.nonvoluntary)
             w.threads[tid] = now
-            counts = w.roles.setdefault(role, [0, 0, 0, 0, 0])
             counts[4] += 1
-            if last is None or last[0] != s.start_time:
+            # a tid whose counters went back is another thread (the kernel handed the tid out
+            # again): it counts from its birth
+            new = last is None or any(a < b for a, b in zip(now, last))
+            if new:
                 counts[3] += 1
-            total = self._totals.setdefault((npu, role), [0, 0, 0])  # exported from the first look, at 0
             if baseline:
                 continue
-            if last is None or last[0] != s.start_time:
-                last = (s.start_time, 0, 0, 0)  # a thread born (or renamed in) since the first look
-            grown = [max(0, a - b) for a, b in zip(now[1:], last[1:])]
+            if new:
+                last = (0, 0, 0)  # a thread born (or renamed in) since the first look
             for i in range(3):
-                total[i] += grown[i]
-                counts[i] += grown[i]
+                total[i] += now[i] - last[i]
+                counts[i] += now[i] - last[i]
             if role != "uvb":
-                w.own_ns += grown[0]
+                w.own_ns += now[0] - last[0]
         return seen
 
     def _pool(self, v: _View, w: _Worker, busy: dict[int, int] | None, irqs: dict[int, int] | None) -> None:
