@@ -13,7 +13,7 @@ loop (every few seconds, nearly always quiet on an idle host) and costs one
 ``schedstat`` and ``status`` costs some 30 us (the kernel formats ``status``
 whole), twenty times that. A scrape comes every 15–60 s, a look younger than
 ``MIN_INTERVAL`` is reused, and a scrape reads every ACL, release and UVB thread
-but only one in ``MAIN_SWEEP`` of the main threads (staggered by tid, each in
+but only one in ``MAIN_SWEEP`` (16) of the main threads (staggered by tid, each in
 turn; a thread not read yet is read at once): a main thread's counts reach the
 series at most ``MAIN_SWEEP`` looks late, never lost while it lives.
 ``GET /v1/workers`` reads every thread.
@@ -63,7 +63,7 @@ ROLE_NAMES = ("main", "acl", "release", "uvb")
 MIN_INTERVAL = 1.0  # seconds: a look younger than this is reused
 # a scrape reads one in MAIN_SWEEP of a worker's main threads (staggered by tid), every ACL,
 # release and UVB thread, and every thread it has not read yet; GET /v1/workers reads all
-MAIN_SWEEP = 8
+MAIN_SWEEP = 16
 _NS = 1e-9
 
 _FAMILIES = (
@@ -168,8 +168,6 @@ class Contention:
         fd = open_task_dir(v.pid, proc_root)
         if fd is None:
             return
-        for counts in w.roles.values():
-            counts[4] = 0
         try:
             roles = v.roles
             if first:  # the cache may lag a pass behind: threads it has not met yet count as main
@@ -184,31 +182,42 @@ class Contention:
                     seen += self._threads(w, ufd, {tid: "uvb"}, v.npu, baseline=first, full=True)
                 finally:
                     os.close(ufd)
-        for tid in [t for t in w.threads if t not in seen]:
-            del w.threads[tid]  # exited (or not this worker's any more): its counts stay
+        live = set(seen)
+        for tid in [t for t in w.threads if t not in live]:
+            del w.threads[tid]  # exited, or gone from the loop's record: its counts stay
+        for counts in w.roles.values():
+            counts[4] = 0
+        for tid in live:
+            role = "uvb" if tid in v.uvb else roles.get(tid, "main")
+            if role in w.roles:
+                w.roles[role][4] += 1
 
     def _threads(self, w: _Worker, fd: int, roles: dict[int, str], npu: str, *, baseline: bool,
                  full: bool) -> list[int]:
-        seen = []
-        turn = self._looks % MAIN_SWEEP
-        for tid, role in roles.items():
-            last = w.threads.get(tid)
-            counts = w.roles.setdefault(role, [0, 0, 0, 0, 0])
+        known = w.threads
+        if full:
+            todo = list(roles)
+        else:  # this look's share: the role threads, one in MAIN_SWEEP main threads, and the new
+            turn = self._looks % MAIN_SWEEP
+            todo = [tid for tid, role in roles.items() if role != "main" or tid % MAIN_SWEEP == turn
+                    or tid not in known]
+        reading = set(todo)
+        seen = [tid for tid in roles if tid in known and tid not in reading]  # not its turn: added at its next read
+        for tid in todo:
+            role = roles[tid]
             total = self._totals.setdefault((npu, role), [0, 0, 0])  # exported from the first look, at 0
-            if not full and role == "main" and last is not None and tid % MAIN_SWEEP != turn:
-                seen.append(tid)  # not its turn: what it ran since its last read is added at its next
-                counts[4] += 1
-                continue
+            counts = w.roles.setdefault(role, [0, 0, 0, 0, 0])
             s = thread_sched(fd, tid)
             if s is None:
+                if tid in known:
+                    del known[tid]  # exited (or not this worker's any more): its counts stay
                 continue
             seen.append(tid)
-            now = (s.cpu_ns, s.delay_ns, s.nonvoluntary)
-            w.threads[tid] = now
-            counts[4] += 1
+            last = known.get(tid)
+            now = known[tid] = (s.cpu_ns, s.delay_ns, s.nonvoluntary)
             # a tid whose counters went back is another thread (the kernel handed the tid out
             # again): it counts from its birth
-            new = last is None or any(a < b for a, b in zip(now, last))
+            new = last is None or now[0] < last[0] or now[1] < last[1] or now[2] < last[2]
             if new:
                 counts[3] += 1
             if baseline:
