@@ -68,11 +68,26 @@ def task_tids(task_fd: int) -> list[int]:
         return []
 
 
+def _read_once(name: str, limit: int, dir_fd: int) -> str | None:
+    """One ``read`` of a small file the kernel prints whole on the first (a thread's
+    ``schedstat``, ``status``): the hot path of a scrape, no loop, no buffer list."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def thread_sched(task_fd: int, tid: int) -> ThreadSched | None:
     """Thread ``tid``'s counters, read under an open task directory; None when it is gone
     (or its files do not parse)."""
-    sched = _read(f"{tid}/schedstat", 256, task_fd)
-    status = _read(f"{tid}/status", 16384, task_fd) if sched is not None else None
+    sched = _read_once(f"{tid}/schedstat", 256, task_fd)
+    status = _read_once(f"{tid}/status", 16384, task_fd) if sched is not None else None
     if status is None:
         return None
     times = parse_schedstat(sched)
