@@ -226,11 +226,33 @@ def cmd_status(args) -> int:
     for w in workers:
         for line in _why_lines(w):
             print(f"  {w['pid']}: {line}")
+        for line in _contention_lines(w.get("contention")):
+            print(f"  {w['pid']}: {line}")
     for w in workers:
         if w.get("explanation"):
             print(f"\nplan explanation of pid {w['pid']}:")
             print(w["explanation"])
     return 0
+
+
+def _contention_lines(c: dict | None) -> list[str]:
+    """Whether the worker's threads get their CPUs, since it was bound: per role the run-queue
+    delay as a share of delay + CPU time, and the foreign load on its pool."""
+    if not c:
+        return []
+    parts = []
+    for role, r in c.get("roles", {}).items():
+        cpu, delay = r.get("cpu_seconds", 0), r.get("run_delay_seconds", 0)
+        share = f"{100 * delay / (cpu + delay):.1f}%" if cpu + delay > 0 else "-"
+        parts.append(f"{role} {share} ({delay:.3f} s waited, {cpu:.3f} s ran, {r.get('involuntary_switches', 0)} "
+                     f"preempted)")
+    lines = ["run delay: " + "; ".join(parts)] if parts else []
+    f = c.get("foreign") or {}
+    lines.append(f"foreign on pool: {f.get('cpu_seconds', 0):.3f} s CPU, {f.get('interrupts', 0)} interrupts")
+    pod = c.get("pod") or {}
+    if pod.get("pod_name"):
+        lines.append(f"pod: {pod.get('namespace') or '?'}/{pod['pod_name']} container {pod.get('container_name') or '?'}")
+    return lines
 
 
 def _targets_lines(plan: dict) -> list[str]:

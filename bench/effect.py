@@ -95,10 +95,20 @@ class Levels:
 
 
 def new_acc() -> dict:
-    return {"samples": array("q"), "wall_s": 0.0, "bind_ms": [], **{k: dict.fromkeys(ROLES, 0) for k in COUNTERS}}
+    return {"samples": array("q"), "wall_s": 0.0, "bind_ms": [], **{k: dict.fromkeys(ROLES, 0) for k in COUNTERS},
+            # exported run delay ns, exported involuntary switches, the bench's own two, over the bound runs
+            "exported": [0, 0, 0, 0]}
 
 
 COUNTERS = ("migrations", "nonvoluntary", "run_delay_ns")  # the order of StandInProc.counters' figures
+
+
+def exported(daemon: DaemonProc, pid: int) -> tuple[int, int]:
+    """(run delay ns, involuntary switches) the daemon shows for ``pid``, summed over its roles
+    (``GET /v1/workers`` reads every thread afresh: the same figures as its metrics)."""
+    roles = daemon.client.worker(pid)["contention"]["roles"]
+    return (round(sum(r["run_delay_seconds"] for r in roles.values()) * 1e9),
+            sum(r["involuntary_switches"] for r in roles.values()))
 
 
 def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, tag: str, acc: dict) -> None:
@@ -116,10 +126,17 @@ def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, 
             pin_all(w.pid, pool)
         w.ask(f"warm {args.warm}")  # first wake-ups after a mask change may move a thread once
         acc["masks"] = w.masks()
+        exported0 = exported(daemon, w.pid) if arm in LEVELS else None
         before = w.counters()
         path = os.path.join(tmp, f"{tag}.bin")
         _, steps, wall = w.ask(f"run {args.seconds / args.rounds} {path}").split()
         after = w.counters()
+        if exported0 is not None:  # what the daemon exports for the same threads over the same run
+            exported1 = exported(daemon, w.pid)
+            for k in range(2):
+                acc["exported"][k] += exported1[k] - exported0[k]
+            acc["exported"][2] += sum(after[r][2] - before[r][2] for r in ROLES)
+            acc["exported"][3] += sum(after[r][1] - before[r][1] for r in ROLES)
         samples = array("q")
         with open(path, "rb") as fh:
             samples.frombytes(fh.read())
@@ -161,7 +178,18 @@ def arm_result(arm: str, acc: dict, n_helpers: int) -> dict:
         "threads": threads,
         "masks": acc.get("masks", {}),
         "bind_ms": acc["bind_ms"],
+        # the daemon's own figures for the same threads, against the bench's readings (1.0: agree)
+        "exported": exported_result(acc.get("exported", (0, 0, 0, 0)), wall),
     }
+
+
+def exported_result(e, wall: float) -> dict | None:
+    """The daemon's figures over the bound runs against the bench's readings; None: unbound arm."""
+    if not e[2] and not e[3]:
+        return None
+    return {"run_delay_ms_per_s": e[0] / 1e6 / wall, "nonvoluntary_per_s": e[1] / wall,
+            "run_delay_agreement": e[0] / e[2] if e[2] else float("nan"),
+            "nonvoluntary_agreement": e[1] / e[3] if e[3] else float("nan")}
 
 
 def role_sum(result: dict, key: str) -> float:
@@ -214,6 +242,12 @@ def print_table(results: dict, rat: dict, args, base: str = "unbound") -> None:
         for role in ROLES:
             row(f"{label} {names[role]}", lambda r, role=role, key=key: r["threads"][role][key],
                 f"{rkey}_{role}", "{:11.2f}")
+    for a in arms:
+        e = results[a].get("exported")
+        if e:
+            print(f"exported by the daemon, {a}: run delay {e['run_delay_ms_per_s']:.2f} ms/s "
+                  f"({e['run_delay_agreement']:.3f}x the bench's reading), involuntary switches "
+                  f"{e['nonvoluntary_per_s']:.1f}/s ({e['nonvoluntary_agreement']:.3f}x)")
     print("masks: " + "; ".join(f"{a}: " + ", ".join(f"{k} {v}" for k, v in results[a]["masks"].items())
                                 for a in arms))
 

@@ -21,6 +21,13 @@ thread's CPU clock (``time.thread_time``):
   listing of ``/proc/<pid>/task``, per thread its ``comm`` and its mask
   (applier/affinity.py ``thread_masks``), each mask compared with the one known.
 
+* **telemetry** (what a Prometheus scrape adds, daemon/api/contention.py, the
+  real ``Contention.refresh`` over the same workers): ``schedstat`` and
+  ``status`` of every ACL and release thread and of one in ``MAIN_SWEEP`` main
+  threads, plus ``/proc/stat`` and ``/proc/interrupts`` once. It runs at scrape time, not in the pass; its cost per thread is set
+  beside the pass's, and its share of one CPU at ``--scrape`` seconds beside
+  the pass's at ``--sleep``: the pass with telemetry, per second, is the sum.
+
 ``--sleep S`` waits S seconds before each look, as the daemon does between
 passes (caches go cold; 0 measures back to back). Reports the median CPU per
 look and per thread of each, their ratio, and the cached look's share of one
@@ -36,12 +43,15 @@ import contextlib
 import os
 import statistics
 import sys
+import threading
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascendbind.applier.affinity import role_of  # noqa: E402
+from ascendbind.daemon.api.contention import Contention  # noqa: E402
 from ascendbind.daemon.watch.held import SeenThread  # noqa: E402
 from ascendbind.config import Config  # noqa: E402
 from ascendbind.daemon.watch.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
@@ -58,7 +68,25 @@ def listed_look(pid: int, known: dict[int, frozenset[int]]) -> int:
     return sum(1 for tid, (_comm, mask) in thread_masks(pid).items() if known.get(tid) != mask)
 
 
-def measure(n_workers: int, n_threads: int, passes: int, sleep: float) -> dict:
+class _HeldStub:
+    """What Contention reads of a held worker, for workers bound by nobody."""
+
+    def __init__(self, pid: int, start_time: int, threads: dict[int, SeenThread], cpus) -> None:
+        npu = SimpleNamespace(main=tuple(cpus), acl=(), release=(), numa_nodes=(0,))
+        plan = SimpleNamespace(uvb_tids=(), npus=(npu,), irqs=None)
+        self.binding = SimpleNamespace(pid=pid, start_time=start_time, npus=(0,), plan=plan, irqs=())
+        self.threads = threads
+
+
+def telemetry(workers, caches, cpus) -> Contention:
+    daemon = SimpleNamespace(lock=threading.RLock(), config=SimpleNamespace(proc_root="/proc"),
+                             held={w.pid: _HeldStub(w.pid, w.start_time, c, cpus) for w, c in zip(workers, caches)})
+    c = Contention(daemon, log_dir="/nonexistent", min_interval=0)
+    c.refresh(force=True)  # the first look (a baseline) is not what a scrape costs
+    return c
+
+
+def measure(n_workers: int, n_threads: int, passes: int, sleep: float, scrape: float = 15.0) -> dict:
     cpus = frozenset(os.sched_getaffinity(0))
     roles = {"main": cpus, "acl": cpus, "release": cpus}
     with contextlib.ExitStack() as stack:
@@ -79,8 +107,11 @@ def measure(n_workers: int, n_threads: int, passes: int, sleep: float) -> dict:
         listed_s: list[float] = []
         events_s: list[float] = []
         share_s: list[float] = []
+        tele_s: list[float] = []
+        tele = telemetry(workers, caches, cpus)
         for k in range(passes):
-            for label, out in (("cached", cached_s), ("events", events_s), ("share", share_s), ("listed", listed_s)):
+            for label, out in (("cached", cached_s), ("events", events_s), ("share", share_s), ("listed", listed_s),
+                               ("telemetry", tele_s)):
                 if sleep:
                     time.sleep(sleep)
                 c0 = time.thread_time()
@@ -93,12 +124,15 @@ def measure(n_workers: int, n_threads: int, passes: int, sleep: float) -> dict:
                 elif label == "share":  # the daemon's quiet pass: this pass's share of the masks
                     for worker_slots in slots:
                         slot_quiet(worker_slots[k % share])
+                elif label == "telemetry":  # what one scrape reads (its share of the main threads)
+                    tele.refresh()
                 else:
                     for w, known in zip(workers, knowns):
                         listed_look(w.pid, known)
                 out.append(time.thread_time() - c0)
     cached, listed, events = statistics.median(cached_s), statistics.median(listed_s), statistics.median(events_s)
     quiet = statistics.median(share_s)
+    tele = statistics.median(tele_s)
     period = sleep or 5.0
     return {
         "workers": n_workers, "threads_per_worker": n_threads, "threads_total": total, "passes": passes,
@@ -109,6 +143,11 @@ def measure(n_workers: int, n_threads: int, passes: int, sleep: float) -> dict:
         "cached_us_per_thread": cached * 1e6 / total, "listed_us_per_thread": listed * 1e6 / total,
         "ratio": listed / cached if cached else float("nan"),
         "cached_cpu_percent": 100 * cached / period, "period_s": period,
+        "telemetry_ms": tele * 1e3, "telemetry_us_per_thread": tele * 1e6 / total, "scrape_s": scrape,
+        "telemetry_cpu_percent": 100 * tele / scrape,
+        # per second: the pass (events look, a pass that looks at everyone) plus a scrape's reads, against the pass
+        "with_telemetry_ratio": (events / period + tele / scrape) / (events / period) if events else float("nan"),
+        "with_telemetry_ratio_quiet": (quiet / period + tele / scrape) / (quiet / period) if quiet else float("nan"),
     }
 
 
@@ -118,11 +157,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=200, help="threads per worker (>= 5)")
     ap.add_argument("--passes", type=int, default=12, help="looks of each kind (alternated)")
     ap.add_argument("--sleep", type=float, default=5.0, help="seconds before each look (0: back to back)")
+    ap.add_argument("--scrape", type=float, default=15.0, help="seconds between scrapes (telemetry's period)")
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
     args = ap.parse_args(argv)
     if args.threads < 5 or args.workers < 1 or args.passes < 1:
         ap.error("need --workers >= 1, --threads >= 5, --passes >= 1")
-    r = measure(args.workers, args.threads, args.passes, args.sleep)
+    r = measure(args.workers, args.threads, args.passes, args.sleep, args.scrape)
     cpu_ok, ratio_ok = r["cached_cpu_percent"] < GOAL_CPU_PERCENT, r["ratio"] >= GOAL_RATIO
     print(f"{r['workers']} x {r['threads_per_worker']} threads ({r['threads_total']}), {r['passes']} looks each, "
           f"{args.sleep:g} s before each")
@@ -135,6 +175,11 @@ def main(argv=None) -> int:
           f"release threads and 1 in {r['share_passes']} of the others); events / share = {r['share_ratio']:.2f}x")
     print(f"listed look: {r['listed_ms']:.2f} ms CPU ({r['listed_us_per_thread']:.2f} us per thread); "
           f"listed / cached = {r['ratio']:.2f}x (goal >= {GOAL_RATIO:g}x: {'met' if ratio_ok else 'MISSED'})")
+    print(f"telemetry look: {r['telemetry_ms']:.2f} ms CPU ({r['telemetry_us_per_thread']:.2f} us per thread) = "
+          f"{r['telemetry_cpu_percent']:.3f} % of one CPU at a {r['scrape_s']:g} s scrape; per second, events pass + "
+          f"scrape = {r['with_telemetry_ratio']:.2f}x the events pass alone (goal <= 2x: "
+          f"{'met' if r['with_telemetry_ratio'] <= 2 else 'MISSED'}), {r['with_telemetry_ratio_quiet']:.2f}x the quiet "
+          f"share alone")
     write_json(args.json, {"bench": "reconcile_pass", "machine": machine(), "params": vars(args), "rows": [r]})
     return 0
 

@@ -70,7 +70,7 @@ def test_service_keeps_what_the_daemon_needs():
 
 
 def test_service_fd_limit_covers_the_daemon_budget_and_the_daemon_checks_its_own():
-    from ascendbind.daemon.api.metrics import METRICS_LIMITS
+    from ascendbind.daemon.api.metricsport import METRICS_LIMITS
     from ascendbind.daemon.serve import FD_OVERHEAD
     from ascendbind.daemon.api.server import API_LIMITS
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.daemon_harness import metric_value, running_daemon, wait_for
+from tests.workers import start_worker
 from tests.deploy_tools import (
     DASHBOARD,
     K8S,
@@ -89,10 +90,13 @@ def test_promtool_catches_a_broken_rule(tmp_path):
 
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory):
-    """The exposition of a real daemon that discovered its host and answered a bind attempt."""
-    with running_daemon(str(tmp_path_factory.mktemp("metrics"))) as d:
+    """The exposition of a real daemon that discovered its host, answered a bind attempt and
+    holds a real worker (whose per-role and pool series exist only while one is bound)."""
+    with running_daemon(str(tmp_path_factory.mktemp("metrics"))) as d, start_worker(plain=1, acl=1, release=1) as w:
         d.wait_discovered()
         d.curl("POST", "/v1/bind", {"pid": 999999999, "npu": 0})  # rejected: creates the API series too
+        status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+        assert status == 200, body
         yield d.metrics_text()
 
 

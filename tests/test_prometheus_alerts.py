@@ -12,7 +12,8 @@ Each condition is made true for real and undone: a bind that cannot be
 planned, a bind admitted without NUMA alignment, a worker that keeps undoing
 its binding until the daemon leaves it alone, an npu-smi that fails from the
 start, the daemon killed, the target gone from the configuration, NPU
-processes while no worker is bound. The test reads ``/api/v1/alerts`` until
+processes while no worker is bound, a worker's threads waiting for their CPUs.
+The test reads ``/api/v1/alerts`` until
 the alert is firing, then until it is no longer active (resolved).
 
 The daemon sees a two-NUMA-node picture of this machine's CPUs 0 and 1 (CI has
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +46,7 @@ pytestmark = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="n
 
 SHIPPED_ALERTS = {"AscendbindDaemonDown", "AscendbindTargetsMissing", "AscendbindBindsFailing",
                   "AscendbindBindsUnaligned", "AscendbindDriftLeftAlone", "AscendbindDiscoveryFailing",
-                  "AscendbindNoBoundWorkers"}
+                  "AscendbindNoBoundWorkers", "AscendbindPoolContended"}
 
 
 class World:
@@ -164,6 +166,26 @@ def test_bind_alerts_fire_on_real_binds_and_resolve(world, daemon):
         assert prom.alerts().get("AscendbindNoBoundWorkers") is None
     finally:
         world.exporter.processes = 0
+
+
+def test_pool_contended_fires_while_a_workers_threads_wait_for_their_cpus_and_resolves(world, daemon):
+    """Four ACL threads of a bound worker burn at once on its one ACL CPU: each waits for
+    the others, the exported run delay rises beside the CPU time, and the alert fires;
+    when they are done, it resolves."""
+    prom = world.prom
+    prom.wait_alert("AscendbindPoolContended", None)
+    with start_worker(plain=1, acl=1, release=1) as w:
+        status, body = daemon.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+        assert status == 200, body
+        burning = threading.Thread(target=w.burn, args=("acl_thread", 3000, 4))
+        burning.start()
+        try:
+            prom.wait_alert("AscendbindPoolContended", "firing")
+        finally:
+            burning.join(120)
+        prom.wait_alert("AscendbindPoolContended", None)
+        acl = daemon.client.worker(w.pid)["contention"]["roles"]["acl"]
+        assert acl["run_delay_seconds"] > 0.25 * (acl["run_delay_seconds"] + acl["cpu_seconds"]), acl
 
 
 def test_discovery_failing_from_the_start_fires_and_resolves_once_npu_smi_works(world):

@@ -33,7 +33,7 @@ PURE_ROOTS = [
     "model", "cpulist", "digits", "errors", "config",
     "discovery.npu_smi", "discovery.lscpu", "discovery.procfs", "discovery.sysfs", "discovery.columns",
     "discovery.cells", "discovery.numa_maps", "discovery.irqs", "discovery.irqbalance", "discovery.proc_events",
-    "discovery.devices", "targeting",
+    "discovery.devices", "discovery.schedstat", "targeting",
     # the daemon's rules: the lifecycle and its verdicts, requests and HTTP as values, the state record
     "daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.api.requests", "daemon.api.wire",
     "daemon.state.staterecord", "daemon.state.isolationrecord", "daemon.isolate.rules",

@@ -54,6 +54,29 @@ def spawn(name):
     tid = q.get()
     stops[tid] = (ev, t)
     return tid
+import hashlib
+MIB = bytes(1 << 20)
+burned = {}
+def burner(name, ms, ready, stop):
+    name_self(name)
+    tid = threading.get_native_id()
+    born[tid] = sorted(os.sched_getaffinity(0))
+    done = burned[tid] = threading.Event()
+    ready.put(tid)
+    # hashing a MiB lets go of the GIL: burners contend for the CPU (run-queue delay),
+    # not for the interpreter lock (a sleep on a futex, which no run queue sees)
+    end = time.thread_time() + ms / 1000
+    while time.thread_time() < end:
+        hashlib.sha256(MIB).digest()
+    done.set()
+    stop.wait()
+def burn(name, ms):
+    q = queue.Queue(); ev = threading.Event()
+    t = threading.Thread(target=burner, args=(name, ms, q, ev), daemon=True)
+    t.start()
+    tid = q.get()
+    stops[tid] = (ev, t)
+    return tid
 # The churner runs batches of short-lived threads while `want` is set; `busy` is
 # flipped under the same lock, so "churn off" can wait until no batch is running.
 cond = threading.Condition()
@@ -80,6 +103,14 @@ for line in sys.stdin:
     cmd, _, arg = line.strip().partition(" ")
     if cmd == "spawn":
         out.write(f"{spawn(arg)}\n")
+    elif cmd == "burn":
+        # `count` threads named `name` each burn `ms` of their own CPU time at once (contending
+        # when their masks share CPUs), then wait like spawned threads; answers their tids once done
+        name, ms, count = arg.split()
+        tids = [burn(name, int(ms)) for _ in range(int(count))]
+        for tid in tids:
+            burned[tid].wait()
+        out.write(" ".join(map(str, tids)) + "\n")
     elif cmd == "stop":
         ev, t = stops.pop(int(arg))
         ev.set(); t.join()
@@ -190,6 +221,11 @@ class Worker(PipeChild):
     def spawn(self, name: str) -> int:
         """Start a thread named ``name`` (<= 15 bytes); returns its tid once named."""
         return int(self._ask(f"spawn {name}"))
+
+    def burn(self, name: str, ms: int, count: int = 1) -> list[int]:
+        """Start ``count`` threads named ``name`` that each burn ``ms`` of CPU time at once;
+        returns their tids once all have (they then wait, as spawned threads do)."""
+        return [int(t) for t in self._ask(f"burn {name} {ms} {count}").split()]
 
     def rename(self, tid: int, name: str) -> None:
         """The worker renames its own thread ``tid`` to ``name`` (<= 15 bytes); returns once done."""

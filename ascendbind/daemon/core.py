@@ -69,6 +69,7 @@ from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover
 from .watch.npucheck import NpuChecker
+from .api.contention import Contention
 from .api.metrics import Metrics
 from .watch.observe import role_cpus
 from .ownership import Ownership
@@ -96,6 +97,8 @@ class Daemon(Ownership):
         self.state = StateFile(config.state_dir, proc_root=config.proc_root)
         self.lock = threading.RLock()
         self.held: dict[int, Held] = {}
+        self.contention = Contention(self)  # what the held workers get of their CPUs, read at scrape time
+        self.metrics.attach(self.contention)
         self.started = time.time()
         self.hotplug_status = "off"
         # set by the service to its hot-plug debouncer: a burst of uevents not yet acted upon
@@ -103,6 +106,9 @@ class Daemon(Ownership):
         # set by the service to its reconcile loop's thread-events source: how the loop learns of threads
         self.reconcile_mode: Callable[[], dict[str, str | None]] = lambda: {"mode": "listing", "reason": "not_started"}
         self.pid = os.getpid()
+        # set by the service to its reconcile loop's poke: the held table changed
+        self.held_changed: Callable[[], None] = lambda: None
+        self._saved_held: frozenset[int] = frozenset()
         # the memory step's moves, in the background (memmove.py), and the locality check
         # that measures where a worker's memory is and asks for reruns (locality.py)
         self.mover = MemoryMover(self)
@@ -141,6 +147,10 @@ class Daemon(Ownership):
                 log.error("could not write the state file", path=self.state.path,
                           error=exc.strerror if isinstance(exc, OSError) else str(exc))
             self.metrics.bound_workers.set(len(self.held))
+            held = frozenset(map(id, self.held.values()))
+            if held != self._saved_held:  # a worker bound, bound again or gone: the loop looks now
+                self._saved_held = held
+                self.held_changed()
             # a released or gone worker's locality series goes with it
             self.metrics.memory_local(ratios_by_npu(self.held.values()))
         finally:

@@ -69,7 +69,8 @@ from .core import Daemon
 from .isolate.taskwatch import TaskWatch
 from .host.hotplug import HotplugMonitor
 from .api.listen import open_listen_socket
-from .api.metrics import METRICS_LIMITS, Metrics, start_tcp_listener
+from .api.metrics import Metrics
+from .api.metricsport import METRICS_LIMITS, start_tcp_listener
 from .watch.reconcile import Reconciler
 from .host.replan import rediscover_and_replan
 from .api.server import API_LIMITS, ApiServer
@@ -137,6 +138,7 @@ class _Service:
         self.daemon.hotplug_status = self.hotplug.start()
         self.daemon.rediscovery_pending = self.hotplug.debouncer.pending
         self.daemon.reconcile_mode = self.reconciler.thread_events.describe
+        self.daemon.held_changed = self.reconciler.poke
         if cfg.auto_bind:
             self.autobind = AutoBinder(self.daemon)
             self.autobind.start()

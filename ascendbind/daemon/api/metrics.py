@@ -10,20 +10,17 @@ the first scrape.
 from __future__ import annotations
 
 import platform
-import socket
 import threading
 
 import prometheus_client
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ... import __version__
 from ...discovery.deadline import READ_FILES, READERS, Readers
 from ...planner import ALIGNMENT_FAILURE_REASONS
-from .listener import Conn, Limits, Listener
-from .wire import Request, Response, WireError, json_response
 
-__all__ = ["Metrics", "MetricsListener", "start_tcp_listener", "parse_listen", "OUTCOMES", "CULPRITS",
+__all__ = ["Metrics", "OUTCOMES", "CULPRITS",
            "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "MOVE_OUTCOMES",
            "RECONCILE_MODES", "LISTING_REASONS"]
 
@@ -132,6 +129,11 @@ class Metrics:
             "Reconcile passes that ended after one poll and their share of the mask sweep: no thread event "
             "queued, no worker exited, no mask read had moved",
             registry=r,
+        )
+        self.reconcile_woken_runs = Counter(
+            "ascendbind_reconcile_woken_runs",
+            "Looks between passes at the workers process events named (a thread born, renamed or exited), "
+            "woken by the events themselves", registry=r,
         )
         self.reconcile_duration = Histogram(
             "ascendbind_reconcile_duration_seconds",
@@ -254,6 +256,15 @@ class Metrics:
         for reason in LISTING_REASONS:
             self.reconcile_mode.labels("listing", reason)
 
+    def attach(self, collector) -> None:
+        """Export ``collector``'s series (the daemon's contention.Contention), in place of any
+        attached before: one daemon's series per registry."""
+        old = getattr(self, "_attached", None)
+        if old is not None:
+            self.registry.unregister(old)
+        self.registry.register(collector)
+        self._attached = collector
+
     # ------------------------------------------------------------ recorders
 
     def bind_outcome(self, outcome: str) -> None:
@@ -339,71 +350,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def parse_listen(value: str) -> tuple[str, int] | None:
-    """``host:port`` (``[::1]:9464`` for IPv6) -> (host, port); empty -> None (disabled)."""
-    if not value:
-        return None
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
-
-
-# Prometheus scrapes one connection at a time; 16 open connections, 2 threads and
-# short deadlines are plenty, and are this port's whole budget of descriptors and
-# threads: nothing done to it can take anything from the API socket.
-METRICS_LIMITS = Limits(max_total=16, per_peer=16, workers=2, line_timeout=2.0, request_timeout=5.0,
-                        write_timeout=5.0, max_body=0)
-
-
-class MetricsListener:
-    """/metrics over TCP for Prometheus, on its own listener.Listener thread."""
-
-    def __init__(self, addr: tuple[str, int], metrics: Metrics, *, limits: Limits = METRICS_LIMITS) -> None:
-        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(addr)
-            sock.listen()
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-        self.server_address = sock.getsockname()
-        self.metrics = metrics
-        self.listener = Listener(sock, limits, self._handle, identify=_tcp_peer, refused=self._refused,
-                                 name="metrics")
-        self._thread = threading.Thread(target=self.listener.serve, name="metrics-tcp", daemon=True)
-        self._thread.start()
-
-    def _handle(self, conn: Conn, req: Request) -> Response:
-        if req.path not in ("/metrics", "/"):
-            return json_response(404, {"error": "not_found", "detail": "this port serves only /metrics"})
-        if req.method not in ("GET", "HEAD"):
-            return json_response(405, {"error": "method_not_allowed", "detail": "/metrics takes GET, HEAD"},
-                                 {"Allow": "GET, HEAD"})
-        return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST)
-
-    def _refused(self, conn: Conn | None, err: WireError) -> None:
-        if err.code == "busy":
-            self.metrics.connection_refused("metrics")
-
-    def stop(self) -> None:
-        self.listener.stop()
-        self._thread.join(5)
-        self.sock.close()
-
-
-def _tcp_peer(sock: socket.socket) -> tuple[None, str, bool]:
-    # no uid on TCP: the address is the peer, and nobody gets root's reserve
-    return None, sock.getpeername()[0], False
-
-
-def start_tcp_listener(metrics: Metrics, listen: str) -> MetricsListener | None:
-    """Serve /metrics on ``listen`` (host:port); None when ``listen`` is empty (disabled)."""
-    addr = parse_listen(listen)
-    if addr is None:
-        return None
-    return MetricsListener(addr, metrics)

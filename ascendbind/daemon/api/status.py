@@ -59,6 +59,7 @@ def parse_workers_query(query: str) -> tuple[int | None, bool]:
 def workers_answer(daemon, query: str = "", peer: Peer | None = None) -> dict[str, Any]:
     """The answer to ``GET /v1/workers?query`` asked by ``peer`` (None: the daemon itself)."""
     pid, explain = parse_workers_query(query)
+    daemon.contention.refresh(force=True)  # a look of its own, outside the daemon's lock
     with daemon.lock:
         if pid is None:
             return {"workers": [_record(daemon, h) for _, h in sorted(daemon.held.items())],
@@ -84,7 +85,9 @@ def _authorize_explain(daemon, peer: Peer, h) -> None:
 
 
 def _record(daemon, h) -> dict[str, Any]:
-    return h.to_json(daemon.mover.job(h.binding.pid))
+    record = h.to_json(daemon.mover.job(h.binding.pid))
+    record["contention"] = daemon.contention.worker_json(h.binding.pid, h.binding.start_time)
+    return record
 
 
 def explain_held(daemon, h) -> str:

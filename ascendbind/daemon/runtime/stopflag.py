@@ -25,6 +25,7 @@ class StopFlag:
         self._fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)
+        self._also, self._also_poll = (), None
 
     def set(self) -> None:
         self._set = True
@@ -42,6 +43,20 @@ class StopFlag:
         """Sleep up to ``timeout`` seconds, less when set; True when set."""
         if not self._set and self._fd >= 0:
             self._poll.poll(max(0, int(timeout * 1000)))
+        return self._set
+
+    def wait_or_readable(self, fds: tuple[int, ...], timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, less when set or when one of ``fds`` turns
+        readable; True when set. The poll set is kept while the same fds are asked for (a
+        loop that sleeps on them for hours pays one ``poll`` a wake, as ``wait`` does)."""
+        if self._set or self._fd < 0:
+            return self._set
+        if self._also != fds:
+            self._also_poll = select.poll()
+            for fd in (self._fd, *fds):
+                self._also_poll.register(fd, select.POLLIN)
+            self._also = fds
+        self._also_poll.poll(max(0, int(timeout * 1000)))
         return self._set
 
     def close(self) -> None:

@@ -179,6 +179,7 @@ class Held:
             "memory_kib_by_node": None if self.memory_residency is None else {
                 "private": {str(n): v for n, v in self.memory_residency.private_kib.items()},
                 "shared": {str(n): v for n, v in self.memory_residency.shared_kib.items()}},
+            "contention": None,  # what its threads got of their CPUs: the daemon's status answer fills it in
         }
 
 

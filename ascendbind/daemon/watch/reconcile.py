@@ -62,12 +62,17 @@ from ..runtime.stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
 from ..runtime.threadname import name_os_thread
 
-__all__ = ["Reconciler"]
+__all__ = ["Reconciler", "WAKE_GAP"]
 
 log = structlog.get_logger("ascendbind.reconcile")
 
 
 _NOTHING = Observation()
+
+# seconds a pass woken by events waits before the next wake: a worker that starts and ends
+# threads all the time costs at most 1 / WAKE_GAP looks a second, and a late role thread
+# waits at most this long more
+WAKE_GAP = 0.01
 
 
 def _token(h):
@@ -87,6 +92,7 @@ class Reconciler:
         self.reassert_limit = reassert_limit
         self._window = window
         self._stop = StopFlag()
+        self._poked = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # poke(): the held table changed
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
@@ -126,14 +132,41 @@ class Reconciler:
         return self._thread is not None and self._thread.is_alive() and \
             time.monotonic() - self.last_pass < 3 * self.interval + 30
 
+    def poke(self) -> None:
+        """The held table changed (a bind, a release): the loop wakes to give a newly bound
+        worker its first look and to have the kernel keep its events, now, not a pass later."""
+        try:
+            os.eventfd_write(self._poked, 1)
+        except OSError:  # closed: the loop has stopped
+            pass
+
     def _run(self) -> None:
         name_os_thread()
-        while not self._stop.wait(self.interval):
+        due = time.monotonic()  # the events source is opened at once
+        while True:
+            fd = self.thread_events.wake_fd()
+            left = due - time.monotonic()
+            if self._stop.wait_or_readable((self._poked,) if fd is None else (self._poked, fd), left):
+                return
             try:
-                self.pass_once()
+                os.eventfd_read(self._poked)
+            except OSError:  # not poked (EAGAIN)
+                pass
+            try:
+                if time.monotonic() < due:
+                    self.news_pass()  # woken by events: the workers with news, at once
+                    if self._stop.wait(WAKE_GAP):  # a churning worker wakes the loop at most this often
+                        return
+                    continue
+                if self.passes == 0:
+                    self.news_pass()  # the first wake: open the events source, a first look at everyone
+                    self.passes = 1
+                else:
+                    self.pass_once()
             except Exception:  # a bug in one pass must not end reconciling for good
                 log.exception("reconcile pass crashed")
             self.last_pass = time.monotonic()
+            due = self.last_pass + self.interval
 
     @property
     def limits(self) -> Limits:
@@ -181,10 +214,47 @@ class Reconciler:
                     return False
         return True
 
-    def _look(self, held) -> None:
-        """One look at every held worker, and the actions they call for."""
+    def news_pass(self) -> None:
+        """Between passes, woken by the events socket: the workers the events name get
+        their look (a thread born or renamed into a role is pinned now, not a pass later);
+        nobody else is looked at. Events lost or unknown: a full look."""
         d = self.daemon
+        with d.lock:
+            held = dict(d.held)
         events = self.thread_events.events(self.passes, held, d.config.thread_events)
+        if events is None:
+            return  # listing mode: the passes look, as they always did
+        if events.reread_all:
+            self._look(held, events)
+            return
+        changes = events.changes
+        news = [pid for pid in sorted(set(changes.look) | changes.resync | {  # and those bound since the last look
+            p for p, h in held.items() if self._looked.get(p) is not h.threads}) if pid in held]
+        if not news:
+            return
+        d.metrics.reconcile_woken_runs.inc()
+        # still the worker bound? its pidfd says so where one was proven; else its identity is read
+        proven = {pid: fd for pid, (token, fd) in self._pidfds.items()
+                  if pid in held and token == _token(held[pid]) and pid not in self._unchecked}
+        exited = {pid for pid, fd in proven.items() if fd in exited_pidfds([fd])}
+        limits, dirty = self.limits, False
+        for pid in news:
+            with d.lock:
+                h = d.held.get(pid)
+                if h is None or h is not held[pid]:
+                    continue
+                obs = self.observe(h, check_identity=pid not in proven or pid in exited, events=events)
+                if obs != _NOTHING:
+                    dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
+        if dirty:
+            d.save()
+
+    def _look(self, held, events: EventLook | None = None) -> None:
+        """One look at every held worker, and the actions they call for (``events``: read
+        already by the caller, else read here)."""
+        d = self.daemon
+        if events is None:
+            events = self.thread_events.events(self.passes, held, d.config.thread_events)
         for pid in [p for p in self._looked if p not in held]:
             del self._looked[pid]
             self._roles.pop(pid, None)
@@ -239,6 +309,9 @@ class Reconciler:
 
     def close(self) -> None:
         self._stop.close()
+        if self._poked >= 0:
+            os.close(self._poked)
+            self._poked = -1
         self.thread_events.close()
         for _start, fd in self._pidfds.values():
             os.close(fd)

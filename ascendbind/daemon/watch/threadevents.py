@@ -132,6 +132,13 @@ class ThreadEvents:
         """The events socket while in events mode (readable: events are queued), else None."""
         return self._src.fileno() if self._src is not None else None
 
+    def wake_fd(self) -> int | None:
+        """The events socket when the kernel keeps only the bound workers' events on it, so
+        that it turns readable only on their news: the loop may sleep on it. None otherwise
+        (listing mode, or a kernel without the filter: the host's whole churn arrives)."""
+        src = self._src
+        return src.fileno() if src is not None and src.filtered else None
+
     def describe(self) -> dict[str, str | None]:
         """The mode for /healthz: ``events``, or ``listing`` with the reason (``off`` when configured so)."""
         return {"mode": self.mode, "reason": self.reason or None}

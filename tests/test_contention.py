@@ -1,0 +1,213 @@
+"""Whether bound workers get their CPUs: the per-role counters, the foreign load on a pool
+and the worker info series, with real workers whose real threads burn, wait and exit,
+checked against the kernel's own /proc readings; and the parsers behind them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ascendbind.discovery.cpuusage import pod_names
+from ascendbind.discovery.schedstat import (parse_container_log, parse_cpu_busy, parse_interrupt_counts,
+                                             parse_nonvoluntary, parse_schedstat, pod_of_cgroup)
+from tests.daemon_harness import metric_value, running_daemon, wait_for
+from tests.workers import cpus_allowed_of, start_worker
+
+ROLES = ("main", "acl", "release")
+FAMILIES = ("ascendbind_role_cpu_seconds_total", "ascendbind_role_run_delay_seconds_total",
+            "ascendbind_role_involuntary_switches_total")
+
+
+def _role(comm: str) -> str:
+    return "acl" if comm.startswith("acl_thread") else "release" if comm.startswith("release_thread") else "main"
+
+
+def _proc(pid: int) -> dict[str, list[float]]:
+    """Per role, the sum over the worker's live threads of (cpu s, delay s, involuntary), read now."""
+    out = {r: [0.0, 0.0, 0] for r in ROLES}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{base}/comm") as fh:
+                comm = fh.read().strip()
+            with open(f"{base}/schedstat") as fh:
+                cpu, delay = (int(x) for x in fh.read().split()[:2])
+            with open(f"{base}/status") as fh:
+                nonvol = int(fh.read().rpartition("nonvoluntary_ctxt_switches:")[2].split()[0])
+        except (OSError, ValueError):
+            continue
+        r = out[_role(comm)]
+        r[0] += cpu / 1e9
+        r[1] += delay / 1e9
+        r[2] += nonvol
+    return out
+
+
+def _exported(text: str, npu: str = "0") -> dict[str, list[float]]:
+    return {r: [metric_value(text, f, npu=npu, role=r) for f in FAMILIES] for r in ROLES}
+
+
+def _grows(before: dict, after: dict) -> None:
+    for r in ROLES:
+        for i, f in enumerate(FAMILIES):
+            assert after[r][i] is not None and after[r][i] >= before[r][i], (r, f, before[r][i], after[r][i])
+
+
+def test_role_counters_agree_with_proc_and_only_grow_across_a_thread_exit_and_a_release(tmp_path):
+    with running_daemon(str(tmp_path)) as d, start_worker(plain=1, acl=1, release=1) as w:
+        status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+        assert status == 200, body
+        acl = set(d.client.workers()["workers"][0]["plan"]["npus"]["0"]["acl"])
+        first = _exported(d.metrics_text())  # the first look: the series exist, at 0
+        assert all(v == [0, 0, 0] for v in first.values()), first
+
+        # GET /v1/workers takes a look of its own; the scrape right after shows it or a later one
+        p1a = _proc(w.pid)
+        d.client.workers()
+        m1 = _exported(d.metrics_text())
+        p1b = _proc(w.pid)
+        # two main threads contend for the main CPUs, two ACL threads burn after the loop pins them
+        w.burn("worker", 300, 2)
+        acl_tids = w.burn("acl_thread", 200, 2)
+        assert wait_for(lambda: all(cpus_allowed_of(w.pid, t) == acl for t in acl_tids), 10), d.log()[-2000:]
+        # a look younger than a second is reused; wait for one that sees the ACL threads as such
+        assert wait_for(lambda: metric_value(d.metrics_text(), FAMILIES[0], npu="0", role="acl") >= 0.3, 10)
+        p2a = _proc(w.pid)
+        d.client.workers()
+        m2 = _exported(d.metrics_text())
+        p2b = _proc(w.pid)
+        for r in ROLES:
+            for i, f in enumerate(FAMILIES):
+                grown = m2[r][i] - m1[r][i]
+                low, high = p2a[r][i] - p1b[r][i], p2b[r][i] - p1a[r][i]
+                # the scrape read each thread between the two /proc readings that bracket it
+                assert low - 1e-6 <= grown <= high + 1e-6, (r, f, low, grown, high)
+        assert m2["main"][0] - m1["main"][0] >= 0.55  # both burners' 300 ms
+        assert m2["acl"][0] - m1["acl"][0] >= 0.35
+
+        w.stop(acl_tids[0])  # a thread exits: what it had stays in the totals
+        assert wait_for(lambda: d.client.workers()["workers"][0]["contention"]["roles"]["acl"]["threads"] == 2, 10)
+        m3 = _exported(d.metrics_text())
+        _grows(m2, m3)
+        assert m3["acl"][0] >= m2["acl"][0]
+        info = metric_value(d.metrics_text(), "ascendbind_worker_info", pid=str(w.pid), npu="0")
+        assert info == 1
+
+        assert d.curl("POST", "/v1/release", {"pid": w.pid})[0] == 200
+        text = d.metrics_text()
+        _grows(m3, _exported(text))  # released: its counts stay
+        assert metric_value(text, "ascendbind_worker_info", pid=str(w.pid)) is None
+
+
+def test_workers_answer_shows_the_figures_per_role_since_the_bind(tmp_path):
+    with running_daemon(str(tmp_path)) as d, start_worker(plain=1, acl=1, release=1) as w:
+        assert d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})[0] == 200
+        d.client.workers()  # the first look: from here on it counts
+        w.burn("worker", 200)
+        assert wait_for(lambda: d.client.workers()["workers"][0]["contention"]["roles"]["main"]["cpu_seconds"]
+                        >= 0.19, 10)
+        c = d.client.workers()["workers"][0]["contention"]
+        assert set(c["roles"]) == {"main", "acl", "release"}
+        assert c["roles"]["acl"]["threads_seen"] == 1 and c["roles"]["main"]["threads_seen"] >= 3
+        assert set(c["foreign"]) == {"cpu_seconds", "interrupts"}
+        assert c["pod"] == {"namespace": "", "pod_name": "", "container_name": ""}  # not in a pod
+        out = subprocess.run([sys.executable, "-m", "ascendbind", "status", "--socket", d.sock],
+                             capture_output=True, text=True, env=d.env, timeout=30)
+        assert f"{w.pid}: run delay: main " in out.stdout, out.stdout + out.stderr
+        assert f"{w.pid}: foreign on pool: " in out.stdout
+
+
+_FOREIGN = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.thread_time() + 0.5\n" \
+           "while time.thread_time() < end: pass\nprint(time.thread_time(), flush=True)\n"
+
+
+def test_foreign_load_counts_another_process_on_the_pool_and_not_the_workers_own(tmp_path):
+    with running_daemon(str(tmp_path)) as d, start_worker(plain=1, acl=1, release=1) as w:
+        assert d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})[0] == 200
+        npu = d.client.workers()["workers"][0]["plan"]["npus"]["0"]
+        foreign0 = metric_value(d.metrics_text(), "ascendbind_pool_foreign_cpu_seconds_total", npu="0")
+        assert foreign0 is not None
+        # the worker's own burn on its main CPUs is not foreign
+        w.burn("worker", 400)
+        assert wait_for(lambda: d.client.workers()["workers"][0]["contention"]["roles"]["main"]["cpu_seconds"]
+                        >= 0.39, 10)
+        mine = metric_value(d.metrics_text(), "ascendbind_pool_foreign_cpu_seconds_total", npu="0")
+        # another process burns 0.5 s on the pool's main CPU
+        out = subprocess.run([sys.executable, "-c", _FOREIGN, str(npu["main"][0])], capture_output=True, text=True,
+                             timeout=60, check=True)
+        burned = float(out.stdout)
+        assert wait_for(lambda: metric_value(d.metrics_text(), "ascendbind_pool_foreign_cpu_seconds_total",
+                                             npu="0") - mine >= 0.8 * burned, 10)
+        assert metric_value(d.metrics_text(), "ascendbind_pool_foreign_interrupts_total", npu="0") >= 0
+
+
+# ------------------------------------------------------------------ parsers
+
+
+def test_schedstat_and_status_parse_and_refuse_what_is_not_numbers():
+    assert parse_schedstat("123 456 7\n") == (123, 456)
+    assert parse_schedstat("x 1 2") is None and parse_schedstat("") is None
+    status = "Name:\tpython3\nvoluntary_ctxt_switches:\t10\nnonvoluntary_ctxt_switches:\t42\n"
+    assert parse_nonvoluntary(status) == 42
+    assert parse_nonvoluntary("Name:\tx\n") is None
+    assert parse_nonvoluntary("x\nnonvoluntary_ctxt_switches:\t-1\n") is None
+
+
+def test_cpu_busy_sums_user_nice_system_irq_softirq_of_the_cpus_asked():
+    text = ("cpu  100 1 50 9000 10 5 5 7 0 0\n"
+            "cpu0 10 1 5 900 1 2 3 4 0 0\n"
+            "cpu2 20 0 10 900 1 1 1 9 0 0\n"
+            "intr 12345 1 2 3\n")
+    assert parse_cpu_busy(text, [0, 1, 2]) == {0: 21, 2: 32}  # cpu1 offline: no line; steal left out
+
+
+def test_interrupt_counts_follow_the_header_columns_and_skip_architecture_rows():
+    text = ("           CPU0       CPU2       CPU3\n"
+            "  24:         5          7          9   PCI-MSI 1 edge  eth0\n"
+            "  25:         1          0          4   PCI-MSI 2 edge  sq_send_trigger_irq\n"
+            " LOC:      1000       1000       1000   Local timer interrupts\n"
+            "  26:       bad\n")
+    assert parse_interrupt_counts(text, [2, 3]) == {24: 16, 25: 4}
+    assert parse_interrupt_counts(text, [1]) == {}
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_4111_8222_123456789abc.slice/"
+     "cri-containerd-" + "a" * 64 + ".scope", ("1b2c3d4e-0000-4111-8222-123456789abc", "a" * 64)),
+    ("/kubepods/besteffort/pod1b2c3d4e-0000-4111-8222-123456789abc/" + "b" * 64,
+     ("1b2c3d4e-0000-4111-8222-123456789abc", "b" * 64)),
+    ("/kubepods/pod1b2c3d4e-0000-4111-8222-123456789abc", ("1b2c3d4e-0000-4111-8222-123456789abc", None)),
+    ("/user.slice/user-0.slice/session-1.scope", (None, None)),
+    ("/system.slice/docker-" + "c" * 64 + ".scope", (None, None)),  # a container, but no pod
+])
+def test_pod_of_cgroup_reads_both_cgroup_drivers(path, expected):
+    assert pod_of_cgroup(path) == expected
+
+
+def test_container_log_names_give_pod_namespace_and_container():
+    cid = "d" * 64
+    assert parse_container_log(f"vllm-0_infer_engine-{cid}.log") == ("vllm-0", "infer", "engine", cid)
+    assert parse_container_log(f"vllm-0_infer_engine-{cid[:-1]}.log") is None
+    assert parse_container_log("../etc_passwd_x-" + cid + ".log") is None
+
+
+def test_pod_names_from_a_recorded_host(tmp_path):
+    """A recorded /proc (the snapshot layout) and kubelet's log directory; nothing else read."""
+    uid, cid = "1b2c3d4e-0000-4111-8222-123456789abc", "e" * 64
+    (tmp_path / "proc" / "77").mkdir(parents=True)
+    (tmp_path / "proc" / "77" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n")
+    logs = tmp_path / "log"
+    (logs / "containers").mkdir(parents=True)
+    (logs / "pods" / f"infer_vllm-0_{uid}" / "engine").mkdir(parents=True)
+    proc, log = str(tmp_path / "proc"), str(logs)
+    # without the container's link: the pod from its log directory, the one container in it
+    assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": "engine"}
+    (logs / "pods" / f"infer_vllm-0_{uid}" / "sidecar").mkdir()
+    assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": ""}
+    (logs / "containers" / f"vllm-0_infer_engine-{cid}.log").symlink_to("/nonexistent")
+    assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": "engine"}
+    assert pod_names(78, proc, log) == {"namespace": "", "pod_name": "", "container_name": ""}  # no such process
