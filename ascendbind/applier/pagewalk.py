@@ -57,8 +57,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import neg
+from itertools import compress, islice, pairwise, repeat
+from operator import gt, itemgetter, neg, sub
 from typing import NamedTuple
 
 from ..discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, MoveRange
@@ -167,8 +167,9 @@ def choose_spans(spans: Sequence[tuple[int, int]], *, max_mappings: int = MAX_MA
     two neighbours is read with them; only pages pagemap calls present, anonymous and
     exclusive are ever moved, so that is the worker's own memory or nothing."""
     left_n = left_b = cut = 0
-    sizes = [(hi - lo) // base_page for lo, hi in spans]
-    if len(spans) > max_mappings or sum(sizes) > max_pages:
+    los, his = list(map(itemgetter(0), spans)), list(map(itemgetter(1), spans))
+    if len(spans) > max_mappings or (sum(his) - sum(los)) // base_page > max_pages:
+        sizes = [(hi - lo) // base_page for lo, hi in spans]
         keep, part = _pick(sizes, sizes, max_mappings, max_pages)
         left_n = len(spans) - len(keep)
         left_b = (sum(sizes) - sum(sizes[i] for i in keep)) * base_page
@@ -179,20 +180,14 @@ def choose_spans(spans: Sequence[tuple[int, int]], *, max_mappings: int = MAX_MA
             left_b += hi - lo - room * base_page
             chosen[keep.index(part)] = (lo, lo + room * base_page)
             cut = 1
-        spans = chosen
-    out: list[MoveRange] = []
-    if spans:
-        gap = GAP_PAGES * base_page
-        it = iter(spans)
-        first, end = next(it)
-        n = 1
-        for lo, hi in it:
-            if lo - end <= gap:
-                end, n = hi, n + 1
-                continue
-            out.append(MoveRange(first, end, base_page, end - first, end - first, True, n))
-            first, end, n = lo, hi, 1
-        out.append(MoveRange(first, end, base_page, end - first, end - first, True, n))
+        los, his = list(map(itemgetter(0), chosen)), list(map(itemgetter(1), chosen))
+    # a range starts at the first mapping and at each more than the gap past the one before:
+    # the gaps are compared in C, and the loop below runs once a range, not once a mapping
+    n = len(los)
+    apart = map(gt, map(sub, islice(los, 1, None), his), repeat(GAP_PAGES * base_page))
+    firsts = [0, *compress(range(1, n), apart), n] if n else []
+    out = [MoveRange(los[a], his[b - 1], base_page, his[b - 1] - los[a], his[b - 1] - los[a], True, b - a)
+           for a, b in pairwise(firsts)]
     return Chosen(tuple(out), left_n, left_b, cut)
 
 
