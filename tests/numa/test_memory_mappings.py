@@ -18,6 +18,7 @@ import time
 import pytest
 
 from ascendbind.applier.memory import PageMove
+from ascendbind.applier.movepages import MovePages
 from ascendbind.discovery import LiveHost
 from ascendbind.reasons import Reason
 from tests.daemon_harness import running_daemon
@@ -53,12 +54,13 @@ def tiny_pages_on(pid: int, tiny: dict) -> dict[int, int]:
 
 
 def test_ten_thousand_one_page_mappings_move_in_bounded_time_and_cpu_against_one_mapping(daemon):
-    # the same pages in one mapping, 4 KiB each as the tiny ones are (huge pages the kernel
-    # moves 2 MiB at a time: bench/memory_mappings.py measures those too). Each worker is
+    # the same pages in one mapping, 4 KiB pages of their own in both (pieces of huge pages
+    # the kernel moves 2 MiB at a time, twice the bytes of the tiny ones' half-mapped huge
+    # pages: bench/memory_mappings.py measures those too). Each worker is
     # bound to node 0, released, and bound to node 1: two moves each, and the least CPU of
     # each pair is compared (a vCPU the shared host holds off still counts as CPU time in
     # the guest, so contention only adds)
-    with mem_worker(tiny=MAPPINGS, membind=1) as a, mem_worker(private_pages=MAPPINGS, no_thp=True, membind=1) as b:
+    with mem_worker(tiny=MAPPINGS, no_thp=True, membind=1) as a, mem_worker(private_pages=MAPPINGS, no_thp=True, membind=1) as b:
         (tiny,) = a.regions["tiny"]
         assert tiny_pages_on(a.pid, tiny) == {1: MAPPINGS}
         moves: dict[int, list[dict]] = {a.pid: [], b.pid: []}
@@ -102,3 +104,22 @@ def test_a_move_walks_no_more_mappings_than_its_cap_and_the_next_goes_on():
         second = PageMove(LiveHost(), a.pid, a.start_time, 0, max_mappings=cap).run()
         assert second.outcome.value == "applied", second.detail
         assert tiny_pages_on(a.pid, tiny) == {0: 4000}
+
+
+def test_a_worker_read_from_maps_alone_moves_and_counts_only_the_pages_not_on_the_node_yet():
+    # half the one-page mappings' pages on node 0 already: the move asks where each page
+    # is, moves the other half and counts only those (none of the first half as moved)
+    with mem_worker(tiny=MAPPINGS, no_thp=True, membind=1) as a:
+        (tiny,) = a.regions["tiny"]
+        pages = [tiny["start"] + i * tiny["stride"] for i in range(tiny["count"])]
+        assert MovePages().move(a.pid, pages[::2], 0)[0] == 0
+        assert tiny_pages_on(a.pid, tiny) == {0: MAPPINGS // 2, 1: MAPPINGS // 2}
+        others = sum(anon_kib(a.pid).values()) // 4 - MAPPINGS  # its interpreter's own, a few MiB
+        assert 0 <= others < MAPPINGS // 4, others
+        res = PageMove(LiveHost(), a.pid, a.start_time, 0).run()
+        assert res.outcome.value == "applied", res.detail
+        assert tiny_pages_on(a.pid, tiny) == {0: MAPPINGS}
+        # the other half and some of the interpreter's pages; counting the first half as
+        # well would make it MAPPINGS or more
+        assert MAPPINGS // 2 <= res.data["pages_moved"] <= MAPPINGS // 2 + others, (res.data, others)
+        assert res.data["bytes_moved"] == res.data["bytes_to_move"], res.data
