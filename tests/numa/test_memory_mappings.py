@@ -81,10 +81,11 @@ def test_ten_thousand_one_page_mappings_move_in_bounded_time_and_cpu_against_one
             # bounded: with a pagemap read and a move_pages(2) call per mapping, this
             # worker's move took 25 CPU-s in this guest (19 times the one mapping's)
             assert m["took"] < 180, m
-        # about 1.5 times on a quiet host, up to 3.7 seen with the host's load at 10;
-        # 19 times with a call per mapping
+        # what is left is a line of maps a mapping and the kernel's own work: 2.2 times (the
+        # least of three) with the host's load at 20 (bench/memory_mappings.py); 19 times with
+        # a call per mapping, 49 with a pagemap read and a move_pages(2) call per mapping
         least = {pid: min(m["cpu_seconds"] for m in ms) for pid, ms in moves.items()}
-        assert least[a.pid] <= 5 * max(least[b.pid], 0.05), (many, one)
+        assert least[a.pid] <= 3 * max(least[b.pid], 0.05), (many, one)
         print(f"{MAPPINGS} one-page mappings: CPU-s {[m['cpu_seconds'] for m in many]}, s {[m['seconds'] for m in many]}; "
               f"one mapping of the same pages: CPU-s {[m['cpu_seconds'] for m in one]}, s {[m['seconds'] for m in one]}")
 
