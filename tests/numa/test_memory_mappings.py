@@ -120,7 +120,7 @@ def test_a_worker_read_from_maps_alone_moves_and_counts_only_the_pages_not_on_th
         res = PageMove(LiveHost(), a.pid, a.start_time, 0).run()
         assert res.outcome.value == "applied", res.detail
         assert tiny_pages_on(a.pid, tiny) == {0: MAPPINGS}
-        # the other half and some of the interpreter's pages; counting the first half as
-        # well would make it MAPPINGS or more
-        assert MAPPINGS // 2 <= res.data["pages_moved"] <= MAPPINGS // 2 + others, (res.data, others)
+        # the other half and the interpreter's pages (a few more than numa_maps showed before:
+        # it allocates meanwhile); counting the first half as well would make it MAPPINGS or more
+        assert MAPPINGS // 2 <= res.data["pages_moved"] < MAPPINGS, (res.data, others)
         assert res.data["bytes_moved"] == res.data["bytes_to_move"], res.data
