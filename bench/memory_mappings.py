@@ -7,11 +7,14 @@ mapping of the same bytes, on a real two-node kernel.
 Boots the 2node guest (tests/numa_guest.py) and runs itself inside it
 (``--in-guest``). Each arm starts a worker (tests/memworker.py) under
 ``numactl --membind=1`` holding ``--mappings`` pages of private memory in one of
-three shapes: ``tiny``, one page per mapping (``--tiny``: each apart from the
-next, so the kernel keeps them apart); ``one``, one mapping of as many 4 KiB
-pages (``--no-thp``, as the tiny ones are); ``one-thp``, the same mapping with
-transparent huge pages allowed (the guest kernel's default), which the kernel
-moves 2 MiB at a time. It then moves the worker's private pages to node 0 with
+four shapes: ``tiny``, one page per mapping (``--tiny``: each apart from the
+next, so the kernel keeps them apart), 4 KiB pages of their own (``--no-thp``);
+``one``, one mapping of as many 4 KiB pages (``--no-thp``); ``tiny-thp`` and
+``one-thp``, the same with transparent huge pages allowed (the guest kernel's
+default). The kernel moves a huge page 2 MiB at a time, and the tiny worker's
+pages are then pieces of huge pages faulted in before its region was cut up
+(half of each mapped, the other half unmapped but still part of it): moving
+them copies twice their bytes. It then moves the worker's private pages to node 0 with
 ``PageMove`` (applier/memory.py) in a process of its own, no rate limit, and
 reports that process's CPU seconds (user + system, the move only: its imports
 are done before), the wall time, the bytes moved and the share of the worker's
@@ -21,7 +24,8 @@ move's start and end marks come off the guest's console: the guest's vCPUs are
 threads of a shared host, and a vCPU the host holds off still counts as CPU time
 in the guest's clock, not in the host's. The arms run ``--repeat`` times in
 turn; the least and the median of each are compared: tiny against one is what a
-worker's owner gains by cutting its memory into one-page mappings.
+worker's owner gains by cutting its memory into one-page mappings, tiny-thp against
+one-thp what it gains by cutting huge pages up as well.
 
 ``--before REV``: the same arms against the package as it was at ``REV`` (a git
 revision of this checkout, extracted on the host), first, with a move that is
@@ -99,6 +103,7 @@ def arm(code: str, pid: int, start: int, node: int, rate: float, timeout: float,
     wall = time.monotonic() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     handshake(mark and f"{mark}.end")
+    out["user_s"], out["sys_s"] = round(r1.ru_utime - r0.ru_utime, 3), round(r1.ru_stime - r0.ru_stime, 3)
     out["cpu_s"] = round((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), 3)
     out["wall_s"] = round(wall, 3)
     return out
@@ -121,8 +126,8 @@ def _anon_kib(pid: int) -> dict[int, int]:
 
 
 _SEQ = itertools.count()
-SHAPES = {"tiny": lambda n: {"tiny": n}, "one": lambda n: {"private_pages": n, "no_thp": True},
-          "one-thp": lambda n: {"private_pages": n}}
+SHAPES = {"tiny": lambda n: {"tiny": n, "no_thp": True}, "one": lambda n: {"private_pages": n, "no_thp": True},
+          "tiny-thp": lambda n: {"tiny": n}, "one-thp": lambda n: {"private_pages": n}}
 
 
 def one_arm(code: str, shape: str, n: int, rate: float, timeout: float) -> dict:
@@ -208,15 +213,17 @@ def report(r: dict) -> str:
         still = [x["still_moving_after_s"] for x in arms if "still_moving_after_s" in x]
         moved = (a.get("bytes_moved") or a.get("bytes_moved_by_timeout") or 0) / (1 << 20)
         wall = statistics.median(x["wall_s"] for x in arms)
-        lines.append(f"  [{variant:<6}] {shape:<7} {pages:>6} pages in {a['mappings_in_maps']:>6} mappings"
-                     f"{f' at {rate} GiB/s' if rate else ''}: CPU s {cpus}; host CPU s {hosts or '-'}; wall "
+        split = (f" (user {statistics.median(x['user_s'] for x in arms):.2f} + system "
+                 f"{statistics.median(x['sys_s'] for x in arms):.2f} median)" if all("user_s" in x for x in arms) else "")
+        lines.append(f"  [{variant:<6}] {shape:<8} {pages:>6} pages in {a['mappings_in_maps']:>6} mappings"
+                     f"{f' at {rate} GiB/s' if rate else ''}: CPU s {cpus}{split}; host CPU s {hosts or '-'}; wall "
                      f"median {wall:.3f} s; {moved:.1f} MiB moved, {100 * a['on_node0']:.1f} % on node 0 "
                      f"({a.get('outcome', '-')}{' ' + a['reason'] if a.get('reason') else ''})"
                      f"{f', still moving after {still[0]:g} s in {len(still)} of {len(arms)}' if still else ''}")
     for (variant, pages, rate, shape), arms in groups.items():
-        if shape != "tiny":
+        if not shape.startswith("tiny"):
             continue
-        for base in ("one", "one-thp"):
+        for base in ("one" + shape[4:],):  # the same kind of pages in one mapping
             other = groups.get((variant, pages, rate, base))
             if not other:
                 continue
@@ -226,7 +233,7 @@ def report(r: dict) -> str:
                 if t and o and o[0] and o[1]:
                     parts.append(f"{what} {t[0] / o[0]:.2f}x least, {t[1] / o[1]:.2f}x median")
             if parts:
-                lines.append(f"  [{variant:<6}] {pages} pages: tiny / {base}: " + "; ".join(parts))
+                lines.append(f"  [{variant:<6}] {pages} pages: {shape} / {base}: " + "; ".join(parts))
     return "\n".join(lines)
 
 

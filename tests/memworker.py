@@ -8,8 +8,8 @@ It maps and touches, in this order: ``--private-mib`` MiB of anonymous private
 memory (``MAP_PRIVATE | MAP_ANONYMOUS``), ``--private-pages N`` base pages more
 in one such mapping, ``--tiny N`` private mappings of one base page each (one
 region of 2N pages whose every other page is unmapped again, so that no two of
-them are adjacent and the kernel keeps N mappings; ``--no-thp``: the private mappings
-in base pages only, ``MADV_NOHUGEPAGE``, as one-page mappings are), each ``--shared PATH:MIB`` file
+them are adjacent and the kernel keeps N mappings; ``--no-thp``: the private mappings,
+the tiny ones included, in base pages only, ``MADV_NOHUGEPAGE``), each ``--shared PATH:MIB`` file
 (created if absent, ``MAP_SHARED``: a ``/dev/shm`` segment several workers map),
 ``--hugetlb-private N`` 2 MiB huge pages (``MAP_PRIVATE | MAP_HUGETLB``) and each
 ``--hugetlb-shared PATH:N`` (a hugetlbfs file, ``MAP_SHARED``). Every page is
@@ -72,9 +72,14 @@ def touch(m: mmap.mmap, start: int = 0, length: int | None = None, stride: int =
     view.release()
 
 
-def tiny_mappings(n: int) -> dict:
+def tiny_mappings(n: int, no_thp: bool = False) -> dict:
     """``n`` one-page private anonymous mappings, each written once, with a hole after
-    each: {"start", "count", "stride"} (the first page's address, n, bytes between pages)."""
+    each: {"start", "count", "stride"} (the first page's address, n, bytes between pages).
+
+    The region is written before it is cut up: where the kernel allows transparent huge
+    pages, each 2 MiB of it is faulted in as one, and the one-page mappings then map
+    pieces of huge pages (half of each, the other half unmapped), which a move copies
+    whole; ``no_thp`` (``MADV_NOHUGEPAGE`` first) makes them base pages of their own."""
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
@@ -82,6 +87,8 @@ def tiny_mappings(n: int) -> dict:
     base = libc.mmap(None, 2 * n * PAGE, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if base in (None, ctypes.c_void_p(-1).value):
         raise OSError(ctypes.get_errno(), "mmap")
+    if no_thp and libc.madvise(ctypes.c_void_p(base), ctypes.c_size_t(2 * n * PAGE), mmap.MADV_NOHUGEPAGE) != 0:
+        raise OSError(ctypes.get_errno(), "madvise")
     # one byte in every other page, by one strided write done in C
     view = (ctypes.c_char * (2 * n * PAGE)).from_address(base)
     view[0:2 * n * PAGE:2 * PAGE] = b"\x01" * n
@@ -141,7 +148,7 @@ def main() -> None:
         m = private(args.private_pages * PAGE)
         note("private_pages", m)
     if args.tiny:
-        regions["tiny"] = [tiny_mappings(args.tiny)]
+        regions["tiny"] = [tiny_mappings(args.tiny, args.no_thp)]
     for path, mib in args.shared:
         m = map_file(path, mib << 20)
         touch(m)

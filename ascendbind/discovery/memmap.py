@@ -45,6 +45,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import NamedTuple
 
 from ..errors import ParseError
@@ -150,7 +151,8 @@ def writable_anonymous(maps: str) -> list[tuple[int, int]]:
     (address) order: where a worker's heap, stacks and allocations are, found in one
     scan of the text with no step per line in Python (a worker of tens of thousands of
     mappings). A row that does not read as the kernel prints it is not one of them."""
-    return [(int(lo, 16), int(hi, 16)) for lo, hi in _WRITABLE_ANON.findall(maps)]
+    bounds = list(map(int, chain.from_iterable(_WRITABLE_ANON.findall(maps)), repeat(16)))
+    return list(zip(bounds[::2], bounds[1::2]))
 
 
 def movable_pages(entries: Sequence[int], first: int, step: int, stride: int = 1) -> list[int]:

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from ascendbind.applier.memory import PageMove
+from ascendbind.applier.movepages import MovePages
 from ascendbind.discovery import LiveHost
 from ascendbind.reasons import Reason
 from tests.daemon_harness import running_daemon
@@ -53,12 +54,13 @@ def tiny_pages_on(pid: int, tiny: dict) -> dict[int, int]:
 
 
 def test_ten_thousand_one_page_mappings_move_in_bounded_time_and_cpu_against_one_mapping(daemon):
-    # the same pages in one mapping, 4 KiB each as the tiny ones are (huge pages the kernel
-    # moves 2 MiB at a time: bench/memory_mappings.py measures those too). Each worker is
+    # the same pages in one mapping, 4 KiB pages of their own in both (pieces of huge pages
+    # the kernel moves 2 MiB at a time, twice the bytes of the tiny ones' half-mapped huge
+    # pages: bench/memory_mappings.py measures those too). Each worker is
     # bound to node 0, released, and bound to node 1: two moves each, and the least CPU of
     # each pair is compared (a vCPU the shared host holds off still counts as CPU time in
     # the guest, so contention only adds)
-    with mem_worker(tiny=MAPPINGS, membind=1) as a, mem_worker(private_pages=MAPPINGS, no_thp=True, membind=1) as b:
+    with mem_worker(tiny=MAPPINGS, no_thp=True, membind=1) as a, mem_worker(private_pages=MAPPINGS, no_thp=True, membind=1) as b:
         (tiny,) = a.regions["tiny"]
         assert tiny_pages_on(a.pid, tiny) == {1: MAPPINGS}
         moves: dict[int, list[dict]] = {a.pid: [], b.pid: []}
@@ -79,10 +81,13 @@ def test_ten_thousand_one_page_mappings_move_in_bounded_time_and_cpu_against_one
             # bounded: with a pagemap read and a move_pages(2) call per mapping, this
             # worker's move took 25 CPU-s in this guest (19 times the one mapping's)
             assert m["took"] < 180, m
-        # about 1.5 times on a quiet host, up to 3.7 seen with the host's load at 10;
-        # 19 times with a call per mapping
+        # what is left is a line of maps a mapping and the kernel's own work: 2.2 times (the
+        # least of three) with the host's load at 20 (bench/memory_mappings.py); 19 times with
+        # a call per mapping, 49 with a pagemap read and a move_pages(2) call per mapping
+        # The bound is loose on purpose: the guest runs beside the whole suite, and a vCPU the
+        # host holds off counts as CPU time in the guest; the bench is where the ratio is measured
         least = {pid: min(m["cpu_seconds"] for m in ms) for pid, ms in moves.items()}
-        assert least[a.pid] <= 5 * max(least[b.pid], 0.05), (many, one)
+        assert least[a.pid] <= 6 * max(least[b.pid], 0.05), (many, one)
         print(f"{MAPPINGS} one-page mappings: CPU-s {[m['cpu_seconds'] for m in many]}, s {[m['seconds'] for m in many]}; "
               f"one mapping of the same pages: CPU-s {[m['cpu_seconds'] for m in one]}, s {[m['seconds'] for m in one]}")
 
@@ -102,3 +107,22 @@ def test_a_move_walks_no_more_mappings_than_its_cap_and_the_next_goes_on():
         second = PageMove(LiveHost(), a.pid, a.start_time, 0, max_mappings=cap).run()
         assert second.outcome.value == "applied", second.detail
         assert tiny_pages_on(a.pid, tiny) == {0: 4000}
+
+
+def test_a_worker_read_from_maps_alone_moves_and_counts_only_the_pages_not_on_the_node_yet():
+    # half the one-page mappings' pages on node 0 already: the move asks where each page
+    # is, moves the other half and counts only those (none of the first half as moved)
+    with mem_worker(tiny=MAPPINGS, no_thp=True, membind=1) as a:
+        (tiny,) = a.regions["tiny"]
+        pages = [tiny["start"] + i * tiny["stride"] for i in range(tiny["count"])]
+        assert MovePages().move(a.pid, pages[::2], 0)[0] == 0
+        assert tiny_pages_on(a.pid, tiny) == {0: MAPPINGS // 2, 1: MAPPINGS // 2}
+        others = sum(anon_kib(a.pid).values()) // 4 - MAPPINGS  # its interpreter's own, a few MiB
+        assert 0 <= others < MAPPINGS // 4, others
+        res = PageMove(LiveHost(), a.pid, a.start_time, 0).run()
+        assert res.outcome.value == "applied", res.detail
+        assert tiny_pages_on(a.pid, tiny) == {0: MAPPINGS}
+        # the other half and the interpreter's pages (a few more than numa_maps showed before:
+        # it allocates meanwhile); counting the first half as well would make it MAPPINGS or more
+        assert MAPPINGS // 2 <= res.data["pages_moved"] < MAPPINGS, (res.data, others)
+        assert res.data["bytes_moved"] == res.data["bytes_to_move"], res.data
