@@ -109,7 +109,8 @@ def parse_cpu_manager_state(text: str, where: str = CHECKPOINT_PATH) -> CpuManag
         default = parse_cpulist(_text(raw.get("defaultCpuSet", ""), "defaultCpuSet", where))
     except ValueError as exc:
         raise ParseError(where, f"defaultCpuSet: {exc}") from None
-    entries = raw.get("entries") or {}
+    entries = raw.get("entries")
+    entries = {} if entries is None else entries  # kubelet omits an empty map
     if not isinstance(entries, dict) or len(entries) > _MAX_PODS:
         raise ParseError(where, f"entries is not an object of at most {_MAX_PODS} keys")
     out: dict[str, Mapping[str, str]] = {}
