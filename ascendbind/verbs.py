@@ -252,6 +252,9 @@ def _why_lines(w: dict) -> list[str]:
     """Which rule picked the NPU, and why a worker is not simply bound and aligned:
     alignment, steps, drift verdicts."""
     out = _targets_lines(w.get("plan", {}))
+    source = (w.get("plan") or {}).get("pool_source")
+    if source:
+        out.append(f"pool is its own cpuset (pool_source {source.get('requested')}): {source.get('evidence')}")
     al = w.get("alignment") or {}
     if w.get("outcome") == "unaligned":
         code = f" [{al['failure']}]" if al.get("failure") else ""
