@@ -14,8 +14,9 @@ API errors are raised as ascendbind.errors exceptions (also stdlib only), whose
 exception carries ``status`` (HTTP) and ``payload`` (the JSON body).
 
 ``run_bound`` is ``ascendbind run``: fork; the child asks the daemon to bind
-*itself* (so it works from inside a container's pid namespace), then execs the
-command; the parent forwards signals and returns the command's status.
+*itself* (so it works from inside a container's pid namespace), prefers its
+pool's NUMA node(s) for its memory (mempolicy.py), then execs the command; the
+parent forwards signals and returns the command's status.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from urllib.parse import urlencode
 
 from . import errors
 from .config import DEFAULT_SOCKET
+from .mempolicy import prefer_nodes
 from .settings import resolve_socket
 
 __all__ = ["Client", "DEFAULT_SOCKET", "default_socket", "run_bound", "FORWARDED_SIGNALS"]
@@ -353,7 +355,12 @@ def _child(argv, npu, require_binding, socket_path, asks, stderr, old_mask) -> N
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         try:
-            Client(socket_path).bind(npu=npu, topology_policy=asks[0], pool_source=asks[1])
+            answer = Client(socket_path).bind(npu=npu, topology_policy=asks[0], pool_source=asks[1])
+            # after the bind, before exec: everything the command allocates starts on its pool's node
+            note = prefer_nodes(answer.get("plan") or {})
+            if note.startswith("memory policy left alone"):
+                print(f"ascendbind run: {note}", file=stderr)
+                stderr.flush()
         except errors.AscendbindError as exc:
             if require_binding:
                 print(f"ascendbind run: binding failed: {exc}", file=stderr)
