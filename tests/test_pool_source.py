@@ -229,3 +229,40 @@ def test_pool_source_is_a_checked_key_from_every_layer():
     assert "pool_source" in str(e.value) and "auto, slice, cpuset" in str(e.value)
     with pytest.raises(ConfigError):
         Config(pool_source="slices")
+
+
+# ---------------------------------------------------------------- cgroup v2 outside the reader's namespace
+
+MOUNTINFO = (
+    "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+    "31 25 0:26 /../pod/ctr /sys/fs/cgroup ro,nosuid,nodev,noexec - cgroup2 cgroup2 rw,nsdelegate\n"
+    "32 25 0:26 /../pod/ctr/inner\\040dir /mnt/with\\040space rw - cgroup2 cgroup2 rw\n"
+    "33 25 0:27 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
+)
+
+
+def test_mountinfo_cgroup2_mounts_are_located_by_the_kernels_paths():
+    from ascendbind.discovery.mountinfo import cgroup2_mounts, locate_cgroup
+
+    mounts = cgroup2_mounts(MOUNTINFO + "garbage line\n34 25 0:26 / ../escape rw - cgroup2 c rw\n")
+    assert [m.mount_point for m in mounts] == ["/sys/fs/cgroup", "/mnt/with space"]
+    assert locate_cgroup("/../pod/ctr", mounts) == ("/sys/fs/cgroup", "")
+    assert locate_cgroup("/../pod/ctr/sub/leaf", mounts) == ("/sys/fs/cgroup", "/sub/leaf")
+    assert locate_cgroup("/../pod/ctr/inner dir/x", mounts) == ("/mnt/with space", "/x")
+    assert locate_cgroup("/../pod/other", mounts) is None and locate_cgroup("/../pod/ctrl", mounts) is None
+
+
+def test_a_worker_outside_the_readers_cgroup_namespace_is_read_through_its_own_mount(tmp_path):
+    snap = tmp_path / "host"
+    proc = snap / "proc" / "4242"
+    (proc / "root/sys/fs/cgroup").mkdir(parents=True)
+    (proc / "status").write_text("Name:\tpython3\nTgid:\t4242\nCpus_allowed_list:\t0-639\nMems_allowed_list:\t0-7\n")
+    (proc / "cgroup").write_text("0::/../pod/ctr\n")
+    (proc / "mountinfo").write_text(MOUNTINFO)
+    (proc / "root/sys/fs/cgroup/cpuset.cpus.effective").write_text("200-239\n")
+    w = discover_worker(SnapshotHost(str(snap)), 4242, Config(), want_devices=False)
+    assert w.allowed_source == "cgroup" and w.allowed_cpus == r(200, 239)
+    # without a mount of the worker's that holds its cgroup: Cpus_allowed_list, as before
+    (proc / "mountinfo").write_text(MOUNTINFO.replace("/../pod/ctr ", "/../pod/elsewhere ", 1))
+    w = discover_worker(SnapshotHost(str(snap)), 4242, Config(), want_devices=False)
+    assert w.allowed_source == "status" and w.allowed_cpus == r(0, 639)

@@ -185,8 +185,9 @@ class LiveHost:
 
     def read(self, path: str, limit: int | None = None) -> str | None:
         key, name = self._proc_file(path)
-        if name in MEMORY_FILES:
-            return self.readers.read(name, path, lambda: self._read(path, limit), worker=ascii_int(key),
+        if name in MEMORY_FILES or name.startswith("root/"):
+            kind = name if name in MEMORY_FILES else "root"
+            return self.readers.read(kind, path, lambda: self._read(path, limit), worker=ascii_int(key),
                                      owner=self._owner(key))
         return self._read(path, limit)
 
