@@ -119,11 +119,12 @@ def parse_cpu_manager_state(text: str, where: str = CHECKPOINT_PATH) -> CpuManag
         key = _text(key, "an entries key", where)
         if isinstance(value, str):
             versions.add(1)
-            out[key.lower()] = frozen_map({"": _text(value, "a CPU list", where)})
+            out[key.lower()] = {"": _text(value, "a CPU list", where)}
         elif isinstance(value, dict) and len(value) <= _MAX_CONTAINERS:
             versions.add(2)
-            out[key.lower()] = frozen_map({_text(k, "a container name", where): _text(v, "a CPU list", where)
-                                           for k, v in value.items()})
+            for k, v in value.items():
+                _text(k, "a container name", where), _text(v, "a CPU list", where)
+            out[key.lower()] = value  # read-only from here: only judge_own_cpus reads it
         else:
             raise ParseError(where, f"entry {key[:60]!r} is neither a CPU list nor an object of at most "
                                     f"{_MAX_CONTAINERS} containers")
