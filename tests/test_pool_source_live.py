@@ -139,3 +139,23 @@ def test_cpuset_binds_without_a_checkpoint(node):
         status, listing = d.curl("GET", "/v1/workers")
         assert [x["pool_source"] for x in listing["workers"]] == ["cpuset"]
         d.curl("POST", "/v1/release", {"pid": w.pid})
+
+
+def test_a_snapshot_records_the_checkpoint_and_plans_as_the_host_does(node, tmp_path, monkeypatch):
+    from ascendbind.config import Config
+    from ascendbind.discovery.snapshot import record_snapshot
+    from tests.daemon_harness import FIXTURE_BIN
+    from tests.golden import run_plan
+
+    _d, kubelet = node
+    own = str(CPUS[-1])
+    checkpoint(kubelet, own)
+    monkeypatch.setenv("ASCENDBIND_FAKE_NPUS", "2")
+    with pod_cgroup(own) as cg, pod_worker(cg) as w:
+        files = record_snapshot(str(tmp_path / "snap"), w.pid, Config(npu_smi=str(FIXTURE_BIN / "npu-smi"),
+                                                                     kubelet_root=kubelet))
+    assert "var/lib/kubelet/cpu_manager_state" in files
+    assert any(f.endswith("/cpuset.effective_cpus") and f"pod{UID}/{CONTAINER}" in f for f in files)
+    code, plan, err = run_plan(str(tmp_path / "snap"), ["--pid", str(w.pid), "--npu", "0", "--small-pool", "share"])
+    assert code == 0, err
+    assert plan["npus"]["0"]["pool"] == [CPUS[-1]] and plan["pool_source"]["source"] == "cpuset"
