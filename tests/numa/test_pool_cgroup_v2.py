@@ -39,8 +39,10 @@ _PLACE = ("import os, sys\n"
           "os.execvp(sys.argv[2], sys.argv[2:])\n")
 _WAIT = "import sys; print('ready', flush=True); sys.stdin.readline()"
 # a container's start: cgroup2 mounted in its own mount namespace, rooted at its cgroup namespace
-_CONTAINER = ("import subprocess, sys\n"
-              "subprocess.run(['mount', '-t', 'cgroup2', 'cgroup2', '/sys/fs/cgroup'], check=True)\n" + _WAIT)
+_CONTAINER = ("import ctypes, sys\n"
+              "libc = ctypes.CDLL(None, use_errno=True)\n"
+              "assert libc.mount(b'cgroup2', b'/sys/fs/cgroup', b'cgroup2', 0, None) == 0, ctypes.get_errno()\n"
+              + _WAIT)
 _OBSERVE = """
 import ctypes, json, sys
 assert ctypes.CDLL(None, use_errno=True).unshare(0x02000000) == 0, "unshare(CLONE_NEWCGROUP)"
@@ -121,6 +123,7 @@ def test_cgroup_v2_cpuset_is_read_also_from_another_cgroup_namespace(tree, tmp_p
 def daemon(tmp_path):
     env = {"ASCENDBIND_NPU_SMI": recorded_npu_smi(str(tmp_path / "npu-smi"), 8, "0-7"),
            "ASCENDBIND_MEMORY_CHECK_SECONDS": "0", "ASCENDBIND_COMMAND_TIMEOUT_SECONDS": "60"}
+    (tmp_path / "daemon").mkdir()
     with running_daemon(str(tmp_path / "daemon"), ready_timeout=SLOW, **env) as d:
         d.wait_discovered(SLOW)
         yield d
