@@ -41,6 +41,8 @@ _WAIT = "import sys; print('ready', flush=True); sys.stdin.readline()"
 # a container's start: cgroup2 mounted in its own mount namespace, rooted at its cgroup namespace
 _CONTAINER = ("import ctypes, sys\n"
               "libc = ctypes.CDLL(None, use_errno=True)\n"
+              # the inherited mount goes first: the kernel refuses one superblock twice on one mount point
+              "assert libc.umount2(b'/sys/fs/cgroup', 2) == 0, ctypes.get_errno()\n"
               "assert libc.mount(b'cgroup2', b'/sys/fs/cgroup', b'cgroup2', 0, None) == 0, ctypes.get_errno()\n"
               + _WAIT)
 _OBSERVE = """
