@@ -14,8 +14,9 @@ API errors are raised as ascendbind.errors exceptions (also stdlib only), whose
 exception carries ``status`` (HTTP) and ``payload`` (the JSON body).
 
 ``run_bound`` is ``ascendbind run``: fork; the child asks the daemon to bind
-*itself* (so it works from inside a container's pid namespace), then execs the
-command; the parent forwards signals and returns the command's status.
+*itself* (so it works from inside a container's pid namespace), prefers its
+pool's NUMA node(s) for its memory (mempolicy.py), then execs the command; the
+parent forwards signals and returns the command's status.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from urllib.parse import urlencode
 
 from . import errors
 from .config import DEFAULT_SOCKET
+from .mempolicy import prefer_nodes
 from .settings import resolve_socket
 
 __all__ = ["Client", "DEFAULT_SOCKET", "default_socket", "run_bound", "FORWARDED_SIGNALS"]
@@ -210,10 +212,11 @@ class Client:
 
     def bind(self, pid: int | None = None, npu: int | Sequence[int] | None = None,
              topology_policy: str | None = None, *, device_index: int | None = None,
-             env: dict[str, str] | None = None) -> dict:
+             env: dict[str, str] | None = None, pool_source: str | None = None) -> dict:
         """Bind ``pid`` (None: this process) to ``npu``, or to the NPU behind the worker's runtime
         ``device_index``, or (neither) to what the evidence about the worker says. ``env``: the
-        ASCEND_* variables the worker sees now, which the daemon prefers to its start-up environment."""
+        ASCEND_* variables the worker sees now, which the daemon prefers to its start-up environment.
+        ``topology_policy`` and ``pool_source``: what the request asks of its plan (None: the node's)."""
         body: dict = {}
         if pid is not None:
             body["pid"] = pid
@@ -225,6 +228,8 @@ class Client:
             body["env"] = dict(env)
         if topology_policy is not None:
             body["topology_policy"] = topology_policy
+        if pool_source is not None:
+            body["pool_source"] = pool_source
         return self._json("POST", "/v1/bind", body)
 
     def release(self, pid: int | None = None, *, all: bool = False) -> dict:
@@ -241,7 +246,8 @@ class Client:
         return self._json("GET", f"/v1/workers?{q}")["workers"][0]
 
     def plan(self, pid: int | None = None, npu: int | Sequence[int] | None = None,
-             topology_policy: str | None = None, *, device_index: int | None = None) -> dict:
+             topology_policy: str | None = None, *, device_index: int | None = None,
+             pool_source: str | None = None) -> dict:
         q: list[tuple[str, object]] = []
         if pid is not None:
             q.append(("pid", pid))
@@ -251,6 +257,8 @@ class Client:
             q.append(("device_index", device_index))
         if topology_policy:
             q.append(("topology_policy", topology_policy))
+        if pool_source:
+            q.append(("pool_source", pool_source))
         return self._json("GET", "/v1/plan" + (f"?{urlencode(q)}" if q else ""))
 
     def health(self) -> dict:
@@ -297,7 +305,8 @@ def _tty_foreground() -> bool:
 
 
 def run_bound(argv: Sequence[str], npu: int | Sequence[int] | None, *, require_binding: bool = False,
-              socket_path: str | None = None, topology_policy: str | None = None, stderr=None) -> int:
+              socket_path: str | None = None, topology_policy: str | None = None, stderr=None,
+              pool_source: str | None = None) -> int:
     """Fork; the child binds itself, then execs ``argv``. Returns the command's exit status
     (128 + N when it died of signal N and re-raising that signal here did not end us)."""
     if not argv:
@@ -310,7 +319,7 @@ def run_bound(argv: Sequence[str], npu: int | Sequence[int] | None, *, require_b
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         raise
     if child == 0:  # pragma: no cover - runs in the forked child
-        _child(argv, npu, require_binding, socket_path, topology_policy, stderr, old_mask)
+        _child(argv, npu, require_binding, socket_path, (topology_policy, pool_source), stderr, old_mask)
     tty_fg = _tty_foreground()
     previous = {}
     for sig in FORWARDED_SIGNALS:
@@ -341,12 +350,17 @@ def _forward(child: int, sig: int) -> None:
         pass
 
 
-def _child(argv, npu, require_binding, socket_path, topology_policy, stderr, old_mask) -> None:  # pragma: no cover
+def _child(argv, npu, require_binding, socket_path, asks, stderr, old_mask) -> None:  # pragma: no cover
     code = 127
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         try:
-            Client(socket_path).bind(npu=npu, topology_policy=topology_policy)
+            answer = Client(socket_path).bind(npu=npu, topology_policy=asks[0], pool_source=asks[1])
+            # after the bind, before exec: everything the command allocates starts on its pool's node
+            note = prefer_nodes(answer.get("plan") or {})
+            if note.startswith("memory policy left alone"):
+                print(f"ascendbind run: {note}", file=stderr)
+                stderr.flush()
         except errors.AscendbindError as exc:
             if require_binding:
                 print(f"ascendbind run: binding failed: {exc}", file=stderr)

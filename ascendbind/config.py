@@ -40,6 +40,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "numa_extension": ("next", "closest", "none"),
     "cpu_bind_policy": ("default", "full-pcpus"),
     "isolation": ("off", "irqs", "host"),
+    "pool_source": ("auto", "slice", "cpuset"),
 }
 
 # keys that shape a plan: each has a flag on plan, apply and serve
@@ -52,6 +53,7 @@ PLAN_KEYS = (
     "max_numa_nodes",
     "numa_extension",
     "cpu_bind_policy",
+    "pool_source",
 )
 
 # keys that say what else leaves the bound workers' CPUs: they never change a plan, so
@@ -85,6 +87,7 @@ class Config:
     max_numa_nodes: int = 8
     numa_extension: str = "next"
     cpu_bind_policy: str = "default"
+    pool_source: str = "auto"
     isolation: str = "off"
     housekeeping_cpus: str = "auto"
     isolation_exempt: tuple[str, ...] = ()
@@ -96,6 +99,7 @@ class Config:
     command_timeout_seconds: float = 10.0
     proc_root: str = "/proc"
     sys_root: str = "/sys"
+    kubelet_root: str = "/var/lib/kubelet"
     # which keys were set explicitly (file, env or flag) rather than defaulted;
     # the policy precedence rule needs to know whether the node named a policy
     explicit: frozenset[str] = frozenset()

@@ -35,6 +35,8 @@ __all__ = [
     "NpuProcess",
     "HostFacts",
     "WorkerFacts",
+    "PoolEvidence",
+    "PoolChoice",
     "ThreadInfo",
     "ProcessIdentity",
     "NpuPlan",
@@ -187,6 +189,16 @@ class ProcessIdentity:
 
 
 @dataclass(frozen=True)
+class PoolEvidence:
+    """Whether a worker's cpuset is its own to use whole, and what says so (or why not).
+    ``proof``: ``kubelet_checkpoint`` or ``none``; ``detail``: the sentence with the names."""
+
+    own: bool
+    proof: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class WorkerFacts:
     """Per-request facts about one worker process."""
 
@@ -203,6 +215,8 @@ class WorkerFacts:
     warnings: tuple[str, ...] = ()
     # what says which NPUs it drives, besides its environment (None: not read)
     npu_evidence: NpuEvidence | None = None
+    # whether its cpuset is its own (kubelet's static CPU manager), None: not looked at
+    pool_evidence: PoolEvidence | None = None
 
 
 # ---------------------------------------------------------------- plans
@@ -242,6 +256,23 @@ class PlanIssue:
 
 
 @dataclass(frozen=True)
+class PoolChoice:
+    """Where a plan's pools came from: ``source`` ``slice`` (the placement rules) or ``cpuset``
+    (the worker's own cpuset), for ``requested`` ``slice``, ``cpuset`` or ``auto``, and why."""
+
+    source: str
+    requested: str
+    evidence: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "requested": self.requested, "evidence": self.evidence}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PoolChoice:
+        return cls(str(d["source"]), str(d["requested"]), str(d.get("evidence", "")))
+
+
+@dataclass(frozen=True)
 class Plan:
     mode: Mode
     device_type: DeviceType
@@ -261,6 +292,8 @@ class Plan:
     irqs: Mapping[int, NpuIrqPlan] | None = None
     # which NPUs were targeted and why (None: the caller named them without the rule)
     targets: TargetDecision | None = None
+    # where the pools came from; None for the placement rules (the JSON key is then absent)
+    pool_source: PoolChoice | None = None
 
     def npu(self, logic_id: int) -> NpuPlan | None:
         for p in self.npus:
@@ -276,7 +309,7 @@ class Plan:
     def from_json(cls, d: Mapping[str, Any]) -> Plan:
         """Inverse of to_json (used by the daemon's state file)."""
         known = {"mode", "device_type", "fallback", "allowed_cpus", "npus", "uvb", "errors", "warnings", "alignment",
-                 "irqs", "targets"}
+                 "irqs", "targets", "pool_source"}
         npus = tuple(
             NpuPlan(
                 npu=int(k),
@@ -304,6 +337,7 @@ class Plan:
             irqs=None if d.get("irqs") is None else frozen_map(
                 {int(k): NpuIrqPlan.from_json(int(k), v) for k, v in d["irqs"].items()}),
             targets=TargetDecision.from_json(d["targets"]) if d.get("targets") else None,
+            pool_source=PoolChoice.from_json(d["pool_source"]) if d.get("pool_source") else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -325,6 +359,8 @@ class Plan:
             out["irqs"] = {str(n): self.irqs[n].to_json() for n in sorted(self.irqs)}
         if self.targets is not None:
             out["targets"] = self.targets.to_json()
+        if self.pool_source is not None:
+            out["pool_source"] = self.pool_source.to_json()
         return out
 
 

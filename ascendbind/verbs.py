@@ -37,6 +37,9 @@ def _pos_int(kind: str, minimum: int):
     return parse
 
 
+_POOL_SOURCE_HELP = ("where the pool comes from: slice (the placement rules), cpuset (the worker's own cpuset) or "
+                     "auto; default: the daemon's pool_source")
+
 _pid = _pos_int("a pid", 1)
 _npu = _pos_int("an NPU id", 0)
 
@@ -54,6 +57,7 @@ def register(subparsers) -> None:
     who.add_argument("--device-index", type=_npu, dest="device_index", metavar="I",
                      help="the process's runtime device index; the daemon resolves the NPU behind it")
     p.add_argument("--topology-policy", choices=CHOICES["topology_policy"], dest="topology_policy")
+    p.add_argument("--pool-source", choices=CHOICES["pool_source"], dest="pool_source", help=_POOL_SOURCE_HELP)
     _client_flags(p)
     p.set_defaults(func=cmd_bind)
 
@@ -78,6 +82,7 @@ def register(subparsers) -> None:
                    "evidence says, e.g. the one NPU device of its container)")
     p.add_argument("--require-binding", action="store_true", help="do not run CMD unbound if binding fails")
     p.add_argument("--topology-policy", choices=CHOICES["topology_policy"], dest="topology_policy")
+    p.add_argument("--pool-source", choices=CHOICES["pool_source"], dest="pool_source", help=_POOL_SOURCE_HELP)
     p.add_argument("--socket", metavar="PATH", help=f"daemon socket (default {DEFAULT_SOCKET})")
     p.add_argument("--config", metavar="FILE", help="config file to read the socket path from")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
@@ -129,7 +134,8 @@ def _npu_rows(plan: dict) -> list[str]:
 
 
 def cmd_bind(args) -> int:
-    result = Client(_socket_of(args)).bind(args.pid, args.npu, args.topology_policy, device_index=args.device_index)
+    result = Client(_socket_of(args)).bind(args.pid, args.npu, args.topology_policy, device_index=args.device_index,
+                                           pool_source=args.pool_source)
     if args.format == "json":
         print(compact_json(result))
     else:
@@ -268,6 +274,9 @@ def _why_lines(w: dict) -> list[str]:
     """Which rule picked the NPU, and why a worker is not simply bound and aligned:
     alignment, steps, drift verdicts."""
     out = _targets_lines(w.get("plan", {}))
+    source = (w.get("plan") or {}).get("pool_source")
+    if source:
+        out.append(f"pool is its own cpuset (pool_source {source.get('requested')}): {source.get('evidence')}")
     al = w.get("alignment") or {}
     if w.get("outcome") == "unaligned":
         code = f" [{al['failure']}]" if al.get("failure") else ""
@@ -337,4 +346,4 @@ def cmd_run(args) -> int:
     npu = None if not args.npu else (args.npu[0] if len(args.npu) == 1 else args.npu)
     sys.stdout.flush()
     return run_bound(cmd, npu, require_binding=args.require_binding, socket_path=_socket_of(args),
-                     topology_policy=args.topology_policy)
+                     topology_policy=args.topology_policy, pool_source=args.pool_source)

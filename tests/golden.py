@@ -79,6 +79,21 @@ CASES: dict[str, dict[str, list[str]]] = {
         "two-devices-device-index-1": ["--pid", "9503", "--device-index", "1"],
         "driver-map": ["--pid", "9504"],
     },
+    # workers that bring their own CPUs: kubelet's static CPU manager (fixtures/hosts/README.md)
+    "a3-k8s": {
+        "guaranteed-pod-npu5": ["--pid", "2105", "--npu", "5"],
+        "guaranteed-pod-npu5-slice": ["--pid", "2105", "--npu", "5", "--pool-source", "slice"],
+        "guaranteed-pod-npu5-single-numa-node": ["--pid", "2105", "--npu", "5", "--topology-policy",
+                                                 "single-numa-node"],
+        "stale-entry-npu6": ["--pid", "2106", "--npu", "6"],
+        "burstable-npu7": ["--pid", "2107", "--npu", "7"],
+        "docker-cpuset-npu10": ["--pid", "2108", "--npu", "10"],
+        "docker-cpuset-npu10-cpuset": ["--pid", "2108", "--npu", "10", "--pool-source", "cpuset"],
+    },
+    "a2-k8s": {
+        "guaranteed-pod": ["--pid", "3101"],
+        "guaranteed-pod-slice": ["--pid", "3101", "--pool-source", "slice"],
+    },
 }
 
 

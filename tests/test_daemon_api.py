@@ -342,6 +342,22 @@ def test_run_binds_the_child_before_exec_and_passes_the_status_through(daemon):
     assert json.loads(r.stdout.strip().splitlines()[-1]) == plan_main
 
 
+# the command's own view of its memory policy: numa_maps prints it on every mapping without its own
+_PRINT_POLICY = "print(open('/proc/self/numa_maps').readline().split()[1])"
+
+
+def test_run_gives_the_command_its_pools_node_as_preferred_memory_before_exec(daemon):
+    r = _cli(daemon, "run", "--npu", "0", "--", sys.executable, "-c", _PRINT_POLICY)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "prefer:0" and "memory policy" not in r.stderr
+    # a command started under a policy of its own keeps it: numactl's comes first, run's bind after
+    r = subprocess.run(["numactl", "--interleave=0", sys.executable, "-m", "ascendbind.cli", "run", "--npu", "0", "--",
+                        sys.executable, "-c", _PRINT_POLICY], capture_output=True, text=True, env=daemon.env,
+                       cwd=str(ROOT), timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1].startswith("interleave"), r.stderr
+    assert "already has one of its own" in r.stderr
+
+
 def test_run_forwards_signals_and_dies_the_same_way(daemon):
     p = subprocess.Popen([sys.executable, "-m", "ascendbind.cli", "run", "--npu", "0", "--", "sleep", "30"],
                          env=daemon.env, cwd=str(ROOT))

@@ -23,7 +23,7 @@ from ascendbind.daemon.api.auth import Peer, authorize
 from ascendbind.daemon.host.hotplug import Debouncer
 from ascendbind.daemon.api.listen import open_listen_socket
 from ascendbind.daemon.api.metrics import Metrics
-from ascendbind.daemon.api.requests import alignment_of, parse_bind_request, resolve_policy
+from ascendbind.daemon.api.requests import PlanAsk, alignment_of, parse_bind_request, resolve_policy
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.reasons import Outcome, Reason, Step
 from ascendbind.frozen import frozen_map
@@ -143,13 +143,14 @@ def test_root_may_bind_any_live_pid_and_nobody_only_its_own_descendants(nobody_t
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ({}, (None, TargetRequest(), None)),
-        ({"pid": 7, "npu": 3}, (7, TargetRequest(npus=(3,)), None)),
-        ({"npu": [2, 1, 2]}, (None, TargetRequest(npus=(1, 2)), None)),
-        ({"npu": 0, "topology_policy": "restricted"}, (None, TargetRequest(npus=(0,)), "restricted")),
+        ({}, (None, TargetRequest(), PlanAsk())),
+        ({"pid": 7, "npu": 3}, (7, TargetRequest(npus=(3,)), PlanAsk())),
+        ({"npu": [2, 1, 2]}, (None, TargetRequest(npus=(1, 2)), PlanAsk())),
+        ({"npu": 0, "topology_policy": "restricted"}, (None, TargetRequest(npus=(0,)), PlanAsk("restricted"))),
+        ({"npu": 0, "pool_source": "auto"}, (None, TargetRequest(npus=(0,)), PlanAsk(pool_source="auto"))),
         ({"device_index": 1, "env": {"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RT_VISIBLE_DEVICES": "0"}},
          (None, TargetRequest(device_index=1, env={"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RT_VISIBLE_DEVICES": "0"}),
-          None)),
+          PlanAsk())),
     ],
 )
 def test_bind_bodies_that_are_fine(body, expected):
@@ -175,6 +176,18 @@ def test_request_policy_must_not_contradict_the_node():
         resolve_policy("best-effort", node)
     assert err.value.code == "policy_mismatch" and err.value.exit_status == 9
     assert resolve_policy("best-effort", load_config(None, env={})).topology_policy == "best-effort"
+
+
+def test_request_pool_source_must_not_contradict_the_node():
+    # a node that names its pool source decides it; one that leaves the default lets the request choose
+    free = load_config(None, env={})
+    assert resolve_policy(PlanAsk(pool_source="cpuset"), free).pool_source == "cpuset"
+    assert resolve_policy(PlanAsk(), free) is free
+    node = load_config(None, env={"ASCENDBIND_POOL_SOURCE": "slice"})
+    assert resolve_policy(PlanAsk(pool_source="slice"), node).pool_source == "slice"
+    with pytest.raises(Conflict) as err:
+        resolve_policy(PlanAsk(pool_source="cpuset"), node)
+    assert err.value.code == "policy_mismatch" and "pool_source cpuset" in str(err.value)
 
 
 def test_alignment_outcome_is_the_planners_report_and_survives_the_state_file():

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from ascendbind.daemon.api.requests import (MAX_JSON_DEPTH, NPU_MAX, PID_MAX, decode_json_body, json_depth,
-                                            parse_bind_request)
+from ascendbind.daemon.api.requests import (MAX_JSON_DEPTH, NPU_MAX, PID_MAX, PlanAsk, decode_json_body,
+                                            json_depth, parse_bind_request)
 from ascendbind.targeting import TargetRequest
 from ascendbind.daemon.api.wire import (MAX_HEAD, MAX_HEADERS, MAX_LINE, Request, RequestReader, Response, WireError,
                                         json_response, render_response)
@@ -193,6 +193,7 @@ def test_empty_body_is_an_empty_object_and_depth_at_the_limit_is_fine():
     {"npu": [0, 1, None]}, {"npu": [None]}, {"npu": []}, {"npu": [0] * 65}, {"npu": [True]},
     {"pid": PID_MAX + 1}, {"pid": 10**40}, {"npu": NPU_MAX + 1}, {"pid": 1.0}, {"pid": float("nan")},
     {"topology_policy": ["none"]}, {"topology_policy": {"a": 1}}, {"topology_policy": 3},
+    {"pool_source": "own"}, {"pool_source": ["cpuset"]}, {"pool_source": 1}, {"pool_source": "CPUSET"},
     {"x" * 1000: 1}, [], None, "pid",
 ])
 def test_bind_bodies_that_are_400(body):
@@ -202,7 +203,9 @@ def test_bind_bodies_that_are_400(body):
 
 
 def test_bind_bodies_that_are_fine():
-    assert parse_bind_request({"pid": PID_MAX, "npu": [3, 1, 3]}) == (PID_MAX, TargetRequest(npus=(1, 3)), None)
+    assert parse_bind_request({"pid": PID_MAX, "npu": [3, 1, 3]}) == (PID_MAX, TargetRequest(npus=(1, 3)), PlanAsk())
     assert parse_bind_request({"npu": 0, "topology_policy": "restricted"}) == \
-        (None, TargetRequest(npus=(0,)), "restricted")
-    assert parse_bind_request({}) == (None, TargetRequest(), None)
+        (None, TargetRequest(npus=(0,)), PlanAsk("restricted"))
+    assert parse_bind_request({"npu": 0, "pool_source": "cpuset"}) == \
+        (None, TargetRequest(npus=(0,)), PlanAsk(pool_source="cpuset"))
+    assert parse_bind_request({}) == (None, TargetRequest(), PlanAsk())

@@ -212,6 +212,11 @@ def test_configmap_config_is_accepted_by_the_daemon_and_matches_the_mounts(tmp_p
     assert mounts[cfg.proc_root][1]["hostPath"]["path"] == "/proc" and mounts[cfg.proc_root][0]["readOnly"]
     assert mounts[cfg.proc_root + "/irq"][1]["hostPath"]["path"] == "/proc/irq"
     assert mounts[cfg.sys_root][1]["hostPath"]["path"] == "/sys"
+    # kubelet's checkpoint through the host's init, under the host's /proc: never a file mount, which
+    # kubelet's rename of each new checkpoint over the old one would leave showing the first
+    assert cfg.kubelet_root == cfg.proc_root + "/1/root/var/lib/kubelet"
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    assert not any("kubelet" in v.get("hostPath", {}).get("path", "") for _m, v in mounts.values())
     containerfile = (K8S / "Containerfile").read_text()
     assert f"COPY deploy/kubernetes/npu-smi-host {cfg.npu_smi}\n" in containerfile
     command = _container(ds)["command"]

@@ -62,8 +62,8 @@ from .api.auth import Peer, authorize
 from .isolate.keeper import Isolation
 from .watch.held import Held
 from .watch.bans import carried_bans
-from .api.requests import (_int_field, alignment_of, outcome_of_error, parse_bind_request, recycled_is_a_conflict,
-                           resolve_policy)
+from .api.requests import (PlanAsk, _int_field, alignment_of, outcome_of_error, parse_bind_request,
+                           recycled_is_a_conflict, resolve_policy)
 from .host.hostcache import HostCache
 from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
@@ -187,7 +187,7 @@ class Daemon(Ownership):
         return result
 
     def _request_facts(self, target: ProcessIdentity | ProcessView, npus: tuple[int, ...] | None,
-                       policy: str | None):
+                       policy: PlanAsk | str | None):
         """(config, host, worker) for one bind or plan request: the policy resolved, the
         cached static facts (plus a fresh process table when the request names no NPU),
         and the worker's facts, built from the request's observation of it (``target``;
@@ -207,7 +207,7 @@ class Daemon(Ownership):
         with recycled_is_a_conflict():
             return observe_process(self.hosts.source, target.pid, pin=pin, vet=same)
 
-    def _facts_of(self, view: ProcessView, request: TargetRequest, policy: str | None):
+    def _facts_of(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None):
         """(config, host, worker, the process table's failure or None). A request that names its
         NPU costs no npu-smi run: its process table is not read (the worker's evidence says so)."""
         config = resolve_policy(policy, self.config)
@@ -246,7 +246,7 @@ class Daemon(Ownership):
         return worker
 
     def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
-                     policy: str | None) -> dict[str, Any]:
+                     policy: PlanAsk | str | None) -> dict[str, Any]:
         """Bind the process ``target`` names (authorized by the caller) to the NPUs the rule
         picks for ``request`` (NPU ids, a device index, or nothing: the evidence decides).
         Auto-bind enters here too. ``target`` is the request's observation of the process,
@@ -259,7 +259,7 @@ class Daemon(Ownership):
         with (view.pin if view is not target else None) or contextlib.nullcontext():
             return self._bind_view(view, TargetRequest.of(request), policy)
 
-    def _bind_view(self, view: ProcessView, request: TargetRequest, policy: str | None) -> dict[str, Any]:
+    def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None) -> dict[str, Any]:
         pid = view.pid
         config, host, worker, failure = self._facts_of(view, request, policy)
         decision = self._targets(host, worker, request, failure)
@@ -303,7 +303,9 @@ class Daemon(Ownership):
                 log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
             for h in evicted:
                 self._evict(h, by=pid)
-            held = Held(binding, time.time(), policy, facts=(host, worker, config),
+            ask = PlanAsk.of(policy)
+            held = Held(binding, time.time(), ask.topology_policy, pool_source=ask.pool_source,
+                        facts=(host, worker, config),
                         pin=view.pin.keep() if view.pin is not None else None)
             held.remember_threads(applied.threads, role_cpus(plan))
             self.held[pid] = held
@@ -446,7 +448,7 @@ class Daemon(Ownership):
         return workers_answer(self, query, peer)
 
     def plan_request(self, peer: Peer, pid: int | None, request: TargetRequest | tuple[int, ...] | None,
-                     policy: str | None) -> dict[str, Any]:
+                     policy: PlanAsk | str | None) -> dict[str, Any]:
         request = TargetRequest.of(request)
         view = self.observe(peer, pid or peer.pid)
         pid = view.pid

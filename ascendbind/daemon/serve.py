@@ -87,7 +87,7 @@ FD_OVERHEAD = 256
 STOP_SECONDS = 4.0
 
 # keys a running daemon cannot change on SIGHUP
-RESTART_KEYS = ("socket", "state_dir", "metrics_listen", "socket_group", "proc_root", "sys_root")
+RESTART_KEYS = ("socket", "state_dir", "metrics_listen", "socket_group", "proc_root", "sys_root", "kubelet_root")
 
 
 class _Service:

@@ -58,7 +58,7 @@ T = TypeVar("T")
 # two seconds is room for a loaded host, and short of the API's request deadline
 READ_DEADLINE = 2.0
 # the kinds of read (the metrics' label values)
-READ_FILES = ("environ", "cmdline", "dev")
+READ_FILES = ("environ", "cmdline", "dev", "root")
 # the files of /proc/<pid> the kernel copies out of the process's memory (access_remote_vm)
 MEMORY_FILES = frozenset({"environ", "cmdline"})
 

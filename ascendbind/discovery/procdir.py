@@ -62,7 +62,10 @@ class LiveProcDir:
         self.owner: int | None = None
 
     def read(self, name: str, limit: int | None = None) -> str | None:
-        if name not in MEMORY_FILES or self.readers is None:
+        # the process's memory, and what its own mount namespace holds (under root/), may be a
+        # filesystem nobody serves: both are read on a reader with a deadline
+        kind = name if name in MEMORY_FILES else ("root" if name.startswith("root/") else None)
+        if kind is None or self.readers is None:
             return _read_capped(self.fd, name, limit)
         if self.owner is None:
             status = read_once("status", 4096, dir_fd=self.fd)
@@ -84,7 +87,7 @@ class LiveProcDir:
                 os.close(dir_fd)
 
         try:
-            return self.readers.read(name, f"/proc/{self.key}/{name}", read, worker=ascii_int(self.key),
+            return self.readers.read(kind, f"/proc/{self.key}/{name}", read, worker=ascii_int(self.key),
                                      owner=self.owner)
         finally:
             left = copy.take()  # refused at once, or left before the reader began: never read

@@ -33,6 +33,7 @@ from ..frozen import frozen_map
 from ..model import ProcessIdentity, ThreadInfo
 from .procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, cut_environ, parse_cgroup,
                      parse_environ, parse_stat, parse_status)
+from .mountinfo import MOUNTINFO_LIMIT, cgroup2_mounts, locate_cgroup
 from .pin import ProcessPin, pin_observed
 from .procdir import ProcDir, read_once
 from .sources import HostSource, path_proc_dir
@@ -186,6 +187,32 @@ def _cpuset(source: HostSource, cgroup: tuple[CgroupEntry, ...] | None) -> Cpuse
         rel = rel.rpartition("/")[0]
 
 
+def _climbed_cpuset(d: ProcDir, key: str, cg_text: str | None) -> CpusetView | None:
+    """A cgroup v2 cpuset outside this process's cgroup namespace (``0::/../...``), read through
+    the worker's own cgroup2 mount (mountinfo.py); None for any other cgroup, or when no mount
+    of the worker's holds it."""
+    if cg_text is None or "/.." not in cg_text:
+        return None
+    try:
+        where = cpuset_cgroup(parse_cgroup(cg_text, f"/proc/{key}/cgroup"))
+    except ParseError:
+        return None  # reported when the text is parsed for the view
+    if where is None or where[0] != "v2" or ".." not in where[1].split("/"):
+        return None
+    mounts = d.read("mountinfo", MOUNTINFO_LIMIT)
+    found = locate_cgroup(where[1], cgroup2_mounts(mounts)) if mounts and len(mounts) <= MOUNTINFO_LIMIT else None
+    if found is None:
+        return CpusetView("v2", where[1])
+    point, rest = found
+    # like the host's tree: a cgroup without the cpuset controller runs on its parent's CPUs
+    while True:
+        name = f"root{point.rstrip('/')}{rest}/cpuset.cpus.effective"
+        text = d.read(name, 4096)
+        if text is not None or not rest:
+            return CpusetView("v2", where[1], f"/proc/{key}/{name}", text)
+        rest = rest.rpartition("/")[0]
+
+
 def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, masks: bool = False,
                     environ: bool = True, vet: Callable[[ProcessIdentity], None] | None = None,
                     pin: bool = False) -> ProcessView:
@@ -228,6 +255,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
                 raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
             vet(identity)
         cg_text = d.read("cgroup")
+        climbed = _climbed_cpuset(d, key, cg_text)
         env_text = d.read("environ", ENVIRON_LIMIT) if environ else None
         task_views = _tasks(d, masks) if tasks else ()
         last_stat = d.read("stat") if not d.pinned and stat_text is not None else stat_text
@@ -256,7 +284,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         key=key,
         status=status,
         identity=identity,
-        cpuset=_cpuset(source, cgroup),
+        cpuset=climbed or _cpuset(source, cgroup),
         environ=frozen_map(parse_environ(env)) if env is not None else None,
         tasks=task_views,
         warnings=(f"/proc/{key}/{cut}",) if cut is not None else (),

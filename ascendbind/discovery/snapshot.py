@@ -37,6 +37,7 @@ from ..targeting import ASCEND_ENV
 from .devices import format_char_devices
 from .host import NODE_ROOT, discover_cpu_topology, discover_host
 from .irqhost import INTERRUPTS, discover_npu_irqs, msi_dir
+from .kubelet import CHECKPOINT_LIMIT, CHECKPOINT_PATH
 from .sources import HostSource, LiveHost, OneTimeoutPerTool, command_file_name
 from .worker import discover_worker
 
@@ -200,6 +201,8 @@ def _record(out_dir: str, pid: int | None, config: Config) -> SnapshotFiles:
         warnings.extend(f"no {msi_dir(i.pci)} on this host" for i in found.values()
                         if i.reason is Reason.NO_MSI_IRQS and i.pci)
     rec.read(INTERRUPTS)
+    # kubelet's CPU manager checkpoint, when this is a Kubernetes node: whether a pod's CPUs are its own
+    rec.read(CHECKPOINT_PATH, limit=CHECKPOINT_LIMIT)
     if worker is not None and pid is not None:
         # the locality check's input; without --pid the "worker" is this process,
         # whose memory map would tell a bug report nothing

@@ -11,7 +11,8 @@ tests inject a SnapshotHost instead of monkeypatching:
 
 ``argv[0]`` is the *logical* tool name ("npu-smi", "lscpu", "ps"); LiveHost maps
 "npu-smi" to the configured binary. Paths are absolute host paths ("/proc/…",
-"/sys/…"); LiveHost re-roots them under ``proc_root`` / ``sys_root`` and a
+"/sys/…", "/var/lib/kubelet/…"); LiveHost re-roots them under ``proc_root`` /
+``sys_root`` / ``kubelet_root`` and a
 SnapshotHost under its directory.
 
 Commands run with ``LC_ALL=C``, no shell and a timeout, each in a process
@@ -57,6 +58,9 @@ from ..targeting import DeviceNode
 from .deadline import MEMORY_FILES, READERS, Readers
 from .procdir import LiveProcDir, ProcDir, read_once
 from .procfs import real_uid
+
+# kubelet's state directory: the CPU manager checkpoint (discovery/kubelet.py) lives there
+_KUBELET = "/var/lib/kubelet"
 
 __all__ = ["HostSource", "LiveHost", "SnapshotHost", "OneTimeoutPerTool", "command_file_name", "is_snapshot_dir",
            "path_proc_dir", "read_parsed"]
@@ -125,6 +129,7 @@ class LiveHost:
         timeout: float = 10.0,
         proc_root: str = "/proc",
         sys_root: str = "/sys",
+        kubelet_root: str = "/var/lib/kubelet",
         readers: Readers | None = None,
     ) -> None:
         self.readers = readers if readers is not None else READERS
@@ -132,6 +137,7 @@ class LiveHost:
         self.timeout = timeout
         self.proc_root = proc_root.rstrip("/") or "/"
         self.sys_root = sys_root.rstrip("/") or "/"
+        self.kubelet_root = kubelet_root.rstrip("/") or "/"
 
     @classmethod
     def from_config(cls, config) -> LiveHost:
@@ -140,6 +146,7 @@ class LiveHost:
             timeout=config.command_timeout_seconds,
             proc_root=config.proc_root,
             sys_root=config.sys_root,
+            kubelet_root=config.kubelet_root,
         )
 
     def resolve_tool(self, name: str) -> str | None:
@@ -172,12 +179,15 @@ class LiveHost:
             return self.proc_root + path[len("/proc") :]
         if path == "/sys" or path.startswith("/sys/"):
             return self.sys_root + path[len("/sys") :]
+        if path.startswith(_KUBELET + "/"):
+            return self.kubelet_root + path[len(_KUBELET):]
         return path
 
     def read(self, path: str, limit: int | None = None) -> str | None:
         key, name = self._proc_file(path)
-        if name in MEMORY_FILES:
-            return self.readers.read(name, path, lambda: self._read(path, limit), worker=ascii_int(key),
+        if name in MEMORY_FILES or name.startswith("root/"):
+            kind = name if name in MEMORY_FILES else "root"
+            return self.readers.read(kind, path, lambda: self._read(path, limit), worker=ascii_int(key),
                                      owner=self._owner(key))
         return self._read(path, limit)
 

@@ -22,9 +22,10 @@ from ..config import Config
 from ..cpulist import format_cpulist
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..frozen import frozen_map
-from ..model import ProcessIdentity, WorkerFacts
+from ..model import PoolEvidence, ProcessIdentity, WorkerFacts
 from ..targeting import NpuEvidence
 from .deviceset import read_npu_evidence
+from .kubelet import CHECKPOINT_LIMIT, CHECKPOINT_PATH, judge_own_cpus, parse_cpu_manager_state, pod_place
 from .numa_maps import NumaResidency, parse_numa_maps
 from .process import ProcessView, check_same_process, observe_process
 from .procfs import parse_ps_te, parse_stat_start_time, parse_status
@@ -32,7 +33,7 @@ from .sources import HostSource
 from .sysfs import parse_cpulist_file
 
 __all__ = ["discover_worker", "worker_facts", "without_process_table", "read_numa_residency", "read_memory_file",
-           "check_start_time", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
+           "check_start_time", "read_pool_evidence", "UVB_COMM_PREFIX", "NUMA_MAPS_LIMIT"]
 
 # characters of numa_maps read at most. A worker with the default vm.max_map_count
 # (65530 mappings) prints about 8 MB; its owner, who may be any local user, could
@@ -171,9 +172,32 @@ def discover_worker(
         online = _online(source)
         thread_cpus = _thread_cpus(source, view)
     evidence = read_npu_evidence(source, view) if want_devices else None
-    return worker_facts(view, env_fallback=getattr(source, "meta", {}).get("env"), online=online,
-                        uvb_tids=_uvb_tids(source) if want_uvb else (), thread_cpus=thread_cpus,
-                        npu_evidence=evidence)
+    facts = worker_facts(view, env_fallback=getattr(source, "meta", {}).get("env"), online=online,
+                         uvb_tids=_uvb_tids(source) if want_uvb else (), thread_cpus=thread_cpus,
+                         npu_evidence=evidence)
+    if config.pool_source == "slice":
+        return facts
+    return dataclasses.replace(facts, pool_evidence=read_pool_evidence(source, facts))
+
+
+def read_pool_evidence(source: HostSource, worker: WorkerFacts) -> PoolEvidence:
+    """Whether the worker's cpuset is its own (discovery/kubelet.py), reading kubelet's
+    CPU manager checkpoint only for a worker in a pod's cgroup."""
+    path, cpus = worker.cpuset_path, worker.allowed_cpus
+    from_cgroup = worker.allowed_source == "cgroup"
+    if not from_cgroup or pod_place(path).pod_uid is None:
+        return judge_own_cpus(None, None, path, cpus, from_cgroup)
+    text = source.read(CHECKPOINT_PATH, limit=CHECKPOINT_LIMIT)
+    state, why = None, None
+    if text is None:
+        why = (f"{CHECKPOINT_PATH} is absent or unreadable (kubelet's CPU manager is not static there, or the "
+               "file is not mounted into the daemon)")
+    else:
+        try:
+            state = parse_cpu_manager_state(text, CHECKPOINT_PATH)
+        except ParseError as exc:
+            why = str(exc)
+    return judge_own_cpus(state, why, path, cpus, from_cgroup)
 
 
 def without_process_table(worker: WorkerFacts, why: str) -> WorkerFacts:

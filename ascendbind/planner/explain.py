@@ -8,8 +8,9 @@ config lint warnings.
 from __future__ import annotations
 
 from ..config import Config
-from ..model import HostFacts, Plan, WorkerFacts
+from ..model import HostFacts, Plan, PoolChoice, WorkerFacts
 from .alignment import PROVIDERS, NpuAlignment
+from .cpuset_pool import choose_pool_source
 from .hints import Hint, mask_text
 from .layout import cl, nodes_text
 from .lint import lint_config
@@ -51,6 +52,15 @@ def _npu_block(a: NpuAlignment, policy: TopologyPolicy) -> list[str]:
     return lines
 
 
+def _source_line(plan: Plan, config: Config, worker: WorkerFacts) -> str:
+    """Where the pools came from (``pool_source``) and the evidence for it."""
+    choice = plan.pool_source or choose_pool_source(config, worker)
+    if plan.pool_source is None and choice.source == "cpuset":
+        choice = PoolChoice("slice", choice.requested, "the plan was made by the placement rules")
+    where = "the worker's own cpuset" if choice.source == "cpuset" else "the placement rules"
+    return f"pools: {where} (pool_source {choice.requested}): {choice.evidence}"
+
+
 def explain_plan(host: HostFacts, worker: WorkerFacts, plan: Plan, config: Config) -> str:
     policy = plan.alignment.policy if plan.alignment is not None else config.topology_policy
     targets = sorted({p.npu for p in plan.npus} | {e.npu for e in plan.errors if e.npu is not None})
@@ -66,6 +76,7 @@ def explain_plan(host: HostFacts, worker: WorkerFacts, plan: Plan, config: Confi
         f"{str(config.prefer_closest_numa).lower()}, max_numa_nodes {config.max_numa_nodes}, numa_extension "
         f"{config.numa_extension}, cpu_bind_policy {config.cpu_bind_policy}",
         f"mode {plan.mode.value}" + (f" (fallback: {plan.fallback})" if plan.fallback else ""),
+        _source_line(plan, cfg, worker),
     ]
     if alignment.note:
         out.append(f"note: {alignment.note}")

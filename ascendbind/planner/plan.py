@@ -5,7 +5,8 @@ Order of work, each step in its own module:
 1. mode by device type (A3 -> global_slice, 950 -> ascend950_cluster, else
    topo_affinity, which falls back to global_slice when the host reports no
    CPU affinity at all);
-2. the seed pools (global_slice.py, topo_affinity.py, cluster950.py);
+2. the seed pools (global_slice.py, topo_affinity.py, cluster950.py), or the
+   worker's own cpuset where ``pool_source`` says so (cpuset_pool.py);
 3. NUMA alignment under ``topology_policy`` (alignment.py: hints from
    providers.py merged as in hints.py), which may rebuild a pool inside the
    merged NUMA mask or refuse the NPU; the decision lands in
@@ -25,6 +26,7 @@ from ..decisions import PlanAlignment
 from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts
 from .alignment import Alignment, align, resolve_policy
 from .cluster950 import cluster_pools
+from .cpuset_pool import choose_pool_source, cpuset_pools
 from .codes import issue
 from .global_slice import slice_pools, total_npus
 from .layout import Layout, cl
@@ -117,20 +119,27 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     device_type = effective_device_type(host, config)
     layout = Layout.build(host, worker.allowed_cpus, full_pcpus=cpu_bind_policy(config.cpu_bind_policy).whole_cores)
     mode, fallback = choose_mode(device_type, host)
+    source = choose_pool_source(config, worker)
+    own = source.source == "cpuset"
     errors: list[PlanIssue] = []
     known = set(host.logic_ids)
     wanted: list[int] = []
     for npu in sorted(set(targets)):
         # global_slice reports ids past the end itself (npu_out_of_range)
-        if npu < 0 or (known and npu not in known and mode is not Mode.GLOBAL_SLICE):
+        if npu < 0 or (known and npu not in known and (own or mode is not Mode.GLOBAL_SLICE)):
             errors.append(issue(npu, "unknown_npu",
                                 f"NPU {npu} is not a logical NPU of this host (npu-smi info -m lists "
                                 f"{cl(known)})"))
         else:
             wanted.append(npu)
 
-    seed = seed_pools(host, layout, mode, wanted, config)
-    if mode is Mode.GLOBAL_SLICE and known:
+    if own:
+        seed = SeedPools(mode)
+        seed.pools = cpuset_pools(layout, wanted)
+        seed.candidates = tuple(sorted(seed.pools))
+    else:
+        seed = seed_pools(host, layout, mode, wanted, config)
+    if mode is Mode.GLOBAL_SLICE and known and not own:
         for npu in wanted:
             if npu < seed.total and npu not in known:
                 seed.pools.pop(npu, None)
@@ -142,7 +151,7 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
 
     planned = [npu for npu in wanted if npu not in failed and npu in seed.pools]
     ctx = HintContext(host=host, worker=worker, layout=layout, config=config, mode=mode, device_type=device_type,
-                      pools=seed.pools, candidates=tuple(seed.extended))
+                      pools=seed.pools, candidates=tuple(seed.extended), own_cpuset=own)
     alignment = align(ctx, planned, topology_policy(policy))
     rebuilt = set()
     for a in alignment.npus:
@@ -179,4 +188,5 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
         errors=tuple(sorted(errors, key=lambda e: (e.npu if e.npu is not None else -1, e.code))),
         warnings=tuple(warnings),
         alignment=PlanAlignment.from_json(alignment.to_json()),
+        pool_source=source if own else None,
     ), alignment

@@ -54,6 +54,8 @@ class HintContext:
     device_type: DeviceType
     pools: dict[int, tuple[int, ...]]  # seed pools (targets; hidden candidates too in topo modes)
     candidates: Sequence[int]  # topo_affinity: NPUs that take part in the split
+    # the pools are the worker's own cpuset (pool_source): kept, or cut to a mask, like a slice
+    own_cpuset: bool = False
     device_nodes: dict[int, tuple[int, ...] | None] = field(default_factory=dict)
     members: dict[int, list[int]] = field(default_factory=dict)  # node -> candidates with a device node there
     _groups: dict = field(default_factory=dict)  # nodes -> (members, allowed CPUs), built once per plan
@@ -135,19 +137,20 @@ def cpu_hints(ctx: HintContext, npu: int) -> list[Hint]:
     layout = ctx.layout
     seed = ctx.pools.get(npu)
     hints: list[Hint] = []
-    if ctx.mode is Mode.ASCEND950_CLUSTER:
+    if ctx.mode is Mode.ASCEND950_CLUSTER and not ctx.own_cpuset:
         if seed:
             node = layout.nodes_of(seed)[0]
             hints.append(Hint(1 << node, True, 100, f"cluster {cl(seed)}"))
         return hints
-    if ctx.mode is Mode.GLOBAL_SLICE:
+    if ctx.mode is Mode.GLOBAL_SLICE or ctx.own_cpuset:
         if not seed:
             return hints
+        what = "cpuset" if ctx.own_cpuset else "slice"
         for node in layout.nodes_of(seed):
             part = tuple(c for c in seed if layout.node_of.get(c) == node)
             if ctx.valid(part):
                 hints.append(Hint(1 << node, True, max(1, len(part) * 100 // len(seed)),
-                                  f"{len(part)} of slice {cl(seed)}"))
+                                  f"{len(part)} of {what} {cl(seed)}"))
     else:
         minimum = ctx.minimum
         for node, members, member_set, total in ctx.node_table():
@@ -196,9 +199,9 @@ def _memory_hints(ctx: HintContext) -> list[Hint]:
 def build_in_mask(ctx: HintContext, npu: int, mask: int) -> tuple[int, ...]:
     nodes = nodes_in(mask)
     seed = ctx.pools.get(npu, ())
-    if ctx.mode is Mode.TOPO_AFFINITY:
+    if ctx.mode is Mode.TOPO_AFFINITY and not ctx.own_cpuset:
         return ctx.share(npu, nodes)[0]
-    if ctx.mode is Mode.GLOBAL_SLICE:
+    if ctx.mode is Mode.GLOBAL_SLICE or ctx.own_cpuset:
         keep = set(nodes)
         return tuple(c for c in seed if ctx.layout.node_of.get(c) in keep)
     return seed
@@ -214,7 +217,7 @@ def cpu_shortfall(ctx: HintContext, npu: int, nodes: Sequence[int] | None = None
     if cpu_bind_policy(ctx.config.cpu_bind_policy).whole_cores:
         need += " CPUs in whole cores"
     seed = ctx.pools.get(npu, ())
-    if ctx.mode is Mode.GLOBAL_SLICE:
+    if ctx.mode is Mode.GLOBAL_SLICE or ctx.own_cpuset:
         counts = {}
         for c in seed:
             n = layout.node_of.get(c)
@@ -226,7 +229,7 @@ def cpu_shortfall(ctx: HintContext, npu: int, nodes: Sequence[int] | None = None
         # "4 CPUs on NUMA 0 and 4 on NUMA 1": the unit once, on the first count
         first = ordered[0][1] if ordered else 0
         shown[0] = shown[0].replace(" on ", f" CPU{'s' if first != 1 else ''} on ", 1)
-        return f"cpu: slice {cl(seed)} has {and_join(shown)}, {need}"
+        return f"cpu: {'cpuset' if ctx.own_cpuset else 'slice'} {cl(seed)} has {and_join(shown)}, {need}"
     if ctx.mode is Mode.ASCEND950_CLUSTER:
         return f"cpu: cluster {cl(seed)} is on NUMA {nodes_text(layout.nodes_of(seed))}"
     parts = []

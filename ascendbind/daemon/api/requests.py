@@ -12,6 +12,7 @@ import contextlib
 import json
 import re
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ...config import CHOICES, Config
@@ -20,7 +21,7 @@ from ...model import Binding, Plan
 from ...planner.alignment import resolve_policy as planner_resolve_policy
 from ...targeting import ASCEND_ENV, TargetRequest
 
-__all__ = ["parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
+__all__ = ["PlanAsk", "parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
            "irq_owners", "evictable", "claim_npus", "recycled_is_a_conflict", "MAX_JSON_DEPTH", "PID_MAX", "NPU_MAX"]
 
 # json.loads recurses once per nesting level: a deep body must be refused before
@@ -101,11 +102,33 @@ def _env_field(body: dict) -> dict[str, str] | None:
     return env
 
 
-def parse_bind_request(body: Any) -> tuple[int | None, TargetRequest, str | None]:
-    """Validate a /v1/bind body -> (pid, what it targets, topology_policy); UsageError (400) otherwise."""
+@dataclass(frozen=True)
+class PlanAsk:
+    """What a bind or plan request asks of its plan besides the target: a ``topology_policy``
+    and a ``pool_source`` (None: the node's). ``of`` also takes a bare policy name."""
+
+    topology_policy: str | None = None
+    pool_source: str | None = None
+
+    @classmethod
+    def of(cls, value: PlanAsk | str | None) -> PlanAsk:
+        return value if isinstance(value, PlanAsk) else cls(topology_policy=value or None)
+
+
+def _choice_field(body: dict, key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and (not isinstance(value, str) or value not in CHOICES[key]):
+        raise UsageError(f"field {key!r} must be one of {', '.join(CHOICES[key])}, got {value!r:.60}",
+                         code="bad_request")
+    return value
+
+
+def parse_bind_request(body: Any) -> tuple[int | None, TargetRequest, PlanAsk]:
+    """Validate a /v1/bind body -> (pid, what it targets, what it asks of the plan); UsageError
+    (400) otherwise."""
     if not isinstance(body, dict):
         raise UsageError("the body must be a JSON object", code="bad_request")
-    unknown = sorted(set(body) - {"pid", "npu", "device_index", "env", "topology_policy"})
+    unknown = sorted(set(body) - {"pid", "npu", "device_index", "env", "topology_policy", "pool_source"})
     if unknown:
         raise UsageError(f"unknown field(s): {', '.join(k[:40] for k in unknown[:8])}", code="bad_request")
     pid = _int_field(body, "pid", minimum=1)
@@ -124,13 +147,8 @@ def parse_bind_request(body: Any) -> tuple[int | None, TargetRequest, str | None
     index = _int_field(body, "device_index", minimum=0)
     if npus is not None and index is not None:
         raise UsageError("name either 'npu' or 'device_index', not both", code="bad_request")
-    policy = body.get("topology_policy")
-    if policy is not None and (not isinstance(policy, str) or policy not in CHOICES["topology_policy"]):
-        raise UsageError(
-            f"field 'topology_policy' must be one of {', '.join(CHOICES['topology_policy'])}, got {policy!r:.60}",
-            code="bad_request",
-        )
-    return pid, TargetRequest(npus=npus, device_index=index, env=_env_field(body)), policy
+    ask = PlanAsk(_choice_field(body, "topology_policy"), _choice_field(body, "pool_source"))
+    return pid, TargetRequest(npus=npus, device_index=index, env=_env_field(body)), ask
 
 
 def alignment_of(plan: Plan) -> tuple[bool, str | None]:
@@ -214,11 +232,27 @@ def outcome_of_error(exc: BaseException) -> str:
     return "failed"
 
 
-def resolve_policy(request_policy: str | None, config: Config) -> Config:
+def resolve_policy(ask: PlanAsk | str | None, config: Config) -> Config:
     """Koordinator precedence: request > node config > default; both set and different -> 409.
 
-    The rule is the planner's (planner/alignment.py); this returns the Config to plan with
-    (``config`` itself when the policy is already its own: no copy per request).
+    The rule is the planner's (planner/alignment.py) for the topology policy, and the same
+    for the pool source: a node that names its ``pool_source`` decides it, and a request may
+    only repeat it (409 ``policy_mismatch`` otherwise). Returns the Config to plan with
+    (``config`` itself when nothing changes: no copy per request).
     """
-    policy = planner_resolve_policy(request_policy, config)
-    return config if policy == config.topology_policy else config.replace(topology_policy=policy)
+    ask = PlanAsk.of(ask)
+    policy = planner_resolve_policy(ask.topology_policy, config)
+    changes: dict[str, str] = {}
+    if policy != config.topology_policy:
+        changes["topology_policy"] = policy
+    source = ask.pool_source
+    if source is not None and source != config.pool_source:
+        if source not in CHOICES["pool_source"]:
+            raise UsageError(f"pool_source must be one of {', '.join(CHOICES['pool_source'])}; got {source!r:.60}",
+                             code="bad_request")
+        if "pool_source" in config.explicit:
+            raise Conflict(f"the request asks for pool_source {source} but this node is configured with "
+                           f"{config.pool_source}; a request may only repeat the node's pool source (drop it from "
+                           "the request or change the node config)", code="policy_mismatch")
+        changes["pool_source"] = source
+    return config.replace(**changes) if changes else config

@@ -86,9 +86,9 @@ def _plan_query(query: str):
         raise UsageError(f"bad query string: {str(exc)[:100]}", code="bad_request") from None
     body: dict = {}
     for key, values in q.items():
-        if key not in ("pid", "npu", "device_index", "topology_policy"):
+        if key not in ("pid", "npu", "device_index", "topology_policy", "pool_source"):
             raise UsageError(f"unknown query parameter {key[:40]!r}", code="bad_request")
-        if key == "topology_policy":
+        if key in ("topology_policy", "pool_source"):
             body[key] = values[-1]
             continue
         if not all(v.isascii() and v.isdigit() and len(v) <= 12 for v in values):

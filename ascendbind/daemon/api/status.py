@@ -101,7 +101,7 @@ def explain_held(daemon, h) -> str:
     target = require_identity(b.pid, daemon.config.proc_root)
     if not daemon.still_bound(h, target.start_time):
         raise ProcessGone(f"process {b.pid} is no longer the bound worker (pid reused)", code="not_bound")
-    config, host, worker = daemon._request_facts(target, b.npus, h.policy)
+    config, host, worker = daemon._request_facts(target, b.npus, h.ask)
     worker = daemon._first_allowance(worker, h)
     return ("note: this binding predates the daemon's start; the facts below were read now, the plan is the "
             "one bound\n" + explain_plan(host, worker, b.plan, config))

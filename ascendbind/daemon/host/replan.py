@@ -45,7 +45,7 @@ def rediscover_and_replan(daemon) -> dict:
             continue
         try:
             # the worker's facts are read outside the lock (for a 950, ps -Te runs)
-            config = resolve_policy(h.policy, daemon.config)
+            config = resolve_policy(h.ask, daemon.config)
             worker = discover_worker(daemon.hosts.source, pid, config,
                                      want_uvb=host.device_type is DeviceType.A950)
             if not daemon.still_bound(h, worker.start_time):

@@ -23,7 +23,7 @@ from typing import Any
 from ...cpulist import format_cpulist, parse_cpulist
 from ...frozen import frozen_map
 from ...decisions import IrqBinding, PlanAlignment
-from ...model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, PlanIssue, StepResult
+from ...model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, PlanIssue, PoolChoice, StepResult
 from ...reasons import Outcome, Reason, Step
 
 __all__ = ["binding_to_json", "binding_from_json", "binding_from_v1"]
@@ -63,6 +63,8 @@ def _plan_record(p: Plan) -> dict[str, Any]:
         out["alignment"] = al
     if p.warnings:
         out["warnings"] = [w.to_json() for w in p.warnings]
+    if p.pool_source is not None:
+        out["pool_source"] = p.pool_source.to_json()
     return out
 
 
@@ -79,6 +81,7 @@ def _plan_from_record(d: Mapping[str, Any]) -> Plan:
         uvb_tids=tuple(int(t) for t in uvb.get("tids", ())),
         warnings=tuple(PlanIssue(w["npu"], w["code"], w["reason"]) for w in d.get("warnings", ())),
         alignment=PlanAlignment.from_json(d["alignment"]) if d.get("alignment") else None,
+        pool_source=PoolChoice.from_json(d["pool_source"]) if d.get("pool_source") else None,
     )
 
 

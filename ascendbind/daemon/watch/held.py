@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...applier.affinity import role_of
+from ...config import CHOICES
 from ...cpulist import format_cpulist
 from ...discovery.pin import ProcessPin
 from ...discovery.numa_maps import NumaResidency
@@ -20,7 +21,7 @@ from ...frozen import plain
 from ...model import Binding
 from ...reasons import Step
 from .lifecycle import Record
-from ..api.requests import alignment_of
+from ..api.requests import PlanAsk, alignment_of
 from ..state.staterecord import binding_to_json
 from ..state.state import encode_record
 
@@ -49,7 +50,7 @@ class Held:
 
     binding: Binding
     bound_at: float
-    policy: str | None = None
+    policy: str | None = None  # the request's topology_policy, None: the node's
     threads: dict[int, SeenThread] = field(default_factory=dict)  # tid -> mask/role we set or accepted
     reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
     irq_reasserts: deque = field(default_factory=deque)
@@ -81,8 +82,15 @@ class Held:
     # bound, whatever the number names now; None where no pidfd can be had. Closed by the
     # daemon when the record leaves the held table (``close``).
     pin: ProcessPin | None = field(default=None, repr=False, compare=False)
+    # the request's pool_source, None: the node's
+    pool_source: str | None = None
     # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
     _saved: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ask(self) -> PlanAsk:
+        """What the bind request asked of its plan, for planning it again."""
+        return PlanAsk(self.policy, self.pool_source)
 
     def close(self) -> None:
         """Let go of the worker's pidfd: the record has left the held table."""
@@ -110,7 +118,8 @@ class Held:
 
     def state_json(self) -> dict[str, Any]:
         """What the state file keeps beside the binding, so a restart remembers the verdicts."""
-        return {"bound_at": self.bound_at, "topology_policy": self.policy, "culprit": self.culprit,
+        return {"bound_at": self.bound_at, "topology_policy": self.policy, "pool_source": self.pool_source,
+                "culprit": self.culprit,
                 "blame": self.blame, "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
                 "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
                 "irqs_left_alone_why": self.irqs_left_alone_why,
@@ -137,6 +146,8 @@ class Held:
             return v[:2000] if isinstance(v, str) else None
 
         h = cls(binding, float(raw.get("bound_at") or now), raw.get("topology_policy"))
+        source = raw.get("pool_source")
+        h.pool_source = source if source in CHOICES["pool_source"] else None
         # "unknown" was the label before blame needed evidence: it meant "no evidence"
         h.culprit = "external" if raw.get("culprit") == "unknown" else text("culprit")
         h.irq_culprit = text("irq_culprit")
@@ -160,6 +171,7 @@ class Held:
             "npus": list(b.npus),
             "bound_at": self.bound_at,
             "topology_policy": self.policy,
+            "pool_source": self.pool_source,
             "outcome": "aligned" if aligned else "unaligned",
             "alignment": {"aligned": aligned, "policy": al.policy if al else None, "failure": failure,
                           "reason": al.reason if al and not aligned else None},
