@@ -6,6 +6,7 @@ shows, and an arm64 userland (tests/arm64_image.py builds and caches it).
     python -m tests.arm64_guest                      # the arm64 tests (tests/numa/test_kunpeng920.py)
     python -m tests.arm64_guest --repeat 3
     python -m tests.arm64_guest -- python3 -m ascendbind.cli plan --npu 0
+    python -m tests.arm64_guest -- --pytest 1 tests/test_applier_memory.py    # other tests, in one boot
 
 The checkout is shared read-only over virtio-9p at its own path; a second share,
 read-write, carries the request in (argv, environment) and the results out: the
@@ -40,6 +41,7 @@ NODE_MEMORY_MIB = 512
 # neighbour (0, 16) is not its next node (2, 25)
 DISTANCES = ((10, 16, 32, 33), (16, 10, 25, 32), (32, 25, 10, 16), (33, 32, 16, 10))
 TESTS = ("tests/numa/test_kunpeng920.py",)
+PYTEST = "--pytest"  # a request's argv[0] that asks inside() for pytest: [PYTEST, repeat, *tests]
 QEMU = "qemu-system-aarch64"
 
 
@@ -49,6 +51,14 @@ def why_not() -> str | None:
     if arm64_image.cached() is None and arm64_image.why_not():
         missing.append(arm64_image.why_not())
     return None if not missing else "cannot boot the arm64 guest: missing " + ", ".join(missing)
+
+
+def build_quietly() -> None:
+    """The image, built ahead of the guest's turn; a failure shows when the guest builds it."""
+    try:
+        arm64_image.build(log=lambda line: None)
+    except Exception:
+        pass
 
 
 def qemu_argv(image: str, out_dir: str) -> list[str]:
@@ -77,9 +87,15 @@ def run_in_guest(command: list[str], *, out_dir: str, timeout: float = 1200.0,
     ``NUMA_GUEST_TOPOLOGY=kunpeng920`` set; ``out_dir`` is writable from the guest and
     gets ``rc`` (the command's exit status) and ``times.json``."""
     manifest = arm64_image.build(log=log)
-    # the checkout is read-only there: its bytecode goes to the guest's /tmp, made once a boot
-    request = {"argv": command, "env": {GUEST_ENV: NAME, "NUMA_GUEST_OUT": "/out", "PYTHONPYCACHEPREFIX": "/tmp/pycache",
-                                        "PYTHONPATH": ROOT, "HOME": "/tmp", **(env or {})}}
+    # the checkout is read-only there: its bytecode is compiled here (seconds, where the guest
+    # takes a minute) into the writable share, where the guest adds what is missing
+    pycache = os.path.join(out_dir, "pycache")
+    if sys.version_info[:2] == (3, 11):  # the guest's Python: bytecode is the same on every architecture
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "ascendbind", "tests", "fixtures/bin"],
+                       cwd=ROOT, env={**os.environ, "PYTHONPYCACHEPREFIX": pycache}, capture_output=True)
+    guest_env = {GUEST_ENV: NAME, "NUMA_GUEST_OUT": "/out", "PYTHONPYCACHEPREFIX": "/out/pycache", "PYTHONPATH": ROOT,
+                 "HOME": "/tmp"}
+    request = {"argv": command, "env": {**guest_env, **(env or {})}}
     with open(os.path.join(out_dir, "request.json"), "w") as fh:
         json.dump(request, fh)
     with open(os.path.join(out_dir, "src"), "w") as fh:
@@ -136,11 +152,16 @@ def kill_all() -> None:
 def pytest_in_guest(*, out_dir: str, repeat: int = 1, timeout: float = 1800.0, tests: tuple[str, ...] = TESTS,
                     log=lambda line: None) -> tuple[list[JunitResult], subprocess.CompletedProcess]:
     """The arm64 tests, ``repeat`` times in one boot; one JUnit result per run."""
-    argv = ["/usr/bin/python3.11", "-m", "tests.arm64_guest", "--pytest", "--repeat", str(repeat), *tests]
-    proc = run_in_guest(argv, out_dir=out_dir, timeout=timeout, log=log)
+    # run by inside() itself: each interpreter started costs tens of seconds there
+    proc = run_in_guest([PYTEST, str(repeat), *tests], out_dir=out_dir, timeout=timeout, log=log)
     results = [read_junit(p) for p in (os.path.join(out_dir, f"junit-{NAME}-{i}.xml") for i in range(repeat))
                if os.path.exists(p)]
     return results, proc
+
+
+def _uptime() -> str:
+    with open("/proc/uptime") as fh:
+        return fh.read().split()[0]
 
 
 def inside() -> None:
@@ -148,21 +169,32 @@ def inside() -> None:
     with open("/out/request.json") as fh:
         req = json.load(fh)
     os.environ.update(req["env"])
+    sys.pycache_prefix = os.environ.get("PYTHONPYCACHEPREFIX")  # read at each import, set at start only
+    os.chdir(ROOT)
+    argv = req["argv"]
+    print(f"arm64 guest: command starts at {_uptime()} s", flush=True)
     try:
-        rc = subprocess.run(req["argv"], cwd=ROOT).returncode
+        rc = _pytest(int(argv[1]), argv[2:]) if argv[0] == PYTEST else subprocess.run(argv).returncode
     except OSError as exc:
-        print(f"arm64 guest: cannot run {req['argv']}: {exc}", flush=True)
+        print(f"arm64 guest: cannot run {argv}: {exc}", flush=True)
         rc = 127
+    print(f"arm64 guest: command ended at {_uptime()} s", flush=True)
     with open("/out/rc", "w") as fh:
         fh.write(str(rc))
 
 
 def _pytest(repeat: int, tests: list[str]) -> int:
+    """The first run in this interpreter, any further ones each in a new one (pytest does
+    not run twice in one process)."""
+    import pytest
+
     rc = 0
     for i in range(repeat):
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5",
-                            "--junitxml", f"/out/junit-{NAME}-{i}.xml", *tests], cwd=ROOT)
-        rc = rc or r.returncode
+        args = ["-q", "-p", "no:cacheprovider", "--durations=5", "--junitxml", f"/out/junit-{NAME}-{i}.xml", *tests]
+        if i == 0:
+            rc = int(pytest.main(args))
+        else:
+            rc = rc or subprocess.run([sys.executable, "-m", "pytest", *args]).returncode
     return rc
 
 
@@ -176,14 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--out", help="keep what the guest writes (JUnit XML, lscpu outputs) in this directory")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # PID 1's command
-    ap.add_argument("--pytest", action="store_true", help=argparse.SUPPRESS)  # in the guest: run the tests
     ap.add_argument("command", nargs="*", help="a command to run instead of the tests (after --)")
     args = ap.parse_args(argv)
     if args.inside:
         inside()
         return 0
-    if args.pytest:
-        return _pytest(args.repeat, args.command or list(TESTS))
     why = why_not()
     if why:
         print(why, file=sys.stderr)

@@ -17,6 +17,7 @@ pins, the init script); any change builds a new one, and the old ones are remove
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import json
@@ -75,10 +76,12 @@ mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 ip link set lo up
 while read -r ko; do insmod "$ko"; done < /etc/guest-modules
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out || { echo "arm64 guest: no /out share"; poweroff -f; }
+share() { mount -t 9p -o "trans=virtio,version=9p2000.L,msize=512000$3" "$1" "$2" || {
+    echo "arm64 guest: cannot mount the $1 share"; poweroff -f; }; }
+share out /out
 src=$(cat /out/src)
 mkdir -p "$src"
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro src "$src" || { echo "arm64 guest: no source share"; poweroff -f; }
+share src "$src" ,ro
 cd "$src"
 echo "arm64 guest: up after $(cut -d' ' -f1 /proc/uptime) s"
 /usr/bin/python3.11 -m tests.arm64_guest --inside
@@ -258,6 +261,14 @@ def build(cache: str = CACHE, log=print) -> dict:
     if have is not None:
         return have
     os.makedirs(cache, exist_ok=True)
+    # one build at a time (a test session starts it early on a thread of its own, a guest
+    # waits for it; two sessions share the cache): the second finds the first's image
+    with open(os.path.join(cache, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return cached(cache) or _build(cache, log)
+
+
+def _build(cache: str, log) -> dict:
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix="build-", dir=cache)
     try:
@@ -288,8 +299,9 @@ def build(cache: str = CACHE, log=print) -> dict:
         os.makedirs(os.path.join(root, "etc"), exist_ok=True)
         with open(os.path.join(root, "etc/guest-modules"), "w") as fh:
             fh.write("".join(m + "\n" for m in modules))
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"),
-                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n"), ("etc/hostname", "arm64-guest\n")):
+        passwd = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+        for name, text in (("etc/passwd", passwd), ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+                           ("etc/hostname", "arm64-guest\n")):
             with open(os.path.join(root, name), "w") as fh:
                 fh.write(text)
         os.symlink("python3.11", os.path.join(root, "usr/bin/python3"))

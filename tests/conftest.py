@@ -133,6 +133,10 @@ def pytest_collection_finish(session):
     if any(item.name.startswith(ARM64_GUEST_TEST) for item in guests) and arm64_guest.why_not() is None:
         names.append(arm64_guest.NAME)
         runners[arm64_guest.NAME] = arm64_guest.pytest_in_guest
+        # its image (downloads, mostly waiting on the network) is built meanwhile, not in turn
+        import threading
+
+        threading.Thread(target=arm64_guest.build_quietly, name="arm64-image", daemon=True).start()
     if not names:
         return
     import tempfile
