@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more
 test: install
 	$(BIN)/python -m pytest -q
 
@@ -23,8 +24,8 @@ test-numa: install
 	$(BIN)/python -m tests.numa_guest
 
 # the target architecture: Debian's arm64 kernel under qemu-system-aarch64 with a Kunpeng 920's
-# four NUMA nodes and an arm64 userland (tests/arm64_guest.py; make test runs it too, through
-# tests/test_numa_guest.py). Its image is built once, without emulation, and cached in
+# four NUMA nodes and an arm64 userland (tests/arm64_guest.py; `make test ARM64_GUEST=1` runs it
+# too, through tests/test_numa_guest.py). Its image is built once, without emulation, and cached in
 # ~/.cache/ascendbind-arm64 (ARM64_CACHE), rebuilt when tests/arm64_image.py changes.
 test-arm64: install
 	$(BIN)/python -m tests.arm64_guest

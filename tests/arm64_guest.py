@@ -45,6 +45,14 @@ PYTEST = "--pytest"  # a request's argv[0] that asks inside() for pytest: [PYTES
 QEMU = "qemu-system-aarch64"
 
 
+OPT_IN = "ARM64_GUEST"
+
+
+def wanted() -> bool:
+    """Whether the test suite runs the arm64 guest (``ARM64_GUEST=1``; make test-arm64 always does)."""
+    return os.environ.get(OPT_IN) == "1"
+
+
 def why_not() -> str | None:
     """None when the guest can boot here (building its image if need be), else what is missing."""
     missing = [] if shutil.which(QEMU) else [f"{QEMU} (Debian qemu-system-arm)"]

@@ -130,7 +130,8 @@ def pytest_collection_finish(session):
         names = sorted({item.callspec.params["name"] for item in guests if hasattr(item, "callspec")})
     runners = {}
     # the arm64 guest after the x86 ones, on the same thread: guests are CPU-bound emulation
-    if any(item.name.startswith(ARM64_GUEST_TEST) for item in guests) and arm64_guest.why_not() is None:
+    if (any(item.name.startswith(ARM64_GUEST_TEST) for item in guests) and arm64_guest.wanted()
+            and arm64_guest.why_not() is None):
         names.append(arm64_guest.NAME)
         runners[arm64_guest.NAME] = arm64_guest.pytest_in_guest
         # its image (downloads, mostly waiting on the network) is built meanwhile, not in turn
