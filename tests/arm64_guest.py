@@ -95,13 +95,12 @@ def run_in_guest(command: list[str], *, out_dir: str, timeout: float = 1200.0,
     ``NUMA_GUEST_TOPOLOGY=kunpeng920`` set; ``out_dir`` is writable from the guest and
     gets ``rc`` (the command's exit status) and ``times.json``."""
     manifest = arm64_image.build(log=log)
-    # the checkout is read-only there: its bytecode is compiled here (seconds, where the guest
-    # takes a minute) into the writable share, where the guest adds what is missing
-    pycache = os.path.join(out_dir, "pycache")
+    # the checkout is read-only there: its bytecode is compiled here, in place (seconds, where
+    # each interpreter in the guest would take tens of them), valid there as it is here
     if sys.version_info[:2] == (3, 11):  # the guest's Python: bytecode is the same on every architecture
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "ascendbind", "tests", "fixtures/bin"],
-                       cwd=ROOT, env={**os.environ, "PYTHONPYCACHEPREFIX": pycache}, capture_output=True)
-    guest_env = {GUEST_ENV: NAME, "NUMA_GUEST_OUT": "/out", "PYTHONPYCACHEPREFIX": "/out/pycache", "PYTHONPATH": ROOT,
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "ascendbind", "tests"], cwd=ROOT,
+                       capture_output=True)
+    guest_env = {GUEST_ENV: NAME, "NUMA_GUEST_OUT": "/out", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": ROOT,
                  "HOME": "/tmp"}
     request = {"argv": command, "env": {**guest_env, **(env or {})}}
     with open(os.path.join(out_dir, "request.json"), "w") as fh:
@@ -177,7 +176,6 @@ def inside() -> None:
     with open("/out/request.json") as fh:
         req = json.load(fh)
     os.environ.update(req["env"])
-    sys.pycache_prefix = os.environ.get("PYTHONPYCACHEPREFIX")  # read at each import, set at start only
     os.chdir(ROOT)
     argv = req["argv"]
     print(f"arm64 guest: command starts at {_uptime()} s", flush=True)
