@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-numa test-systemd test-stress run lint bench clean install-service install-completion
+.PHONY: install test test-numa test-arm64 test-systemd test-stress run lint bench clean install-service install-completion
 
 install: $(STAMP)
 
@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more
 test: install
 	$(BIN)/python -m pytest -q
 
@@ -21,6 +22,13 @@ test: install
 # machine's kernel (make test runs them too, through tests/test_numa_guest.py)
 test-numa: install
 	$(BIN)/python -m tests.numa_guest
+
+# the target architecture: Debian's arm64 kernel under qemu-system-aarch64 with a Kunpeng 920's
+# four NUMA nodes and an arm64 userland (tests/arm64_guest.py; `make test ARM64_GUEST=1` runs it
+# too, through tests/test_numa_guest.py). Its image is built once, without emulation, and cached in
+# ~/.cache/ascendbind-arm64 (ARM64_CACHE), rebuilt when tests/arm64_image.py changes.
+test-arm64: install
+	$(BIN)/python -m tests.arm64_guest
 
 # The units under this machine's systemd as PID 1 (booted with systemd-nspawn; root). `make test`
 # runs them too. The checkout is installed for them into .venv/opt-ascendbind (the /opt/ascendbind

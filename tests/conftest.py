@@ -112,6 +112,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 NUMA_GUEST_TESTS = "tests/test_numa_guest.py"
+ARM64_GUEST_TEST = "test_the_arm64_tests_pass"
 _numa_guests = None  # tests/numa_guest.py's Background run, while the session has one
 
 
@@ -119,24 +120,39 @@ def pytest_collection_finish(session):
     """Start the NUMA guests now, in the background: a guest is software emulation, mostly
     CPU, while the host's tests mostly wait on real processes and the kernel."""
     global _numa_guests
-    names = sorted({item.callspec.params["name"] for item in session.items
-                    if item.nodeid.startswith(NUMA_GUEST_TESTS) and hasattr(item, "callspec")})
-    if not names or session.config.option.collectonly:
+    if session.config.option.collectonly:
         return
-    from tests import numa_guest
+    from tests import arm64_guest, numa_guest
 
-    if numa_guest.why_not() is not None:
-        return  # the tests say why (and fail in CI)
+    guests = [item for item in session.items if item.nodeid.startswith(NUMA_GUEST_TESTS)]
+    names = []
+    if numa_guest.why_not() is None:  # else the tests say why (and fail in CI)
+        names = sorted({item.callspec.params["name"] for item in guests if hasattr(item, "callspec")})
+    runners = {}
+    # the arm64 guest after the x86 ones, on the same thread: guests are CPU-bound emulation
+    if (any(item.name.startswith(ARM64_GUEST_TEST) for item in guests) and arm64_guest.wanted()
+            and arm64_guest.why_not() is None):
+        names.append(arm64_guest.NAME)
+        runners[arm64_guest.NAME] = arm64_guest.pytest_in_guest
+        # its image (downloads, mostly waiting on the network) is built meanwhile, not in turn
+        import threading
+
+        threading.Thread(target=arm64_guest.build_quietly, name="arm64-image", daemon=True).start()
+    if not names:
+        return
     import tempfile
 
     base = tempfile.mkdtemp(prefix="numa-guests-")
-    _numa_guests = numa_guest.Background(names, base)
+    _numa_guests = numa_guest.Background(names, base, runners=runners)
 
 
 def pytest_sessionfinish(session, exitstatus):
     if _numa_guests is not None:
         import shutil
 
+        from tests import arm64_guest
+
+        arm64_guest.kill_all()
         _numa_guests.stop()
         shutil.rmtree(_numa_guests.base_dir, ignore_errors=True)
 

@@ -32,6 +32,9 @@ from ascendbind.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_BIN = ROOT / "fixtures" / "bin"
+# in a QEMU guest (tests/numa_guest.py, tests/arm64_guest.py) Python runs tens of times
+# slower than on a host: the waits for a daemon's answers stretch by as much
+PATIENCE = 40.0 if os.environ.get("NUMA_GUEST_TOPOLOGY") else 1.0
 
 
 def free_port() -> int:
@@ -67,7 +70,7 @@ class DaemonProc:
         self.argv = argv or [sys.executable, "-m", "ascendbind.cli", "serve"]
         self.log_path = os.path.join(directory, f"daemon-{time.monotonic_ns()}.log")
         self.proc: subprocess.Popen | None = None
-        self.client = Client(self.sock, timeout=30)
+        self.client = Client(self.sock, timeout=30 * PATIENCE)
 
     def start(self, *, wait: bool = True) -> DaemonProc:
         self._log = open(self.log_path, "w")
@@ -77,7 +80,7 @@ class DaemonProc:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 15.0) -> None:
+    def wait_ready(self, timeout: float = 15.0 * PATIENCE) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -89,7 +92,7 @@ class DaemonProc:
                 time.sleep(0.05)
         raise RuntimeError(f"daemon did not answer within {timeout}s:\n{self.log()}")
 
-    def wait_discovered(self, timeout: float = 15.0) -> None:
+    def wait_discovered(self, timeout: float = 15.0 * PATIENCE) -> None:
         assert wait_for(lambda: self.client.health()["discovery"] == "ok", timeout), self.log()
 
     @property
@@ -108,7 +111,7 @@ class DaemonProc:
             return ""
 
     def curl(self, method: str, path: str, body=None, *, raw: bytes | None = None,
-             prefix: list[str] | None = None, timeout: float = 30) -> tuple[int, dict | str]:
+             prefix: list[str] | None = None, timeout: float = 30 * PATIENCE) -> tuple[int, dict | str]:
         """One request through ``curl --unix-socket``; returns (HTTP status, JSON body or text)."""
         argv = [*(prefix or []), "curl", "-sS", "--max-time", str(timeout), "--unix-socket", self.sock,
                 "-X", method, "-o", "-", "-w", "\n%{http_code}"]
@@ -143,7 +146,7 @@ class DaemonProc:
 
 
 @contextlib.contextmanager
-def running_daemon(directory: str, *, ready_timeout: float = 15.0, **extra_env: str) -> Iterator[DaemonProc]:
+def running_daemon(directory: str, *, ready_timeout: float = 15.0 * PATIENCE, **extra_env: str) -> Iterator[DaemonProc]:
     env = base_env(os.path.join(directory, "ascendbind.sock"), os.path.join(directory, "state"), free_port(),
                    **extra_env)
     d = DaemonProc(directory, env)

@@ -369,6 +369,24 @@ def test_lscpu_summary_fixture_and_this_machine():
     assert real.cpu_count == os.cpu_count() and real.threads_per_core >= 1
 
 
+def _arm64_guest(name: str) -> str:
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "arm64-guest",
+                           f"{name}.txt")) as fh:
+        return fh.read()
+
+
+def test_lscpu_of_a_real_arm64_kernel_with_four_nodes_and_a_cluster_column():
+    # what Debian's arm64 kernel prints in the arm64 guest (tests/arm64_guest.py): a CLUSTER
+    # column and no SOCKET one in lscpu -e; "Socket(s): -" and "Cluster(s)" in lscpu
+    cpus = parse_lscpu_e(_arm64_guest("lscpu_-e"))
+    assert [(c.cpu, c.node, c.core, c.online) for c in cpus] == [(k, k // 2, k, True) for k in R(8)]
+    assert all(c.socket is None for c in cpus)
+    s = parse_lscpu(_arm64_guest("lscpu"))
+    assert (s.architecture, s.cpu_count, s.threads_per_core, s.numa_node_count) == ("aarch64", 8, 1, 4)
+    assert s.online_cpus == frozenset(R(8))
+    assert dict(s.numa_cpus) == {n: frozenset({2 * n, 2 * n + 1}) for n in R(4)}
+
+
 def test_lscpu_summary_malformed():
     text = "Architecture:        aarch64\nThread(s) per core:  two\n"
     parse_error(parse_lscpu, text, source="lscpu", line=2)

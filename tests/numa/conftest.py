@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 
 import pytest
@@ -25,7 +26,7 @@ def numa_guest():
     """The topology the guest was booted with, checked against the kernel's own view."""
     name = os.environ.get(GUEST_ENV)
     assert name, "tests/numa/ runs in the NUMA guest: make test-numa (python -m tests.numa_guest)"
-    want = {"2node": 2, "4node": 4}[name]
+    want = {"2node": 2, "4node": 4, "kunpeng920": 4}[name]
     assert len(online_nodes()) == want, f"the {name} guest shows nodes {online_nodes()}"
     return name
 
@@ -86,3 +87,16 @@ def recorded_npu_smi(directory: str, npus: int, affinity: str) -> str:
         fh.write(REPLAY.format(dir=directory))
     os.chmod(path, 0o755)
     return path
+
+
+def plan_json(npu_env: dict[str, str], *flags: str) -> dict:
+    """``ascendbind plan --npu 0`` as JSON, in this process (its imports are loaded already:
+    a new interpreter costs half a minute in a guest)."""
+    from ascendbind.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with environ({**npu_env, "ASCENDBIND_CONFIG": ""}), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        code = main(["plan", "--npu", "0", "--small-pool", "share", "--format", "json", *flags])
+    assert code == 0, err.getvalue()
+    return json.loads(out.getvalue())

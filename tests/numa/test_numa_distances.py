@@ -6,16 +6,13 @@ from the distances discovery reads off this kernel's sysfs."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 
 import pytest
 
 from tests.daemon_harness import running_daemon, wait_for
 from tests.memworker_client import mem_worker
-from tests.numa.conftest import environ, recorded_npu_smi
+from tests.numa.conftest import plan_json, recorded_npu_smi
 from tests.workers import cpus_allowed_of
 
 SLOW = 600.0
@@ -27,26 +24,14 @@ def npu_env(tmp_path_factory):
     return {"ASCENDBIND_NPU_SMI": recorded_npu_smi(str(tmp_path_factory.mktemp("npu-smi")), 1, "0-1")}
 
 
-def _plan(npu_env, *flags: str) -> dict:
-    # in this process (its imports are loaded already: a new interpreter costs half a minute here)
-    from ascendbind.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with environ({**npu_env, "ASCENDBIND_CONFIG": ""}), contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(err):
-        code = main(["plan", "--npu", "0", "--small-pool", "share", "--format", "json", *flags])
-    assert code == 0, err.getvalue()
-    return json.loads(out.getvalue())
-
-
 def test_the_kernels_distances_are_the_guests():
     with open("/sys/devices/system/node/node0/distance") as fh:
         assert fh.read().split() == ["10", "30", "12", "40"]
 
 
 def test_the_extension_follows_the_kernels_distances(npu_env):
-    nxt = _plan(npu_env, "--numa-extension", "next")["npus"]["0"]
-    closest = _plan(npu_env, "--numa-extension", "closest")["npus"]["0"]
+    nxt = plan_json(npu_env, "--numa-extension", "next")["npus"]["0"]
+    closest = plan_json(npu_env, "--numa-extension", "closest")["npus"]["0"]
     assert nxt["numa_nodes"] == [0, 1] and nxt["pool"] == [0, 1, 2, 3]
     assert closest["numa_nodes"] == [0, 2] and closest["pool"] == [0, 1, 4, 5]
 
