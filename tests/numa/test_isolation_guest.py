@@ -187,9 +187,9 @@ def test_irqs_under_a_neighbour_no_other_irq_and_no_daemon_thread_on_the_workers
         moved = {k[4:] for k in changed(masks) if k.startswith("irq:")}
         assert moved, "no IRQ of the guest was moved"
         # x86 moves an IRQ when it next fires: one round first, so the counts read the new masks
-        busy_devices(work, 20)
+        busy_devices(work, 5)
         before = irq_counts()
-        busy_devices(work, 200)
+        busy_devices(work, 30)
         after = irq_counts()
         # the guest's devices interrupted, and never on the worker's CPUs
         elsewhere = fired(before, after, moved, sorted(set(range(len(after[next(iter(after))]))) - protected))
@@ -240,9 +240,9 @@ def test_host_under_a_neighbour_moves_its_threads_and_a_late_ones_off_the_worker
             assert wait_for(lambda: not any(c & protected for c in task_cpus(late).values()), SLOW), task_cpus(late)
         finally:
             stopped(late)
-        busy_devices(work, 20)
+        busy_devices(work, 5)
         before = irq_counts()
-        busy_devices(work, 100)
+        busy_devices(work, 20)
         moved = {k[4:] for k in changed(masks) if k.startswith("irq:")}
         assert fired(before, irq_counts(), moved, sorted(protected)) == 0
         assert d.curl("POST", "/v1/release", {"pid": w.pid})[0] == 200
