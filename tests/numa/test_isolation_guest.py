@@ -9,6 +9,11 @@ the guest's own devices are kept busy, the daemon's threads' masks in
 every mask back byte for byte. At ``host`` the neighbour's threads, those of a
 neighbour started after the bind too, leave those CPUs and come back on release.
 
+Not in the suite's guest run: under emulation, with every vCPU busy, each daemon
+start takes minutes and the file as a whole some half an hour. Run it by hand:
+
+    .venv/bin/python -m tests.numa_guest --topology 2node -- .venv/bin/python -m pytest -q tests/numa/test_isolation_guest.py
+
 At ``host`` this test process names itself ``guest_test`` and is exempt
 (``isolation_exempt``): the level would move it too, and what it starts would
 inherit the narrowed mask instead of being moved.
