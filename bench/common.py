@@ -1,4 +1,5 @@
-"""Small helpers the benches share: the machine's description and --json output."""
+"""Small helpers the benches share: the machine's description, --json output and a run in
+the two-node guest."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 
 def cpu_model() -> str:
@@ -51,3 +54,24 @@ def write_json(path: str | None, payload: dict) -> None:
         return
     with open(path, "w") as fh:
         json.dump(payload, fh, indent=1)
+
+
+def results_from_guest(argv: Callable[[str], list[str]], result: str, *, timeout: float = 3600) -> dict | None:
+    """Boot the two-node guest (tests/numa_guest.py), run ``argv(out)`` there (``out``: the
+    directory the guest may write) and return the JSON it left in ``out/result``; None, with
+    why on stderr, when the guest cannot boot or wrote none."""
+    from tests.numa_guest import TOPOLOGIES, run_in_guest, why_not
+
+    why = why_not()
+    if why:
+        print(why, file=sys.stderr)
+        return None
+    with tempfile.TemporaryDirectory(prefix="bench-guest-") as out:
+        os.chmod(out, 0o755)
+        proc = run_in_guest(TOPOLOGIES["2node"], argv(out), out_dir=out, timeout=timeout)
+        path = os.path.join(out, result)
+        if not os.path.exists(path):
+            sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
+            return None
+        with open(path) as fh:
+            return json.load(fh)

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ascendbind.cpulist import format_cpulist  # noqa: E402
-from bench.common import write_json  # noqa: E402
+from bench.common import results_from_guest, write_json  # noqa: E402
 from bench.effect_parts import (ROLE_THREADS, ROLES, StandInProc, fmt_ratio, latency_summary,  # noqa: E402,F401
                                 log_histogram, migration_cut, percentile, pin_all, ratio)
 from bench.neighbour import Neighbour  # noqa: E402
@@ -350,28 +350,17 @@ def report(res: dict, args) -> None:
 def in_the_guest(args) -> int:
     """Boot the two-node guest and run this bench there; its JSON comes back through the
     guest's writable directory."""
-    import json
-
-    from tests.numa_guest import TOPOLOGIES, run_in_guest, why_not
-
-    why = why_not()
-    if why:
-        print(why, file=sys.stderr)
-        return 1
-    with tempfile.TemporaryDirectory(prefix="bench-effect-") as out:
-        os.chmod(out, 0o755)
+    def argv(out: str) -> list[str]:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--in-guest", "--json", os.path.join(out, "effect.json"),
                "--seconds", str(args.seconds), "--rounds", str(args.rounds), "--helpers", str(args.helpers),
                "--work", str(args.work), "--warm", str(args.warm), "--neighbour", args.neighbour]
         if args.neighbour_procs is not None:
             cmd += ["--neighbour-procs", str(args.neighbour_procs)]
-        proc = run_in_guest(TOPOLOGIES["2node"], cmd, out_dir=out, timeout=3600)
-        path = os.path.join(out, "effect.json")
-        if not os.path.exists(path):
-            sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
-            return 1
-        with open(path) as fh:
-            res = json.load(fh)
+        return cmd
+
+    res = results_from_guest(argv, "effect.json")
+    if res is None:
+        return 1
     report(res, args)
     write_json(args.json, res)
     return 0

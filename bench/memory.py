@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, results_from_guest, write_json  # noqa: E402
 
 MIB = 1 << 20
 _MIGRATE_PAGES = {"x86_64": 256, "aarch64": 238}
@@ -261,23 +261,12 @@ def main(argv=None) -> int:
     if args.in_guest:
         in_guest(args)
         return 0
-    from tests.numa_guest import TOPOLOGIES, run_in_guest, why_not
-
-    why = why_not()
-    if why:
-        print(why, file=sys.stderr)
+    results = results_from_guest(
+        lambda out: [sys.executable, str(Path(__file__).resolve()), "--in-guest", "--mib", str(args.mib),
+                     "--watch", str(args.watch), *(["--before", os.path.abspath(args.before)] if args.before else [])],
+        "memory.json")
+    if results is None:
         return 1
-    with tempfile.TemporaryDirectory(prefix="bench-memory-") as out:
-        os.chmod(out, 0o755)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--in-guest", "--mib", str(args.mib),
-               "--watch", str(args.watch), *(["--before", os.path.abspath(args.before)] if args.before else [])]
-        proc = run_in_guest(TOPOLOGIES["2node"], cmd, out_dir=out, timeout=3600)
-        path = os.path.join(out, "memory.json")
-        if not os.path.exists(path):
-            sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
-            return 1
-        with open(path) as fh:
-            results = json.load(fh)
     print(report(results))
     write_json(args.json, results)
     return 0
