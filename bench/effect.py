@@ -111,47 +111,62 @@ def exported(daemon: DaemonProc, pid: int) -> tuple[int, int]:
             sum(r["involuntary_switches"] for r in roles.values()))
 
 
-def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, tag: str, acc: dict) -> None:
-    w = StandInProc(args.helpers, args.work)
+def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, tag: str, acc: dict,
+            neighbour: Neighbour) -> None:
+    """One arm's round. The neighbour is paused while the stand-in starts, is bound and is
+    released: only the warm-up and the measured run share the CPUs with it."""
+    with neighbour.paused():
+        w = StandInProc(args.helpers, args.work)
     try:
+        with neighbour.paused():
+            _set_up(arm, args, daemon, pool, w, acc)
+        _measure(arm, args, daemon, w, tmp, tag, acc)
         if arm in LEVELS:
-            t0 = time.perf_counter()
-            answer = daemon.client.bind(pid=w.pid, npu=args.npu)
-            acc["bind_ms"].append((time.perf_counter() - t0) * 1e3)
-            want = answer["plan"]["npus"][str(args.npu)]
-            got = cpus_allowed_of(w.pid, w.tids["acl"][0])
-            if got != frozenset(want["acl"]):
-                raise RuntimeError(f"daemon bind left acl_thread on {got}, plan says {want['acl']}")
-        elif arm == "pool":
-            pin_all(w.pid, pool)
-        w.ask(f"warm {args.warm}")  # first wake-ups after a mask change may move a thread once
-        acc["masks"] = w.masks()
-        exported0 = exported(daemon, w.pid) if arm in LEVELS else None
-        before = w.counters()
-        path = os.path.join(tmp, f"{tag}.bin")
-        _, steps, wall = w.ask(f"run {args.seconds / args.rounds} {path}").split()
-        after = w.counters()
-        if exported0 is not None:  # what the daemon exports for the same threads over the same run
-            exported1 = exported(daemon, w.pid)
-            for k in range(2):
-                acc["exported"][k] += exported1[k] - exported0[k]
-            acc["exported"][2] += sum(after[r][2] - before[r][2] for r in ROLES)
-            acc["exported"][3] += sum(after[r][1] - before[r][1] for r in ROLES)
-        samples = array("q")
-        with open(path, "rb") as fh:
-            samples.frombytes(fh.read())
-        os.unlink(path)
-        if len(samples) != int(steps):
-            raise RuntimeError(f"stand-in reported {steps} steps, wrote {len(samples)}")
-        acc["samples"].extend(samples)
-        acc["wall_s"] += int(wall) / 1e9
-        for role in ROLES:
-            for k, name in enumerate(COUNTERS):
-                acc[name][role] += after[role][k] - before[role][k]
-        if arm in LEVELS:
-            daemon.client.release(pid=w.pid)
+            with neighbour.paused():
+                daemon.client.release(pid=w.pid)
     finally:
-        w.close()
+        with neighbour.paused():
+            w.close()
+
+
+def _set_up(arm: str, args, daemon: DaemonProc, pool: frozenset[int], w: StandInProc, acc: dict) -> None:
+    if arm in LEVELS:
+        t0 = time.perf_counter()
+        answer = daemon.client.bind(pid=w.pid, npu=args.npu)
+        acc["bind_ms"].append((time.perf_counter() - t0) * 1e3)
+        want = answer["plan"]["npus"][str(args.npu)]
+        got = cpus_allowed_of(w.pid, w.tids["acl"][0])
+        if got != frozenset(want["acl"]):
+            raise RuntimeError(f"daemon bind left acl_thread on {got}, plan says {want['acl']}")
+    elif arm == "pool":
+        pin_all(w.pid, pool)
+
+
+def _measure(arm: str, args, daemon: DaemonProc, w: StandInProc, tmp: str, tag: str, acc: dict) -> None:
+    w.ask(f"warm {args.warm}")  # first wake-ups after a mask change may move a thread once
+    acc["masks"] = w.masks()
+    exported0 = exported(daemon, w.pid) if arm in LEVELS else None
+    before = w.counters()
+    path = os.path.join(tmp, f"{tag}.bin")
+    _, steps, wall = w.ask(f"run {args.seconds / args.rounds} {path}").split()
+    after = w.counters()
+    if exported0 is not None:  # what the daemon exports for the same threads over the same run
+        exported1 = exported(daemon, w.pid)
+        for k in range(2):
+            acc["exported"][k] += exported1[k] - exported0[k]
+        acc["exported"][2] += sum(after[r][2] - before[r][2] for r in ROLES)
+        acc["exported"][3] += sum(after[r][1] - before[r][1] for r in ROLES)
+    samples = array("q")
+    with open(path, "rb") as fh:
+        samples.frombytes(fh.read())
+    os.unlink(path)
+    if len(samples) != int(steps):
+        raise RuntimeError(f"stand-in reported {steps} steps, wrote {len(samples)}")
+    acc["samples"].extend(samples)
+    acc["wall_s"] += int(wall) / 1e9
+    for role in ROLES:
+        for k, name in enumerate(COUNTERS):
+            acc[name][role] += after[role][k] - before[role][k]
 
 
 def arm_result(arm: str, acc: dict, n_helpers: int) -> dict:
@@ -301,7 +316,7 @@ def measure(args) -> dict:
                         refused.append(arm)
                         print(f"note: this daemon refuses isolation = {LEVELS[arm]}; arm {arm} left out")
                         continue
-                    run_arm(arm, args, daemon, pool, tmp, f"{arm}-{i}", accs[arm])
+                    run_arm(arm, args, daemon, pool, tmp, f"{arm}-{i}", accs[arm], neighbour)
             neighbour.check()
         finally:
             neighbour.stop()
@@ -327,7 +342,7 @@ def report(res: dict, args) -> None:
     print_table(results, rat, args)
     binds = sorted(results["daemon"]["bind_ms"])
     if binds:
-        print(f"daemon bind round trip (POST /v1/bind, under the neighbour): median {percentile(binds, 50):.1f} ms "
+        print(f"daemon bind round trip (POST /v1/bind, the neighbour paused): median {percentile(binds, 50):.1f} ms "
               f"over {len(binds)} binds")
     cut = rat["daemon"]["migration_cut"]
     if cut is None:

@@ -8,6 +8,7 @@ budget, so a bench killed hard leaves no burner behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -70,6 +71,22 @@ class Neighbour:
             if p.poll() is not None:
                 raise SystemExit(f"the neighbour ({self.describe()}) ended early with status {p.returncode}; "
                                  f"no figures from a half-loaded run")
+
+    @contextlib.contextmanager
+    def paused(self):
+        """The burners stopped (SIGSTOP to each group) for what is set up rather than measured:
+        starting a worker and binding it take a Python start and a daemon request, dozens of
+        times dearer on a saturated emulated CPU, and none of it is what an arm measures."""
+        self._signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        for p in self.members:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
 
     def stop(self) -> None:
         for p in self.members:

@@ -16,6 +16,7 @@ import pytest
 from bench import report
 from bench.effect import (StandInProc, arm_result, latency_summary, log_histogram, migration_cut, percentile,
                           pin_all, ratios)
+from tests.daemon_harness import wait_for
 
 
 def _comm(pid: int, tid: int) -> str:
@@ -136,3 +137,25 @@ def test_plots_are_written_small():
             data = p.read_bytes()
             assert data[:8] == b"\x89PNG\r\n\x1a\n"
             assert 1000 < len(data) < report.PNG_LIMIT
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rpartition(")")[2].split()[0]
+
+
+def test_neighbour_paused_stops_every_burner_and_resumes_them():
+    from bench.neighbour import Neighbour
+
+    n = Neighbour("spin", 2, budget_s=120)
+    n.start()
+    procs = list(n.members)
+    try:
+        pids = [p.pid for p in procs]
+        with n.paused():
+            assert wait_for(lambda: all(_state(p) == "T" for p in pids), 10), [_state(p) for p in pids]
+        assert wait_for(lambda: all(_state(p) in "RS" for p in pids), 10), [_state(p) for p in pids]
+        n.check()  # still running: paused is not ended
+    finally:
+        n.stop()
+    assert all(p.poll() is not None for p in procs)
