@@ -3,6 +3,7 @@ and, on a two-node kernel, bound with the rest of the host fenced off.
 
     .venv/bin/python bench/effect.py [--seconds 30] [--rounds 3] [--helpers 4]
         [--neighbour auto|stress-ng|spin|none] [--neighbour-procs N] [--guest] [--json PATH]
+        [--plots PREFIX] [--from-json PATH]
 
 The stand-in (bench/stand_in.py) has the real worker's shape: a main thread
 handing small steps to an ``acl_thread`` over a pipe and waiting for each, a
@@ -46,6 +47,7 @@ slower than a real host's; the ratios between arms of one run are what carries o
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -362,7 +364,7 @@ def report(res: dict, args) -> None:
         print(line)
 
 
-def in_the_guest(args) -> int:
+def in_the_guest(args) -> dict | None:
     """Boot the two-node guest and run this bench there; its JSON comes back through the
     guest's writable directory."""
     def argv(out: str) -> list[str]:
@@ -373,12 +375,7 @@ def in_the_guest(args) -> int:
             cmd += ["--neighbour-procs", str(args.neighbour_procs)]
         return cmd
 
-    res = results_from_guest(argv, "effect.json")
-    if res is None:
-        return 1
-    report(res, args)
-    write_json(args.json, res)
-    return 0
+    return results_from_guest(argv, "effect.json")
 
 
 def main(argv=None) -> int:
@@ -397,14 +394,30 @@ def main(argv=None) -> int:
                     help="run in the two-node QEMU guest, with the isolation arms (irqs, host)")
     ap.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
+    ap.add_argument("--plots", metavar="PREFIX",
+                    help="also draw the latency and per-thread plots to PREFIX_latency.png, PREFIX_threads.png "
+                         "(needs matplotlib: pip install -e '.[bench]')")
+    ap.add_argument("--from-json", metavar="PATH", help="report and draw a saved run instead of measuring")
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.rounds < 1 or args.helpers < 0 or args.work < 0:
         ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0")
-    if args.guest:
-        return in_the_guest(args)
-    res = measure(args)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            res = json.load(fh)
+    elif args.guest:
+        res = in_the_guest(args)
+        if res is None:
+            return 1
+    else:
+        res = measure(args)
     report(res, args)
     write_json(args.json, res)
+    if args.plots:
+        from bench import plots
+
+        for made in (plots.plot_effect_latency(res, f"{args.plots}_latency.png"),
+                     plots.plot_effect_threads(res, f"{args.plots}_threads.png")):
+            print(f"wrote {made}")
     return 0
 
 

@@ -6,6 +6,7 @@ the markdown are checked on fixed inputs whose answers are worked out by hand.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from array import array
@@ -90,7 +91,7 @@ def fixed_results(idle_cpu: float) -> dict:
         "machine": {"nproc": 2, "cpu_model": "Test CPU", "arch": "x86_64", "kernel": "6.1", "python": "3.11",
                     "loadavg": [1.0, 1.0, 1.0], "date": "2025-01-01 00:00 UTC"},
         "effect": {"params": {"seconds": 4, "rounds": 2, "helpers": 2, "work": 100, "neighbour": "stress-ng --cpu 2",
-                              "npu": 0, "fixture_host": True},
+                              "npu": 0, "fixture_host": True, "cpus": 2},
                    "plan": {"pool": [0, 1], "main": [0], "acl": [1], "release": [1]},
                    "arms": arms, "ratios": ratios(arms)},
         "daemon_idle": {"params": {"seconds": 30}, "rows": [
@@ -159,3 +160,15 @@ def test_neighbour_paused_stops_every_burner_and_resumes_them():
     finally:
         n.stop()
     assert all(p.poll() is not None for p in procs)
+
+
+def test_a_saved_run_is_reported_again_without_measuring(tmp_path, capsys):
+    from bench import effect
+
+    saved = dict(fixed_results(0.5)["effect"], bench="effect")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(saved))
+    assert effect.main(["--from-json", str(path), "--json", str(tmp_path / "again.json")]) == 0
+    out = capsys.readouterr().out
+    assert "p99 step latency bound / unbound = 0.50x" in out
+    assert json.loads((tmp_path / "again.json").read_text())["arms"].keys() == saved["arms"].keys()
