@@ -28,7 +28,8 @@ the answer or ``{"error": ...}`` out):
   (its ``spawn``) or None at the deadline;
 * ``starts`` (``cpus``, ``count``): the seconds from each of ``count`` forks of a
   short ``sleep`` until it is off ``cpus`` (the bench's figure);
-* ``wq``: the covered workqueue ``cpumask``'s text; ``exit``.
+* ``wq``: the covered workqueue ``cpumask``'s text; ``hide_cgroups``: an empty tmpfs over
+  ``/sys/fs/cgroup`` (no cpuset readable); ``exit``.
 """
 
 from __future__ import annotations
@@ -247,6 +248,12 @@ class Harness:
             os.waitpid(pid, 0)
             out.append(took)
         return {"seconds": out}
+
+    def op_hide_cgroups(self) -> dict:
+        """An empty tmpfs over /sys/fs/cgroup in this namespace's mounts: no cpuset is readable,
+        so the daemon plans a worker from its threads' Cpus_allowed_list."""
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "nocgroups", "/sys/fs/cgroup"], check=True)
+        return {}
 
     def op_wq(self) -> dict:
         with open(f"{WQ}/cpumask") as fh:

@@ -199,6 +199,35 @@ def test_a_task_narrowed_by_its_owner_is_reported_and_never_fought_over(ns):
     assert "changed by its owner meanwhile" in ns.log()["log"]
 
 
+def test_a_worker_narrowed_before_its_bind_is_planned_and_released_with_its_cpus_from_before(ns):
+    # two workers on one NPU: the second starts while the first is bound, so the level moves it
+    # off the protected CPU before it asks to be bound itself
+    # with no cpuset readable a worker is planned from its threads' masks, which isolation narrowed
+    ns.hide_cgroups()
+    ns.daemon(env={"ASCENDBIND_ISOLATION": "host"}, config="allow_shared_npu = true\n")
+    first = ns.spawn(comm="worker", threads=1)["pid"]
+    bind(ns, first)
+    protected = ns.iso()["protected"]
+    second = ns.spawn(comm="worker", threads=2)["pid"]
+    narrowed = only(moved(ns, second, protected))
+    assert narrowed == {format_cpulist(STARTED_ON - parse_cpulist(protected))}
+    out = ns.curl(method="POST", path="/v1/bind", body={"pid": second, "npu": 1})
+    # planned from its CPUs before isolation: the NPU's CPU is among them, so the bind succeeds
+    assert out["code"] == 200 and out["body"]["status"] == "bound", out
+    assert any("isolation had narrowed" in w for w in out["body"]["warnings"]), out["body"]["warnings"]
+    assert set(parse_cpulist(c) for c in ns.masks(pid=second).values()) <= {parse_cpulist(protected)}
+    # its threads are the bind's now: isolation keeps no record of them
+    tids = {f"task:{tid}:" for tid in ns.masks(pid=second)}
+    assert not [k for k in ns.state()["isolation"]["masks"] if any(k.startswith(t) for t in tids)]
+    # released while the first stays bound: back to every CPU it had before isolation, and then
+    # moved off the protected CPU like any other task
+    release(ns, second)
+    assert only(moved(ns, second, protected)) == narrowed
+    release(ns, first)
+    assert only(ns.masks(pid=second)) == {format_cpulist(STARTED_ON)}
+    assert only(ns.masks(pid=first)) == {format_cpulist(STARTED_ON)}
+
+
 def test_sighup_off_stop_and_a_restart_after_kill_9_put_back_every_task_mask(ns):
     ns.daemon(env={}, config='isolation = "host"\n')  # in the file: SIGHUP reloads it
     wq = ns.wq()["text"]

@@ -50,6 +50,7 @@ from ..applier.bind import apply_observed
 from ..applier.irq import with_planned_irqs
 from ..discovery.identity import recycled, refuse_non_worker, require_live
 from ..config import Config
+from ..cpulist import format_cpulist
 from ..discovery.process import ProcessView, observe_process, read_identity
 from ..discovery.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
@@ -237,12 +238,21 @@ class Daemon(Ownership):
                 raise failure from None
             raise
 
-    @staticmethod
-    def _first_allowance(worker, prev: Held | None):
+    def _first_allowance(self, worker, prev: Held | None):
         """Without a readable cpuset, a bound worker's Cpus_allowed_list is the mask we
-        set: plan from the allowance first seen, so re-planning gives the same plan."""
-        if prev is not None and worker.allowed_source == "status":
+        set: plan from the allowance first seen, so re-planning gives the same plan. A
+        worker the ``host`` isolation level narrowed before its bind (it started while
+        others were bound) is planned, and later released, with its CPUs from before."""
+        if worker.allowed_source != "status":
+            return worker
+        if prev is not None:
             return dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
+        before = self.isolation.before_isolation(t.tid for t in worker.threads)
+        if before and not before <= worker.allowed_cpus:
+            allowed = worker.allowed_cpus | before
+            note = (f"isolation had narrowed this process's threads to {format_cpulist(worker.allowed_cpus)}; "
+                    f"planning from their CPUs before it, {format_cpulist(allowed)}")
+            return dataclasses.replace(worker, allowed_cpus=allowed, warnings=(*worker.warnings, note))
         return worker
 
     def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
@@ -309,6 +319,7 @@ class Daemon(Ownership):
                         pin=view.pin.keep() if view.pin is not None else None)
             held.remember_threads(applied.threads, role_cpus(plan))
             self.held[pid] = held
+            self.isolation.hand_over(t.tid for t in worker.threads)
             memory = binding.step(Step.MEMORY)
             if memory is not None and memory.outcome is Outcome.PENDING:
                 self.move_memory(held, memory.data["target_node"], "bind")

@@ -58,7 +58,7 @@ from ...reasons import Reason
 from ..state.isolationrecord import SavedMask, key_kind, mask_key
 from .masks import list_cpus
 
-__all__ = ["HostTasks", "never_moved", "MAX_TASKS", "NEVER"]
+__all__ = ["HostTasks", "never_moved", "before_isolation", "task_keys_of", "MAX_TASKS", "NEVER"]
 
 log = structlog.get_logger("ascendbind.isolation")
 
@@ -88,6 +88,29 @@ def never_moved(p: ProcessFacts, ancestors: Iterable[int], bound: Mapping[int, i
     if any(fnmatch.fnmatchcase(p.comm, pattern) for pattern in comms):
         return "exempt"
     return None
+
+
+def before_isolation(saved: Mapping[str, SavedMask], tids: Iterable[int]) -> frozenset[int]:
+    """The CPUs the threads ``tids`` were allowed before isolation narrowed them: the union
+    of the originals recorded for those that still hold the mask isolation wrote (a record
+    whose mask the thread no longer holds is its owner's since, or an older thread's)."""
+    by_tid: dict[int, list[SavedMask]] = {}
+    for key, mask in saved.items():
+        if key_kind(key) == "task":
+            by_tid.setdefault(int(key.split(":")[1]), []).append(mask)
+    out: set[int] = set()
+    for tid in tids:
+        for mask in by_tid.get(tid, ()):
+            now = task_cpus(tid)
+            if now is not None and mask.ours and list_cpus(mask.ours[-1]) == now:
+                out |= list_cpus(mask.original) or now
+    return frozenset(out)
+
+
+def task_keys_of(saved: Mapping[str, SavedMask], tids: Iterable[int]) -> list[str]:
+    """The task records of the threads ``tids`` (whatever their start time)."""
+    wanted = {str(t) for t in tids}
+    return [k for k in saved if key_kind(k) == "task" and k.split(":")[1] in wanted]
 
 
 _HEIRS = (None, "exempt", "kubepods")  # whose threads may hold a mask inherited from a moved task

@@ -53,7 +53,7 @@ from ...planner.isolation import IsolationPlan, plan_isolation
 from ...reasons import Reason
 from ..state.isolationrecord import IsolationRecord, SavedMask, key_kind, mask_key
 from .banned import follow_irqbalance
-from .hosttasks import HostTasks
+from .hosttasks import HostTasks, before_isolation, task_keys_of
 from .masks import SKIP_REASONS, Mask, mask_of
 from .rules import Act, mask_act
 from .selfmask import DaemonThreads
@@ -240,6 +240,15 @@ class Isolation:
             self.tasks.moved += total.get("written", 0)
             self._gauge(daemon)
             return total
+
+    def before_isolation(self, tids: Iterable[int]) -> frozenset[int]:
+        """What the host level narrowed of threads ``tids``: their CPUs before it (empty: none)."""
+        return before_isolation(self.record.masks, tids)
+
+    def hand_over(self, tids: Iterable[int]) -> None:
+        """Threads ``tids`` are a bound worker's now: their records go (the binding keeps their
+        original CPUs), so isolation never puts its original back over the bind's masks."""
+        self.record = self.record.with_masks(dict.fromkeys(task_keys_of(self.record.masks, tids)))
 
     def resweep(self, daemon) -> None:
         """A full follow at the next save, and that save now (the watcher's periodic sweep:
