@@ -317,6 +317,36 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(what precedes the first ``## `` heading, [(heading line, the section's text)])."""
+    head, out = [], []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            out.append((line.strip(), [line]))
+        elif out:
+            out[-1][1].append(line)
+        else:
+            head.append(line)
+    return "".join(head), [(h, "".join(body)) for h, body in out]
+
+
+def keep_written_by_hand(page: str, old: str) -> str:
+    """``page`` with the sections of the ``old`` page that ``make bench`` does not write
+    (the figures of benches run on their own, written up by hand) kept where they were:
+    the old page's order, each generated section replaced by its new text, new ones last."""
+    head, fresh = _sections(page)
+    new = dict(fresh)
+    _, before = _sections(old)
+    out, used = [head], set()
+    for heading, text in before:
+        if heading in new:
+            text = new[heading]
+            used.add(heading)
+        out.append(text if text.endswith("\n\n") else text.rstrip("\n") + "\n\n")
+    out += [text.rstrip("\n") + "\n\n" for heading, text in fresh if heading not in used]
+    return "".join(out).rstrip() + "\n"
+
+
 # ---------------------------------------------------------------- running and drawing
 
 
@@ -394,7 +424,9 @@ def main(argv=None) -> int:
         with open(docs / "bench" / "results.json", "w") as fh:
             json.dump(results, fh, indent=1)
     pngs = draw(results, docs / "bench")
-    (docs / "benchmarks.md").write_text(render_markdown(results))
+    page = docs / "benchmarks.md"
+    old = page.read_text() if page.exists() else ""
+    page.write_text(keep_written_by_hand(render_markdown(results), old))
     print("\n=== summary")
     for line in headlines(results):
         print(line)

@@ -172,3 +172,16 @@ def test_a_saved_run_is_reported_again_without_measuring(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "p99 step latency bound / unbound = 0.50x" in out
     assert json.loads((tmp_path / "again.json").read_text())["arms"].keys() == saved["arms"].keys()
+
+
+def test_make_bench_keeps_the_sections_written_by_hand_where_they_were():
+    old = ("# Benchmarks\n\nold intro\n\n## What binding buys\n\nold figures\n\n"
+           "## Memory placement on a two-node kernel\n\nby hand, kept\n\n## Daemon cost at scale\n\nold idle\n")
+    page = report.render_markdown(fixed_results(0.5))
+    out = report.keep_written_by_hand(page, old)
+    assert "by hand, kept" in out and "old figures" not in out and "old idle" not in out and "old intro" not in out
+    headings = [line for line in out.splitlines() if line.startswith("## ")]
+    assert headings.index("## Memory placement on a two-node kernel") == 1  # where it was: after the first
+    assert set(headings) == {line for line in page.splitlines() if line.startswith("## ")} | {
+        "## Memory placement on a two-node kernel"}
+    assert report.keep_written_by_hand(page, "") == page
