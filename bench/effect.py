@@ -3,7 +3,7 @@ and, on a two-node kernel, bound with the rest of the host fenced off.
 
     .venv/bin/python bench/effect.py [--seconds 30] [--rounds 3] [--helpers 4]
         [--neighbour auto|stress-ng|spin|none] [--neighbour-procs N] [--guest] [--json PATH]
-        [--plots PREFIX] [--from-json PATH]
+        [--release-every N] [--plots PREFIX] [--from-json PATH]
 
 The stand-in (bench/stand_in.py) has the real worker's shape: a main thread
 handing small steps to an ``acl_thread`` over a pipe and waiting for each, a
@@ -118,7 +118,7 @@ def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, 
     """One arm's round. The neighbour is paused while the stand-in starts, is bound and is
     released: only the warm-up and the measured run share the CPUs with it."""
     with neighbour.paused():
-        w = StandInProc(args.helpers, args.work)
+        w = StandInProc(args.helpers, args.work, args.release_every)
     try:
         with neighbour.paused():
             _set_up(arm, args, daemon, pool, w, acc)
@@ -326,6 +326,7 @@ def measure(args) -> dict:
     results = {a: arm_result(a, accs[a], args.helpers) for a in arms if a not in refused}
     out = {"bench": "effect", "params": {
         "seconds": args.seconds, "rounds": args.rounds, "helpers": args.helpers, "work": args.work,
+        "release_every": args.release_every,
         "neighbour": neighbour.describe(), "neighbour_note": neighbour.note, "npu": args.npu, "cpus": n_cpus,
         "fixture_host": not args.host_npu_smi, "guest": bool(args.in_guest)},
         "plan": plan_npu, "arms": results, "ratios": ratios(results)}
@@ -337,7 +338,9 @@ def measure(args) -> dict:
 def report(res: dict, args) -> None:
     p, plan_npu, results, rat = res["params"], res["plan"], res["arms"], res["ratios"]
     print(f"stand-in worker: main + acl_thread + release_thread + {p['helpers']} helpers, "
-          f"{p['work']}-iteration steps; {p['cpus']} CPUs" + (" (two-node guest)" if p.get("guest") else ""))
+          f"{p['work']}-iteration steps, release_thread poked "
+          + (f"every {p.get('release_every', 8)} steps" if p.get("release_every", 8) else "never")
+          + f"; {p['cpus']} CPUs" + (" (two-node guest)" if p.get("guest") else ""))
     print(f"neighbour: {p['neighbour']}; arms alternated over {p['rounds']} rounds, {p['seconds']:g} s measured per arm")
     print(f"plan for NPU {p['npu']}: pool {format_cpulist(plan_npu['pool'])}, main {format_cpulist(plan_npu['main'])}, "
           f"acl {format_cpulist(plan_npu['acl'])}, release {format_cpulist(plan_npu['release'])}")
@@ -370,7 +373,8 @@ def in_the_guest(args) -> dict | None:
     def argv(out: str) -> list[str]:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--in-guest", "--json", os.path.join(out, "effect.json"),
                "--seconds", str(args.seconds), "--rounds", str(args.rounds), "--helpers", str(args.helpers),
-               "--work", str(args.work), "--warm", str(args.warm), "--neighbour", args.neighbour]
+               "--work", str(args.work), "--warm", str(args.warm), "--neighbour", args.neighbour,
+               "--release-every", str(args.release_every)]
         if args.neighbour_procs is not None:
             cmd += ["--neighbour-procs", str(args.neighbour_procs)]
         return cmd
@@ -384,6 +388,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs every arm once, order rotated")
     ap.add_argument("--helpers", type=int, default=4, help="helper threads besides main, acl and release")
     ap.add_argument("--work", type=int, default=100, help="arithmetic iterations per step (a few us)")
+    ap.add_argument("--release-every", type=int, default=8,
+                    help="steps between the acl_thread's pokes of release_thread (0: never). Both share a CPU in "
+                         "the plan, so each poke may preempt acl_thread: 0 leaves only other tasks' preemptions")
     ap.add_argument("--warm", type=int, default=500, help="steps run and discarded before each measurement")
     ap.add_argument("--neighbour", choices=("auto", "stress-ng", "spin", "none"), default="auto")
     ap.add_argument("--neighbour-procs", type=int, default=None, help="burner processes (default: one per CPU)")
@@ -399,8 +406,8 @@ def main(argv=None) -> int:
                          "(needs matplotlib: pip install -e '.[bench]')")
     ap.add_argument("--from-json", metavar="PATH", help="report and draw a saved run instead of measuring")
     args = ap.parse_args(argv)
-    if args.seconds <= 0 or args.rounds < 1 or args.helpers < 0 or args.work < 0:
-        ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0")
+    if args.seconds <= 0 or args.rounds < 1 or args.helpers < 0 or args.work < 0 or args.release_every < 0:
+        ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0, --release-every >= 0")
     if args.from_json:
         with open(args.from_json) as fh:
             res = json.load(fh)

@@ -104,9 +104,10 @@ def thread_counters(pid: int, tid: int) -> tuple[int, int, int]:
 class StandInProc:
     """One bench/stand_in.py child, driven over its stdin/stdout; always reaped."""
 
-    def __init__(self, helpers: int, work: int) -> None:
+    def __init__(self, helpers: int, work: int, release_every: int = 8) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "stand_in.py"), "--helpers", str(helpers), "--work", str(work)],
+            [sys.executable, str(ROOT / "bench" / "stand_in.py"), "--helpers", str(helpers), "--work", str(work),
+             "--release-every", str(release_every)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("ready "):

@@ -9,7 +9,7 @@ Threads, named as the real ones are (comm via prctl(PR_SET_NAME)):
   to the reply is one step's latency (``time.perf_counter_ns``);
 * ``acl_thread`` waits on its pipe, does ``--work`` iterations of arithmetic
   (a few microseconds), pokes ``release_thread`` every ``--release-every``
-  steps, and replies;
+  steps (0: never), and replies;
 * ``release_thread`` waits on its pipe and does light work per poke;
 * ``--helpers`` threads ``worker_h<i>`` wake every millisecond for light work
   (role main: they share the main CPUs when bound).
@@ -62,7 +62,7 @@ class StandIn:
 
     def __init__(self, helpers: int, work_n: int, release_every: int) -> None:
         self.work_n = work_n
-        self.release_every = max(1, release_every)
+        self.release_every = max(0, release_every)  # 0: never
         self.req_r, self.req_w = os.pipe()
         self.resp_r, self.resp_w = os.pipe()
         self.rel_r, self.rel_w = os.pipe()
@@ -92,7 +92,7 @@ class StandIn:
                 return
             work(n)
             step += 1
-            if step % every == 0:
+            if every and step % every == 0:
                 try:
                     os.write(self.rel_w, self.POKE)
                 except BlockingIOError:
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--helpers", type=int, default=4)
     ap.add_argument("--work", type=int, default=100, help="arithmetic iterations per step")
-    ap.add_argument("--release-every", type=int, default=8)
+    ap.add_argument("--release-every", type=int, default=8, help="steps between release pokes (0: never)")
     args = ap.parse_args(argv)
     name_self("stand_in_main")
     w = StandIn(args.helpers, args.work, args.release_every)
