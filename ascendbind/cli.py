@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from . import __version__
 from .command import sigterm_kills_tools
-from .config import Config
+from .values.config import Config
 from .errors import AscendbindError, PlanImpossible, StepFailed, UsageError
-from .model import DeviceType, Plan
+from .values.model import DeviceType, Plan
 from .settings import add_config_flags, config_from_args
 
 __all__ = ["main", "build_parser"]
@@ -98,7 +98,7 @@ def _plan_for(source, config: Config, pid: int | None, args):
     from .discovery import discover_host, discover_worker
     from .errors import Conflict
     from .planner import make_plan, resolve_targets
-    from .targeting import TargetRequest, evidence_lines
+    from .values.targeting import TargetRequest, evidence_lines
 
     host = discover_host(source, config)
     worker = discover_worker(source, pid, config, want_uvb=host.device_type is DeviceType.A950)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .applier.affinity import role_of
 from .client import Client
-from .cpulist import format_cpulist
+from .values.cpulist import format_cpulist
 from .discovery.process import thread_masks
 from .errors import AscendbindError
 

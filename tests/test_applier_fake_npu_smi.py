@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from ascendbind.cpulist import parse_cpulist
+from ascendbind.values.cpulist import parse_cpulist
 from ascendbind.discovery.npu_smi import parse_board, parse_chip_map, parse_process_table, parse_topo
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_worker
 from ascendbind.discovery.snapshot import record_snapshot
 from ascendbind.discovery.worker import read_numa_residency

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from ascendbind.cpulist import format_cpulist, parse_cpulist, parse_mask
+from ascendbind.values.cpulist import format_cpulist, parse_cpulist, parse_mask
 from ascendbind.daemon.isolate.hosttasks import never_moved
 from ascendbind.discovery.hosttasks import ProcessFacts
 from tests.daemon_harness import metric_value, wait_for

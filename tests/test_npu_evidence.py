@@ -22,7 +22,7 @@ from ascendbind.discovery.snapshot import RecordingHost
 from ascendbind.discovery.sources import LiveHost, SnapshotHost
 from ascendbind.errors import ParseError, ProcessGone
 from ascendbind.planner.ascend_env import is_virtual, parse_rt_visible_devices, parse_visible_devices
-from ascendbind.targeting import DeviceNode, physical_of_udevid
+from ascendbind.values.targeting import DeviceNode, physical_of_udevid
 
 from .containers import npu_major
 

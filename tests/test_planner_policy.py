@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.config import CHOICES
+from ascendbind.values.config import CHOICES
 from ascendbind.planner.hints import Hint, mask_of
 from ascendbind.planner.policy import CPU_BIND_POLICIES, TOPOLOGY_POLICIES, cpu_bind_policy, topology_policy
 

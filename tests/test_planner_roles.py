@@ -2,7 +2,7 @@
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.planner.roles import RoleSplitError, role_minimum, split_roles
 
 

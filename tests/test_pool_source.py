@@ -13,12 +13,12 @@ import json
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import SnapshotHost
 from ascendbind.discovery.kubelet import (CHECKPOINT_LIMIT, judge_own_cpus, parse_cpu_manager_state, pod_place)
 from ascendbind.discovery.worker import discover_worker
 from ascendbind.errors import ConfigError, ParseError
-from ascendbind.model import PoolEvidence
+from ascendbind.values.model import PoolEvidence
 from ascendbind.planner import make_plan
 from ascendbind.planner.explain import explain_plan
 from ascendbind.settings import load_config

@@ -404,5 +404,5 @@ def test_the_room_and_import_checks_catch_what_they_are_meant_to_catch():
     assert _held_table_changes(changes) == [1, 2, 3, 4]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-    fake = ast.parse("from ascendbind.model import Plan, Step\nfrom ascendbind.discovery import LiveHost\n")
+    fake = ast.parse("from ascendbind.values.model import Plan, Step\nfrom ascendbind.discovery import LiveHost\n")
     assert reexport_violations({"t.py": (None, fake)}) == ["t.py:1: Step from model, which only imports it"]

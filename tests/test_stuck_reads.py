@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.cpulist import format_cpulist
+from ascendbind.values.cpulist import format_cpulist
 from ascendbind.discovery.deadline import READ_DEADLINE
 from ascendbind.discovery.procfs import ENVIRON_LIMIT
 

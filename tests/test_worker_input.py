@@ -18,8 +18,8 @@ import tracemalloc
 
 import pytest
 
-from ascendbind.cpulist import MAX_CPU, parse_cpulist
-from ascendbind.digits import ascii_int, is_ascii_digits
+from ascendbind.values.cpulist import MAX_CPU, parse_cpulist
+from ascendbind.values.digits import ascii_int, is_ascii_digits
 from ascendbind.discovery.cells import count
 from ascendbind.discovery.deadline import Readers
 from ascendbind.discovery.process import observe_process

@@ -31,7 +31,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..cpulist import format_cpulist
+from ..values.cpulist import format_cpulist
 from ..discovery.pin import ProcessPin
 
 __all__ = ["StrayWrite", "Confirmation", "confirm_writes", "STRAY_RESULTS"]

@@ -38,15 +38,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..config import Config
-from ..cpulist import format_cpulist, format_mask, parse_mask
-from ..decisions import IrqBinding, NpuIrqPlan
+from ..values.config import Config
+from ..values.cpulist import format_cpulist, format_mask, parse_mask
+from ..values.decisions import IrqBinding, NpuIrqPlan
 from ..discovery.irqhost import NpuIrqLookup, discover_npu_irqs, irq_mask_path, irq_masks_writable, irqbalance_pids, read_irq_mask
 from ..discovery.sources import HostSource, LiveHost
-from ..frozen import frozen_map
-from ..model import HostFacts, IrqbalanceBans, Plan, StepResult
+from ..values.frozen import frozen_map
+from ..values.model import HostFacts, IrqbalanceBans, Plan, StepResult
 from ..planner.irqs import plan_irqs, step_off
-from ..reasons import Outcome, Reason, Step
+from ..values.reasons import Outcome, Reason, Step
 from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, stop_irqbalance, unban_irqs
 
 __all__ = [

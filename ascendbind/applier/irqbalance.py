@@ -66,7 +66,7 @@ from ..discovery.irqbalance import (
 from ..discovery.irqhost import irqbalance_socket_dir, socket_in_dir_fd
 from ..discovery.process import read_identity
 from ..errors import ParseError
-from ..model import IrqbalanceBans
+from ..values.model import IrqbalanceBans
 
 __all__ = [
     "stop_irqbalance",

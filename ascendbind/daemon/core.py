@@ -49,15 +49,15 @@ from ..applier import release_binding
 from ..applier.bind import apply_observed
 from ..applier.irq import with_planned_irqs
 from ..discovery.identity import recycled, refuse_non_worker, require_live
-from ..config import Config
+from ..values.config import Config
 from ..discovery.process import ProcessView, observe_process, read_identity
 from ..discovery.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..frozen import frozen_map
-from ..model import Binding, DeviceType, ProcessIdentity
+from ..values.frozen import frozen_map
+from ..values.model import Binding, DeviceType, ProcessIdentity
 from ..planner import make_plan, resolve_targets
-from ..reasons import Outcome, Step
-from ..targeting import TargetRequest
+from ..values.reasons import Outcome, Step
+from ..values.targeting import TargetRequest
 from .api.auth import Peer, authorize
 from .isolate.keeper import Isolation
 from .watch.held import Held

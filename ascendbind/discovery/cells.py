@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..digits import ascii_int, is_ascii_digits
+from ..values.digits import ascii_int, is_ascii_digits
 from ..errors import ParseError
 
 __all__ = ["count"]

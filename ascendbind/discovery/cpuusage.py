@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from ..digits import is_ascii_digits
+from ..values.digits import is_ascii_digits
 from .procfs import parse_cgroup
 from .schedstat import (ThreadSched, parse_container_log, parse_cpu_busy, parse_interrupt_counts,
                         parse_nonvoluntary, parse_schedstat, pod_of_cgroup)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 
 from ..errors import ParseError
-from ..targeting import DeviceNode
+from ..values.targeting import DeviceNode
 
 __all__ = ["DEVDRV_CDEV", "devdrv_major", "allowed_minors", "trs_core_udevids", "parse_char_devices",
            "format_char_devices"]

@@ -23,8 +23,8 @@ a pid recycled meanwhile would have lent its device set to the newcomer.
 from __future__ import annotations
 
 from ..errors import ParseError, ProcessGone
-from ..frozen import frozen_map
-from ..targeting import CgroupDevices, NpuEvidence
+from ..values.frozen import frozen_map
+from ..values.targeting import CgroupDevices, NpuEvidence
 from .devices import DEVDRV_CDEV, allowed_minors, devdrv_major, trs_core_udevids
 from .procfs import parse_stat_start_time
 from .sources import HostSource, read_parsed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..targeting import DeviceNode
+from ..values.targeting import DeviceNode
 
 __all__ = ["scan_char_devices", "DEV_ENTRIES_LIMIT"]
 

@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..config import Config
+from ..values.config import Config
 from ..errors import DiscoveryError, ToolMissing
-from ..frozen import frozen_map
-from ..model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess
+from ..values.frozen import frozen_map
+from ..values.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess
 from .lscpu import LscpuSummary, parse_lscpu, parse_lscpu_e
 from .npu_smi import SRC_INFO, TopoTable, board_source, parse_board, parse_chip_map, parse_process_table, parse_topo
 from .sources import HostSource

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..digits import is_ascii_digits
+from ..values.digits import is_ascii_digits
 from ..errors import ParseError
 from .procdir import read_once
 from .procfs import parse_cgroup, parse_stat

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..digits import is_ascii_digits
+from ..values.digits import is_ascii_digits
 from ..errors import ParseError
 from .irqs import parse_interrupts
 from .procdir import read_once

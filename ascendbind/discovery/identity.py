@@ -29,7 +29,7 @@ import os
 from .pin import LIVE_PROC, ProcessPin, open_pin
 from .process import read_identity, stat_of, status_field
 from ..errors import NotPermitted, ProcessGone
-from ..model import ProcessIdentity
+from ..values.model import ProcessIdentity
 
 __all__ = ["start_time", "proc_state", "verify_identity", "pin_identity", "check_may_bind", "may_bind",
            "require_identity", "require_live", "require_worker", "refuse_non_worker", "recycled", "GONE_STATES"]

@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..cpulist import format_cpulist, parse_cpulist, parse_mask
-from ..digits import ascii_int
+from ..values.cpulist import format_cpulist, parse_cpulist, parse_mask
+from ..values.digits import ascii_int
 from ..errors import ParseError
 
 __all__ = [

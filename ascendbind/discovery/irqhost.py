@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ..decisions import NpuIrqs
-from ..model import HostFacts
+from ..values.decisions import NpuIrqs
+from ..values.model import HostFacts
 from .irqs import npu_irqs_from, parse_interrupts
 from .procdir import read_once
 from .sources import HostSource, read_parsed

@@ -16,9 +16,9 @@ device IRQs, and are ignored. The order matters: the IRQ step takes the *first*
 
 from __future__ import annotations
 
-from ..decisions import NpuIrqs
+from ..values.decisions import NpuIrqs
 from ..errors import ParseError
-from ..reasons import Reason
+from ..values.reasons import Reason
 
 __all__ = ["parse_interrupts", "npu_irqs_from", "SOURCE", "SQ_NAME", "CQ_NAME"]
 

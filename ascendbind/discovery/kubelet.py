@@ -42,10 +42,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..cpulist import format_cpulist, parse_cpulist
+from ..values.cpulist import format_cpulist, parse_cpulist
 from ..errors import ParseError
-from ..frozen import frozen_map
-from ..model import PoolEvidence
+from ..values.frozen import frozen_map
+from ..values.model import PoolEvidence
 
 __all__ = ["CHECKPOINT_PATH", "CHECKPOINT_LIMIT", "CpuManagerState", "PodPlace", "parse_cpu_manager_state",
            "pod_place", "judge_own_cpus"]

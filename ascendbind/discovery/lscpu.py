@@ -16,10 +16,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..cpulist import parse_cpulist
+from ..values.cpulist import parse_cpulist
 from ..errors import ParseError
-from ..frozen import frozen_map
-from ..model import CpuInfo
+from ..values.frozen import frozen_map
+from ..values.model import CpuInfo
 from .cells import count
 from .columns import Layout, header_layout, read_row
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..cpulist import parse_cpulist
+from ..values.cpulist import parse_cpulist
 from ..errors import ParseError
-from ..model import NpuChip
+from ..values.model import NpuChip
 from .cells import count
 from .columns import Layout, Row, blank_before, header_layout, read_row
 

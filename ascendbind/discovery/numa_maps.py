@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..errors import ParseError
-from ..frozen import frozen_map
+from ..values.frozen import frozen_map
 
 __all__ = ["NumaResidency", "NumaScan", "OffNode", "parse_numa_maps", "scan_numa_maps", "text_lines", "local_ratio"]
 

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Protocol
 
-from ..digits import ascii_int
+from ..values.digits import ascii_int
 from .deadline import MEMORY_FILES, Readers
 from .procfs import real_uid
 

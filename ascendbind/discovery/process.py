@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..digits import is_ascii_digits
+from ..values.digits import is_ascii_digits
 from ..errors import ParseError, ProcessGone, UsageError
-from ..frozen import frozen_map
-from ..model import ProcessIdentity, ThreadInfo
+from ..values.frozen import frozen_map
+from ..values.model import ProcessIdentity, ThreadInfo
 from .procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cpuset_cgroup, cut_environ, parse_cgroup,
                      parse_environ, parse_stat, parse_status)
 from .mountinfo import MOUNTINFO_LIMIT, cgroup2_mounts, locate_cgroup

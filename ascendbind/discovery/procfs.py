@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..cpulist import parse_cpulist
-from ..digits import ascii_int
+from ..values.cpulist import parse_cpulist
+from ..values.digits import ascii_int
 from ..errors import ParseError
 
 __all__ = [

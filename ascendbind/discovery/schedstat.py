@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..digits import is_ascii_digits
+from ..values.digits import is_ascii_digits
 
 __all__ = ["ThreadSched", "parse_schedstat", "parse_nonvoluntary", "parse_cpu_busy", "parse_interrupt_counts",
            "pod_of_cgroup", "parse_container_log", "BUSY_FIELDS"]

@@ -30,10 +30,10 @@ import os
 import platform
 from collections.abc import Sequence
 
-from ..config import Config
+from ..values.config import Config
 from ..errors import DiscoveryError, UsageError
-from ..reasons import Reason
-from ..targeting import ASCEND_ENV
+from ..values.reasons import Reason
+from ..values.targeting import ASCEND_ENV
 from .devices import format_char_devices
 from .host import NODE_ROOT, discover_cpu_topology, discover_host
 from .irqhost import INTERRUPTS, discover_npu_irqs, msi_dir

@@ -52,9 +52,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..command import CommandsStopped, run_command, tool_env
-from ..digits import ascii_int
+from ..values.digits import ascii_int
 from ..errors import CommandFailed
-from ..targeting import DeviceNode
+from ..values.targeting import DeviceNode
 from .deadline import MEMORY_FILES, READERS, Readers
 from .procdir import LiveProcDir, ProcDir, read_once
 from .procfs import real_uid

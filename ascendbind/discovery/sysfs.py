@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from ..cpulist import parse_cpulist
+from ..values.cpulist import parse_cpulist
 from ..errors import ParseError
 
 __all__ = ["parse_node_distance", "parse_cpulist_file"]

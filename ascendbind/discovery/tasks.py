@@ -26,7 +26,7 @@ import os
 import select
 from collections.abc import Iterable
 
-from ..digits import is_ascii_digits
+from ..values.digits import is_ascii_digits
 from ..errors import DiscoveryError
 from .deadline import READERS
 from .procfs import ENVIRON_LIMIT, cut_environ, parse_environ, real_uid

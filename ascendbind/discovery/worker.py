@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ..config import Config
-from ..cpulist import format_cpulist
+from ..values.config import Config
+from ..values.cpulist import format_cpulist
 from ..errors import DiscoveryError, ParseError, ProcessGone
-from ..frozen import frozen_map
-from ..model import PoolEvidence, ProcessIdentity, WorkerFacts
-from ..targeting import NpuEvidence
+from ..values.frozen import frozen_map
+from ..values.model import PoolEvidence, ProcessIdentity, WorkerFacts
+from ..values.targeting import NpuEvidence
 from .deviceset import read_npu_evidence
 from .kubelet import CHECKPOINT_LIMIT, CHECKPOINT_PATH, judge_own_cpus, parse_cpu_manager_state, pod_place
 from .numa_maps import NumaResidency, parse_numa_maps

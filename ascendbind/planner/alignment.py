@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import CHOICES, Config
+from ..values.config import CHOICES, Config
 from ..errors import Conflict, UsageError
-from ..model import PlanIssue
+from ..values.model import PlanIssue
 from .codes import issue
 from .hints import Hint, Merged, mask_of, mask_text, nodes_in
 from .layout import cl, nodes_text

@@ -7,8 +7,8 @@ config lint warnings.
 
 from __future__ import annotations
 
-from ..config import Config
-from ..model import HostFacts, Plan, PoolChoice, WorkerFacts
+from ..values.config import Config
+from ..values.model import HostFacts, Plan, PoolChoice, WorkerFacts
 from .alignment import PROVIDERS, NpuAlignment
 from .cpuset_pool import choose_pool_source
 from .hints import Hint, mask_text

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..model import HostFacts, PlanIssue
+from ..values.model import HostFacts, PlanIssue
 from .codes import issue
 from .layout import Layout, cl
 

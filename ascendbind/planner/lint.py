@@ -7,8 +7,8 @@ start-up and in ``plan --explain``. Pure: config + host facts in, sentences out.
 
 from __future__ import annotations
 
-from ..config import Config
-from ..model import DeviceType, HostFacts, Mode
+from ..values.config import Config
+from ..values.model import DeviceType, HostFacts, Mode
 from .layout import Layout
 from .plan import choose_mode, effective_device_type
 from .policy import cpu_bind_policy, topology_policy

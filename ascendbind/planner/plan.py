@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import Config
-from ..decisions import PlanAlignment
-from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts
+from ..values.config import Config
+from ..values.decisions import PlanAlignment
+from ..values.model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts
 from .alignment import Alignment, align, resolve_policy
 from .cluster950 import cluster_pools
 from .cpuset_pool import choose_pool_source, cpuset_pools

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..config import Config
-from ..model import DeviceType, HostFacts, Mode, WorkerFacts
+from ..values.config import Config
+from ..values.model import DeviceType, HostFacts, Mode, WorkerFacts
 from .hints import Hint, mask_of, nodes_in, width
 from .layout import Layout, cl, nodes_text
 from .policy import cpu_bind_policy

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..model import PlanIssue
+from ..values.model import PlanIssue
 from .codes import issue
 from .layout import Layout, cl, nodes_text
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ...discovery.identity import refuse_non_worker
 from ...discovery.process import parent_of
 from ...errors import NotPermitted
-from ...model import ProcessIdentity
+from ...values.model import ProcessIdentity
 
 __all__ = ["Peer", "peer_of", "authorize"]
 

@@ -15,11 +15,11 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import CHOICES, Config
+from ...values.config import CHOICES, Config
 from ...errors import Conflict, NotPermitted, ProcessGone, UsageError
-from ...model import Binding, Plan
+from ...values.model import Binding, Plan
 from ...planner.alignment import resolve_policy as planner_resolve_policy
-from ...targeting import ASCEND_ENV, TargetRequest
+from ...values.targeting import ASCEND_ENV, TargetRequest
 
 __all__ = ["PlanAsk", "parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
            "irq_owners", "evictable", "claim_npus", "recycled_is_a_conflict", "MAX_JSON_DEPTH", "PID_MAX", "NPU_MAX"]

@@ -43,14 +43,14 @@ from typing import Any
 
 import structlog
 
-from ...config import Config
-from ...cpulist import format_cpulist
-from ...decisions import MaskWrite
+from ...values.config import Config
+from ...values.cpulist import format_cpulist
+from ...values.decisions import MaskWrite
 from ...discovery.irqhost import irq_masks_writable
 from ...errors import ConfigError, PlanImpossible
-from ...model import Binding, HostFacts, PlanIssue
+from ...values.model import Binding, HostFacts, PlanIssue
 from ...planner.isolation import IsolationPlan, plan_isolation
-from ...reasons import Reason
+from ...values.reasons import Reason
 from ..state.isolationrecord import IsolationRecord, SavedMask, key_kind, mask_key
 from .banned import follow_irqbalance
 from .hosttasks import HostTasks

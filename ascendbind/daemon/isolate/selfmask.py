@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from ...applier.taskmask import set_task_cpus, task_cpus
-from ...cpulist import format_cpulist
+from ...values.cpulist import format_cpulist
 from ...discovery.hostwork import own_threads
 
 __all__ = ["DaemonThreads", "MAX_ROUNDS"]

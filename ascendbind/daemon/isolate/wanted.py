@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from ...applier.taskmask import task_cpus
-from ...config import Config
-from ...cpulist import format_cpulist
+from ...values.config import Config
+from ...values.cpulist import format_cpulist
 from ...discovery.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
                                    read_unbound_workqueues, read_workqueue_mask)
 from ...discovery.irqhost import read_irq_mask
-from ...model import HostFacts
+from ...values.model import HostFacts
 from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
 from ...planner.isolation import IsolationPlan, narrowed
 from ..state.isolationrecord import SavedMask, mask_key

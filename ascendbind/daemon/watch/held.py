@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...applier.affinity import role_of
-from ...config import CHOICES
-from ...cpulist import format_cpulist
+from ...values.config import CHOICES
+from ...values.cpulist import format_cpulist
 from ...discovery.pin import ProcessPin
 from ...discovery.numa_maps import NumaResidency
-from ...frozen import plain
-from ...model import Binding
-from ...reasons import Step
+from ...values.frozen import plain
+from ...values.model import Binding
+from ...values.reasons import Step
 from .lifecycle import Record
 from ..api.requests import PlanAsk, alignment_of
 from ..state.staterecord import binding_to_json

@@ -41,9 +41,9 @@ from collections.abc import Sequence
 import structlog
 
 from ...errors import AscendbindError, Conflict
-from ...model import HostFacts, WorkerFacts
+from ...values.model import HostFacts, WorkerFacts
 from ...planner import resolve_targets
-from ...targeting import TargetRequest
+from ...values.targeting import TargetRequest
 from ..runtime.threadname import name_os_thread
 
 __all__ = ["NpuChecker", "check_named_npu"]

@@ -50,7 +50,7 @@ import time
 import structlog
 
 from ...discovery.identity import verify_identity
-from ...cpulist import parse_mask
+from ...values.cpulist import parse_mask
 from ...discovery.irqhost import irqbalance_pids, read_irq_mask
 from ...discovery.pin import LIVE_PROC
 from ...discovery.tasks import exited_pidfds, open_pidfd

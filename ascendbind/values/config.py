@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cpulist import parse_cpulist
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Config", "CHOICES", "PLAN_KEYS", "ISOLATION_KEYS", "KEYS", "DEFAULT_CONFIG_PATH", "DEFAULT_SOCKET",
            "coerce", "from_layers", "unknown_name", "exempt_entries"]
