@@ -133,7 +133,7 @@ def _plan_errors(plan: Plan) -> PlanImpossible:
 
 def cmd_plan(args) -> int:
     from .discovery import LiveHost, SnapshotHost
-    from .discovery.sources import OneTimeoutPerTool, is_snapshot_dir
+    from .discovery.read.sources import OneTimeoutPerTool, is_snapshot_dir
     from .planner.isolation import explain_isolation, plan_isolation
 
     config = config_from_args(args)
@@ -171,7 +171,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_snapshot(args) -> int:
-    from .discovery.snapshot import record_snapshot
+    from .discovery.gather.snapshot import record_snapshot
 
     config = config_from_args(args)
     written = record_snapshot(args.out_dir, args.pid, config)
@@ -181,11 +181,11 @@ def cmd_snapshot(args) -> int:
 
 def cmd_apply(args) -> int:
     from .applier import apply_plan
-    from .discovery.identity import require_worker
+    from .discovery.gather.identity import require_worker
     from .discovery import LiveHost
     from .render import compact_json, steps_table
 
-    from .discovery.sources import OneTimeoutPerTool
+    from .discovery.read.sources import OneTimeoutPerTool
 
     config = config_from_args(args)
     require_worker(args.pid, config.proc_root)  # pid 1, kernel threads: exit 7 before any planning

@@ -27,7 +27,7 @@ from pathlib import Path
 from .applier.affinity import role_of
 from .client import Client
 from .values.cpulist import format_cpulist
-from .discovery.process import thread_masks
+from .discovery.gather.process import thread_masks
 from .errors import AscendbindError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -192,7 +192,7 @@ def cmd_status(args) -> int:
         workers, isolation = listing["workers"], listing.get("isolation")
     if args.memory:
         from .discovery import LiveHost
-        from .discovery.worker import read_numa_residency
+        from .discovery.gather.worker import read_numa_residency
         from .errors import AscendbindError
 
         for w in workers:

@@ -13,7 +13,7 @@ from ascendbind.applier.affinity import (
     role_of,
     set_all_threads,
 )
-from ascendbind.discovery.process import thread_masks
+from ascendbind.discovery.gather.process import thread_masks
 from ascendbind.values.model import Mode, NpuPlan
 from ascendbind.values.reasons import Outcome, Reason
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker

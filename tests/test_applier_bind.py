@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ascendbind.applier import apply_plan, release_binding
-from ascendbind.discovery.identity import proc_state, start_time, verify_identity
+from ascendbind.discovery.gather.identity import proc_state, start_time, verify_identity
 from ascendbind.values.config import Config
 from ascendbind.errors import PlanImpossible, ProcessGone
 from ascendbind.values.frozen import frozen_map

@@ -16,8 +16,8 @@ from ascendbind.applier.irq import bind_irqs, bind_npu_irqs, restore_irq_masks, 
 from ascendbind.values.config import Config
 from ascendbind.values.cpulist import parse_mask
 from ascendbind.values.decisions import IrqBinding
-from ascendbind.discovery.irqhost import irqbalance_pids, read_irq_mask
-from ascendbind.discovery.irqs import parse_interrupts
+from ascendbind.discovery.gather.irqhost import irqbalance_pids, read_irq_mask
+from ascendbind.discovery.parse.irqs import parse_interrupts
 from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError
 from tests.irqbalance_harness import irq_masks_lock, restore_irq_masks as put_back_irq_masks

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ascendbind.discovery.identity import require_identity
+from ascendbind.discovery.gather.identity import require_identity
 from ascendbind.daemon.runtime import systemd
 from ascendbind.daemon.api.auth import Peer, authorize
 from ascendbind.daemon.host.hotplug import Debouncer

@@ -14,7 +14,7 @@ import pytest
 from ascendbind.applier.irq import bind_irqs, with_planned_irqs
 from ascendbind.values.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_processes, discover_worker
-from ascendbind.discovery.host import board_argv, detect_device_type
+from ascendbind.discovery.gather.host import board_argv, detect_device_type
 from ascendbind.errors import ParseError, ProcessGone, ToolMissing, UsageError
 from ascendbind.values.model import DeviceType, NpuChip, NpuProcess
 from ascendbind.planner import make_plan, resolve_targets

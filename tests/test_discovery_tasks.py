@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 
-from ascendbind.discovery.identity import start_time
+from ascendbind.discovery.gather.identity import start_time
 from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.reconcile import Reconciler
-from ascendbind.discovery.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
+from ascendbind.discovery.read.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
                                         read_environ, task_comm, thread_count)
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan

@@ -18,7 +18,7 @@ from ascendbind.applier import apply_plan, release_binding
 from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
 from ascendbind.values.config import Config
-from ascendbind.discovery.process import read_identity
+from ascendbind.discovery.gather.process import read_identity
 from ascendbind.daemon.watch.held import Held
 from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.settings import load_config

@@ -22,7 +22,7 @@ from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.bans import carried_bans, split_bans
-from ascendbind.discovery.irqbalance import (
+from ascendbind.discovery.parse.irqbalance import (
     MAX_COMMAND,
     BanListTooLong,
     ban_command,

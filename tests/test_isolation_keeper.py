@@ -22,7 +22,7 @@ from ascendbind.values.cpulist import parse_mask
 from ascendbind.daemon.isolate.keeper import Isolation
 from ascendbind.daemon.state.isolationrecord import IsolationRecord
 from ascendbind.values.decisions import IrqBinding
-from ascendbind.discovery.hostwork import kernel_threads
+from ascendbind.discovery.gather.hostwork import kernel_threads
 from ascendbind.values.model import Binding, DeviceType
 from ascendbind.planner import make_plan
 from ascendbind.planner.driverwork import sq_task_device

@@ -18,8 +18,8 @@ from ascendbind.daemon.isolate.rules import Act, irq_target, mask_act
 from ascendbind.daemon.state.isolationrecord import IsolationRecord, SavedBan, SavedMask, mask_key
 from ascendbind.daemon.state.state import StateFile
 from ascendbind.discovery import discover_host, discover_worker
-from ascendbind.discovery.irqbalance import auto_banned_cpus, cpus_command
-from ascendbind.discovery.sources import SnapshotHost
+from ascendbind.discovery.parse.irqbalance import auto_banned_cpus, cpus_command
+from ascendbind.discovery.read.sources import SnapshotHost
 from ascendbind.errors import ConfigError
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import DeviceType, NpuChip

@@ -15,7 +15,7 @@ from ascendbind.daemon.watch.lifecycle import (Drop, Evict, LeaveAlone, Limits, 
                                                MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration,
                                                wanted)
 from ascendbind.values.decisions import IrqBinding
-from ascendbind.discovery.numa_maps import parse_numa_maps
+from ascendbind.discovery.parse.numa_maps import parse_numa_maps
 from ascendbind.errors import Conflict
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, StepResult

@@ -31,10 +31,10 @@ from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_js
 from ascendbind.daemon.watch.npucheck import NpuChecker
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.identity import pin_identity, verify_identity
-from ascendbind.discovery.pin import ProcessPin, pidfs_unique
-from ascendbind.discovery.process import observe_process
-from ascendbind.discovery.tasks import exited_pidfds, open_pidfd
+from ascendbind.discovery.gather.identity import pin_identity, verify_identity
+from ascendbind.discovery.read.pin import ProcessPin, pidfs_unique
+from ascendbind.discovery.gather.process import observe_process
+from ascendbind.discovery.read.tasks import exited_pidfds, open_pidfd
 from ascendbind.errors import ProcessGone
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Mode

@@ -18,9 +18,9 @@ from ascendbind.values.config import Config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.process import ProcessView, observe_process
-from ascendbind.discovery.procfs import cpuset_cgroup, parse_cgroup
-from ascendbind.discovery.snapshot import RecordingHost
+from ascendbind.discovery.gather.process import ProcessView, observe_process
+from ascendbind.discovery.parse.procfs import cpuset_cgroup, parse_cgroup
+from ascendbind.discovery.gather.snapshot import RecordingHost
 from ascendbind.errors import NotPermitted, ProcessGone
 from ascendbind.values.model import Mode
 from ascendbind.values.reasons import Outcome

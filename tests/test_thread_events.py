@@ -24,7 +24,7 @@ import tempfile
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks
-from ascendbind.discovery.identity import start_time
+from ascendbind.discovery.gather.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
 from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
@@ -33,9 +33,9 @@ from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.daemon.watch.threadevents import LOSS_LIMIT, ThreadEvents
 from ascendbind.values.decisions import IrqBinding
-from ascendbind.discovery.irqhost import read_irq_mask
-from ascendbind.discovery.proc_connector import ProcEventSocket
-from ascendbind.discovery.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
+from ascendbind.discovery.gather.irqhost import read_irq_mask
+from ascendbind.discovery.read.proc_connector import ProcEventSocket
+from ascendbind.discovery.parse.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
                                               listen_message, parse_events, process_start_filter, socket_filter,
                                               started_processes, thread_changes)
 from ascendbind.errors import DiscoveryError
@@ -207,7 +207,7 @@ def test_a_full_queue_is_reported_as_lost_events():
         src.close()
 
 
-PROBE = ("from ascendbind.discovery.proc_connector import ProcEventSocket\n"
+PROBE = ("from ascendbind.discovery.read.proc_connector import ProcEventSocket\n"
          "from ascendbind.errors import DiscoveryError\n"
          "try:\n    ProcEventSocket.open().close(); print('events')\n"
          "except DiscoveryError as e:\n    print(e.code)\n")

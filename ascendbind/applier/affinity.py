@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..values.cpulist import format_cpulist
-from ..discovery.pin import ProcessPin
-from ..discovery.process import new_tasks, task_comm
+from ..discovery.read.pin import ProcessPin
+from ..discovery.gather.process import new_tasks, task_comm
 from ..values.frozen import frozen_map
 from ..values.model import Mode, NpuPlan, StepResult
 from ..values.reasons import Outcome, Reason, Step

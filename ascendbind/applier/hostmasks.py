@@ -21,7 +21,7 @@ import os
 
 from ..values.cpulist import parse_mask
 from ..values.decisions import MaskWrite
-from ..discovery.procdir import read_once
+from ..discovery.read.procdir import read_once
 
 __all__ = ["write_mask_file"]
 

@@ -48,9 +48,9 @@ from array import array
 from collections.abc import Callable
 
 from ..values.config import Config
-from ..discovery.identity import verify_identity
-from ..discovery.pages import BASE_PAGE, MoveRanges, open_pagemap, read_move_ranges
-from ..discovery.process import exiting
+from ..discovery.gather.identity import verify_identity
+from ..discovery.gather.pages import BASE_PAGE, MoveRanges, open_pagemap, read_move_ranges
+from ..discovery.gather.process import exiting
 from ..errors import DiscoveryError, ParseError, ProcessGone
 from ..values.frozen import frozen_map
 from ..values.model import HostFacts, Plan, StepResult

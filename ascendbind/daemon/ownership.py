@@ -29,9 +29,9 @@ import structlog
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import merge_npu_plans
-from ..discovery.identity import pin_identity, verify_identity
+from ..discovery.gather.identity import pin_identity, verify_identity
 from ..applier.irq import set_irq_affinity
-from ..discovery.process import read_identity
+from ..discovery.gather.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone
 from ..values.frozen import frozen_map
 from ..values.model import Binding, Mode, StepResult

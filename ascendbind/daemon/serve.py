@@ -58,7 +58,7 @@ import structlog
 from .. import __version__
 from ..command import allow_commands, stop_commands
 from ..values.config import Config
-from ..discovery.deadline import READERS
+from ..discovery.read.deadline import READERS
 from ..errors import AscendbindError, ConfigError
 from ..values.model import HostFacts
 from ..planner import lint_config

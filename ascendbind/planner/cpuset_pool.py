@@ -20,7 +20,7 @@ slice, or nothing (``slice_too_small``). With the cpuset as the source:
 
 ``slice`` is the placement rules exactly. ``cpuset`` always takes the cpuset.
 ``auto`` (the default) takes it only with proof that the CPUs are the worker's
-own (discovery/kubelet.py says what counts); otherwise the placement rules, and
+own (discovery/parse/kubelet.py says what counts); otherwise the placement rules, and
 the plan explanation says why.
 """
 

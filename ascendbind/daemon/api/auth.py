@@ -27,8 +27,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...discovery.identity import refuse_non_worker
-from ...discovery.process import parent_of
+from ...discovery.gather.identity import refuse_non_worker
+from ...discovery.gather.process import parent_of
 from ...errors import NotPermitted
 from ...values.model import ProcessIdentity
 

@@ -49,8 +49,8 @@ import structlog
 
 from ...values.decisions import NpuIrqs
 from ...discovery import LiveHost, discover_host, discover_processes
-from ...discovery.irqhost import discover_npu_irqs
-from ...discovery.sources import OneTimeoutPerTool
+from ...discovery.gather.irqhost import discover_npu_irqs
+from ...discovery.read.sources import OneTimeoutPerTool
 from ...errors import AscendbindError, DiscoveryError, DiscoveryUnavailable
 from ...values.model import HostFacts, NpuProcess
 from ...values.reasons import Reason

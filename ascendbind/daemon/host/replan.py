@@ -15,7 +15,7 @@ import structlog
 
 from ...applier import apply_plan
 from ...discovery import discover_worker
-from ...discovery.process import thread_masks
+from ...discovery.gather.process import thread_masks
 from ...errors import AscendbindError, DiscoveryError
 from ...values.model import DeviceType
 from ...planner import make_plan

@@ -46,7 +46,7 @@ import structlog
 from ...values.config import Config
 from ...values.cpulist import format_cpulist
 from ...values.decisions import MaskWrite
-from ...discovery.irqhost import irq_masks_writable
+from ...discovery.gather.irqhost import irq_masks_writable
 from ...errors import ConfigError, PlanImpossible
 from ...values.model import Binding, HostFacts, PlanIssue
 from ...planner.isolation import IsolationPlan, plan_isolation

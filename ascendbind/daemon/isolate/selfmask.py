@@ -21,7 +21,7 @@ import os
 
 from ...applier.taskmask import set_task_cpus, task_cpus
 from ...values.cpulist import format_cpulist
-from ...discovery.hostwork import own_threads
+from ...discovery.gather.hostwork import own_threads
 
 __all__ = ["DaemonThreads", "MAX_ROUNDS"]
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from ...discovery.numa_maps import NumaResidency
+from ...discovery.parse.numa_maps import NumaResidency
 from ...values.frozen import frozen_map
 from ...values.model import Binding
 from .bans import split_bans

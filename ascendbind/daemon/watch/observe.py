@@ -49,7 +49,7 @@ from operator import attrgetter
 
 from ...applier.affinity import ROLES, cpus_for_role, role_of
 from ...applier.bind import merge_npu_plans
-from ...discovery.tasks import list_tids, task_comm, thread_count
+from ...discovery.read.tasks import list_tids, task_comm, thread_count
 from ...values.model import Plan
 from .held import SeenThread
 
