@@ -134,7 +134,7 @@ def _plan_errors(plan: Plan) -> PlanImpossible:
 def cmd_plan(args) -> int:
     from .discovery import LiveHost, SnapshotHost
     from .discovery.read.sources import OneTimeoutPerTool, is_snapshot_dir
-    from .planner.isolation import explain_isolation, plan_isolation
+    from .planner.isolate.isolation import explain_isolation, plan_isolation
 
     config = config_from_args(args)
     pid = args.pid

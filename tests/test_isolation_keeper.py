@@ -25,7 +25,7 @@ from ascendbind.values.decisions import IrqBinding
 from ascendbind.discovery.gather.hostwork import kernel_threads
 from ascendbind.values.model import Binding, DeviceType
 from ascendbind.planner import make_plan
-from ascendbind.planner.driverwork import sq_task_device
+from ascendbind.planner.isolate.driverwork import sq_task_device
 from tests.irqbalance_harness import Irqbalance, RawClient, fixture_proc_link
 from tests.test_applier_irq import immutable, needs_chattr
 from tests.daemon_harness import wait_for

@@ -24,9 +24,9 @@ from ascendbind.errors import ConfigError
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import DeviceType, NpuChip
 from ascendbind.planner import make_plan
-from ascendbind.planner.driverwork import (device_id, driver_cpus, sq_send_wq_device, sq_send_wq_name,
+from ascendbind.planner.isolate.driverwork import (device_id, driver_cpus, sq_send_wq_device, sq_send_wq_name,
                                           sq_task_device, trs_mbox_device)
-from ascendbind.planner.isolation import NO_HOUSEKEEPING, explain_isolation, narrowed, plan_isolation, task_target
+from ascendbind.planner.isolate.isolation import NO_HOUSEKEEPING, explain_isolation, narrowed, plan_isolation, task_target
 from ascendbind.settings import load_config
 from tests.golden import CASES, HOSTS, golden_path, run_plan
 from tests.planner_hosts import host, one_npu_host, worker

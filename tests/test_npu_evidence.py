@@ -21,7 +21,7 @@ from ascendbind.discovery.gather.process import observe_process
 from ascendbind.discovery.gather.snapshot import RecordingHost
 from ascendbind.discovery.read.sources import LiveHost, SnapshotHost
 from ascendbind.errors import ParseError, ProcessGone
-from ascendbind.planner.ascend_env import is_virtual, parse_rt_visible_devices, parse_visible_devices
+from ascendbind.planner.npus.ascend_env import is_virtual, parse_rt_visible_devices, parse_visible_devices
 from ascendbind.values.targeting import DeviceNode, physical_of_udevid
 
 from .containers import npu_major

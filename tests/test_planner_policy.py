@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ascendbind.values.config import CHOICES
-from ascendbind.planner.hints import Hint, mask_of
-from ascendbind.planner.policy import CPU_BIND_POLICIES, TOPOLOGY_POLICIES, cpu_bind_policy, topology_policy
+from ascendbind.planner.align.hints import Hint, mask_of
+from ascendbind.planner.align.policy import CPU_BIND_POLICIES, TOPOLOGY_POLICIES, cpu_bind_policy, topology_policy
 
 PLANNER = Path(__file__).resolve().parent.parent / "ascendbind" / "planner"
 

@@ -3,7 +3,7 @@
 import pytest
 
 from ascendbind.values.config import Config
-from ascendbind.planner.roles import RoleSplitError, role_minimum, split_roles
+from ascendbind.planner.pools.roles import RoleSplitError, role_minimum, split_roles
 
 
 def r(lo, hi):

@@ -1,4 +1,4 @@
-"""The target rule (planner/targets.py) as tables: evidence and request in, NPUs and rule out.
+"""The target rule (planner/npus/targets.py) as tables: evidence and request in, NPUs and rule out.
 
 Each precedence step has its rows; each row is a worker as a deployment leaves it (device
 nodes, devices cgroup, driver map, process table, environment) and what the rule must

@@ -28,7 +28,7 @@ from ascendbind.discovery.parse.procfs import ENVIRON_LIMIT, cut_environ, parse_
 from ascendbind.discovery.read.sources import LiveHost
 from ascendbind.discovery.read.tasks import read_environ
 from ascendbind.errors import DiscoveryError, ParseError
-from ascendbind.planner.ascend_env import MAX_ID, parse_rt_visible_devices, parse_visible_devices
+from ascendbind.planner.npus.ascend_env import MAX_ID, parse_rt_visible_devices, parse_visible_devices
 from tests.daemon_harness import wait_for
 from tests.hostile_workers import raw_environ_worker, rewritten_environ_worker
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from ..values.config import Config
 from ..values.model import DeviceType, HostFacts, Mode
-from .layout import Layout
+from .pools.layout import Layout
 from .plan import choose_mode, effective_device_type
-from .policy import cpu_bind_policy, topology_policy
+from .align.policy import cpu_bind_policy, topology_policy
 
 __all__ = ["lint_config"]
 

@@ -9,7 +9,7 @@ as frozen values. Pure.
   driver's process-to-device map, the container's device nodes, its devices cgroup,
   and whether it shares the host's mount namespace. A field that is None was not
   available; ``unavailable`` says why.
-* ``TargetDecision``: the NPUs the rule (planner/targets.py) picked, the rule that
+* ``TargetDecision``: the NPUs the rule (planner/npus/targets.py) picked, the rule that
   picked them, and every piece of evidence as a line (``EvidenceLine``): what it says
   and how it was read. It travels on the plan (``Plan.targets``), so ``plan --explain``,
   the bind answer and ``status`` show the same account.

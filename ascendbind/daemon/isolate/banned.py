@@ -24,7 +24,7 @@ from ...discovery.parse.irqbalance import auto_banned_cpus
 from ...discovery.gather.irqhost import irqbalance_pids
 from ...discovery.gather.process import read_identity
 from ...discovery.read.tasks import read_environ
-from ...planner.isolation import IsolationPlan
+from ...planner.isolate.isolation import IsolationPlan
 from ...values.reasons import Reason
 from ..state.isolationrecord import SavedBan
 from .masks import hex_cpus, list_cpus

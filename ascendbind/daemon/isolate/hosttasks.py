@@ -53,7 +53,7 @@ from ...applier.taskmask import task_cpus
 from ...values.config import Config, exempt_entries
 from ...values.cpulist import format_cpulist
 from ...discovery.gather.hosttasks import ProcessFacts, list_pids, process_facts, thread_starts
-from ...planner.isolation import IsolationPlan, task_target
+from ...planner.isolate.isolation import IsolationPlan, task_target
 from ...values.reasons import Reason
 from ..state.isolationrecord import SavedMask, key_kind, mask_key
 from .masks import list_cpus

@@ -16,8 +16,8 @@ from ...discovery.gather.hostwork import (irq_names, irq_numbers, kernel_threads
                                    read_unbound_workqueues, read_workqueue_mask)
 from ...discovery.gather.irqhost import read_irq_mask
 from ...values.model import HostFacts
-from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
-from ...planner.isolation import IsolationPlan, narrowed
+from ...planner.isolate.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
+from ...planner.isolate.isolation import IsolationPlan, narrowed
 from ..state.isolationrecord import SavedMask, mask_key
 from .masks import hex_cpus
 from .rules import irq_target

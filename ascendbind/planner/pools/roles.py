@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..values.config import Config
+from ...values.config import Config
 from .layout import Layout, cl as _cl
 
 __all__ = ["Roles", "RoleSplitError", "role_minimum", "split_roles"]

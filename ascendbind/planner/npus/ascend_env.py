@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from ..values.digits import is_ascii_digits
+from ...values.digits import is_ascii_digits
 
 __all__ = ["parse_visible_devices", "parse_rt_visible_devices", "is_virtual", "MAX_ID"]
 

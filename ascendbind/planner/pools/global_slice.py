@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..values.model import HostFacts, PlanIssue
-from .codes import issue
+from ...values.model import HostFacts, PlanIssue
+from ..codes import issue
 from .layout import Layout, cl
 
 __all__ = ["total_npus", "slice_pools"]

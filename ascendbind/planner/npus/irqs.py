@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..values.decisions import NpuIrqPlan, NpuIrqs
-from ..values.model import Mode, Plan
-from ..values.reasons import Reason
+from ...values.decisions import NpuIrqPlan, NpuIrqs
+from ...values.model import Mode, Plan
+from ...values.reasons import Reason
 
 __all__ = ["plan_irqs", "step_off"]
 

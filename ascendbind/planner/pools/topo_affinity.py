@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..values.model import PlanIssue
-from .codes import issue
+from ...values.model import PlanIssue
+from ..codes import issue
 from .layout import Layout, cl, nodes_text
 
 __all__ = ["AffinityPools", "affinity_pools", "candidate_npus", "base_pool"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from ..values.cpulist import bits
+from ...values.cpulist import bits
 
 __all__ = ["Hint", "Merged", "mask_of", "nodes_in", "width", "merge", "filter_single_numa",
            "aggregate_score", "average_distance", "mask_text"]
@@ -65,7 +65,7 @@ def width(mask: int | None) -> int:
 def mask_text(mask: int | None) -> str:
     if mask is None:
         return "any"
-    from ..values.cpulist import format_cpulist
+    from ...values.cpulist import format_cpulist
 
     return "NUMA " + (format_cpulist(nodes_in(mask)) or "(none)")
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..values.config import Config
-from ..values.model import PoolChoice, WorkerFacts
+from ...values.config import Config
+from ...values.model import PoolChoice, WorkerFacts
 from .layout import Layout
 
 __all__ = ["choose_pool_source", "cpuset_pools"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..values.model import PlanIssue
-from .codes import issue
+from ...values.model import PlanIssue
+from ..codes import issue
 from .layout import Layout, cl, nodes_text
 from .topo_affinity import base_pool, candidate_npus
 

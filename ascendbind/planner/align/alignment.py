@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..values.config import CHOICES, Config
-from ..errors import Conflict, UsageError
-from ..values.model import PlanIssue
-from .codes import issue
+from ...values.config import CHOICES, Config
+from ...errors import Conflict, UsageError
+from ...values.model import PlanIssue
+from ..codes import issue
 from .hints import Hint, Merged, mask_of, mask_text, nodes_in
-from .layout import cl, nodes_text
+from ..pools.layout import cl, nodes_text
 from .policy import TopologyPolicy
 from .providers import (HintContext, build_in_mask, cpu_hints, cpu_shortfall, device_hints, memory_hints,
                         single_node_masks)

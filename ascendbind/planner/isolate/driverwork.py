@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..values.model import HostFacts
+from ...values.model import HostFacts
 from .isolation import IsolationPlan
 
 __all__ = ["sq_task_device", "sq_send_wq_device", "sq_send_wq_name", "trs_mbox_device", "device_id",

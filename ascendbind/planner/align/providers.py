@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..values.config import Config
-from ..values.model import DeviceType, HostFacts, Mode, WorkerFacts
+from ...values.config import Config
+from ...values.model import DeviceType, HostFacts, Mode, WorkerFacts
 from .hints import Hint, mask_of, nodes_in, width
-from .layout import Layout, cl, nodes_text
+from ..pools.layout import Layout, cl, nodes_text
 from .policy import cpu_bind_policy
-from .roles import RoleSplitError, role_minimum, split_roles
+from ..pools.roles import RoleSplitError, role_minimum, split_roles
 
 __all__ = ["HintContext", "device_hints", "cpu_hints", "memory_hints", "build_in_mask", "cpu_shortfall",
            "and_join"]

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import Conflict, PlanImpossible, UsageError
-from ..values.model import HostFacts, WorkerFacts
-from ..values.targeting import (ASCEND_ENV, SOURCES, EvidenceLine, NpuEvidence, TargetDecision, TargetRequest,
+from ...errors import Conflict, PlanImpossible, UsageError
+from ...values.model import HostFacts, WorkerFacts
+from ...values.targeting import (ASCEND_ENV, SOURCES, EvidenceLine, NpuEvidence, TargetDecision, TargetRequest,
                          physical_of_udevid)
 from .ascend_env import is_virtual, parse_rt_visible_devices, parse_visible_devices
-from .layout import cl
+from ..pools.layout import cl
 
 __all__ = ["resolve_targets"]
 

@@ -39,11 +39,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..values.config import Config
-from ..values.cpulist import format_cpulist, parse_cpulist
-from ..values.frozen import frozen_map
-from ..values.model import HostFacts, Mode, Plan, PlanIssue, WorkerFacts
-from .plan import make_plan
+from ...values.config import Config
+from ...values.cpulist import format_cpulist, parse_cpulist
+from ...values.frozen import frozen_map
+from ...values.model import HostFacts, Mode, Plan, PlanIssue, WorkerFacts
+from ..plan import make_plan
 
 __all__ = ["IsolationPlan", "plan_isolation", "host_plan", "protected_roles", "narrowed", "task_target",
            "explain_isolation", "NO_HOUSEKEEPING"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from ..values.config import CHOICES
+from ...values.config import CHOICES
 from .hints import Hint, Merged, filter_single_numa, merge, width
 
 __all__ = ["TopologyPolicy", "topology_policy", "TOPOLOGY_POLICIES", "CpuBindPolicy", "cpu_bind_policy",

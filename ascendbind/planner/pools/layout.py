@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..values.cpulist import format_cpulist
-from ..values.model import HostFacts
+from ...values.cpulist import format_cpulist
+from ...values.model import HostFacts
 
 __all__ = ["Layout", "cl", "nodes_text"]
 
