@@ -220,7 +220,7 @@ def test_errors_md_lists_the_plan_warning_codes():
 
 def test_errors_md_lists_every_code_the_planner_raises_before_planning():
     raised = set()
-    for path in (ROOT / "ascendbind" / "planner").glob("*.py"):
+    for path in (ROOT / "ascendbind" / "planner").rglob("*.py"):
         raised |= set(re.findall(r'code="(\w+)"', path.read_text(encoding="utf-8")))
     assert raised, "the scan found no raised codes"
     assert keys_of("errors.md", "## Before planning") == raised

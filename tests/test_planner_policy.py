@@ -62,7 +62,8 @@ def _compared_names(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(p for p in PLANNER.glob("*.py") if p.name != "policy.py"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(p for p in PLANNER.rglob("*.py") if p.name != "policy.py"),
+                         ids=lambda p: str(p.relative_to(PLANNER)))
 def test_the_planner_asks_the_policy_object_never_compares_its_name(path):
     assert _compared_names(path) == []
 
