@@ -1,4 +1,4 @@
-"""discovery.tasks on real processes: the thread count the reconcile look trusts,
+"""discovery/read/tasks.py on real processes: the thread count the reconcile look trusts,
 the task list, comm, environment, command line and parent the blame evidence
 reads, and the pidfd poll that tells the loop a worker is gone."""
 
