@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from . import __version__
 from .command import sigterm_kills_tools
-from .config import Config
+from .values.config import Config
 from .errors import AscendbindError, PlanImpossible, StepFailed, UsageError
-from .model import DeviceType, Plan
+from .values.model import DeviceType, Plan
 from .settings import add_config_flags, config_from_args
 
 __all__ = ["main", "build_parser"]
@@ -98,7 +98,7 @@ def _plan_for(source, config: Config, pid: int | None, args):
     from .discovery import discover_host, discover_worker
     from .errors import Conflict
     from .planner import make_plan, resolve_targets
-    from .targeting import TargetRequest, evidence_lines
+    from .values.targeting import TargetRequest, evidence_lines
 
     host = discover_host(source, config)
     worker = discover_worker(source, pid, config, want_uvb=host.device_type is DeviceType.A950)
@@ -133,8 +133,8 @@ def _plan_errors(plan: Plan) -> PlanImpossible:
 
 def cmd_plan(args) -> int:
     from .discovery import LiveHost, SnapshotHost
-    from .discovery.sources import OneTimeoutPerTool, is_snapshot_dir
-    from .planner.isolation import explain_isolation, plan_isolation
+    from .discovery.read.sources import OneTimeoutPerTool, is_snapshot_dir
+    from .planner.isolate.isolation import explain_isolation, plan_isolation
 
     config = config_from_args(args)
     pid = args.pid
@@ -171,7 +171,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_snapshot(args) -> int:
-    from .discovery.snapshot import record_snapshot
+    from .discovery.gather.snapshot import record_snapshot
 
     config = config_from_args(args)
     written = record_snapshot(args.out_dir, args.pid, config)
@@ -181,11 +181,11 @@ def cmd_snapshot(args) -> int:
 
 def cmd_apply(args) -> int:
     from .applier import apply_plan
-    from .discovery.identity import require_worker
+    from .discovery.gather.identity import require_worker
     from .discovery import LiveHost
     from .render import compact_json, steps_table
 
-    from .discovery.sources import OneTimeoutPerTool
+    from .discovery.read.sources import OneTimeoutPerTool
 
     config = config_from_args(args)
     require_worker(args.pid, config.proc_root)  # pid 1, kernel threads: exit 7 before any planning

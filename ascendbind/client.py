@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from urllib.parse import urlencode
 
 from . import errors
-from .config import DEFAULT_SOCKET
+from .values.config import DEFAULT_SOCKET
 from .mempolicy import prefer_nodes
 from .settings import resolve_socket
 

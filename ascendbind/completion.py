@@ -45,7 +45,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def _bool_keys() -> set[str]:
-    from .config import Config
+    from .values.config import Config
 
     return {f.name for f in dataclasses.fields(Config) if isinstance(f.default, bool)}
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .applier.affinity import role_of
 from .client import Client
-from .cpulist import format_cpulist
-from .discovery.process import thread_masks
+from .values.cpulist import format_cpulist
+from .discovery.gather.process import thread_masks
 from .errors import AscendbindError
 
 ROOT = Path(__file__).resolve().parents[1]

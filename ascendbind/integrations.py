@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from . import errors
 from .client import Client
-from .targeting import ASCEND_ENV
+from .values.targeting import ASCEND_ENV
 
 __all__ = [
     "bind_current_process",

@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .cpulist import format_cpulist
-from .model import Plan, StepResult
+from .values.cpulist import format_cpulist
+from .values.model import Plan, StepResult
 
 __all__ = ["plan_table", "steps_table", "table", "compact_json"]
 

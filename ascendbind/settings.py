@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from .config import (CHOICES, DEFAULT_CONFIG_PATH, DEFAULT_SOCKET, ISOLATION_KEYS, KEYS, PLAN_KEYS, Config, from_layers,
+from .values.config import (CHOICES, DEFAULT_CONFIG_PATH, DEFAULT_SOCKET, ISOLATION_KEYS, KEYS, PLAN_KEYS, Config, from_layers,
                      unknown_name)
 from .errors import ConfigError
 

@@ -15,8 +15,8 @@ import os
 import sys
 
 from .client import Client, run_bound
-from .config import CHOICES, DEFAULT_SOCKET
-from .cpulist import format_cpulist
+from .values.config import CHOICES, DEFAULT_SOCKET
+from .values.cpulist import format_cpulist
 from .errors import StepFailed, UsageError
 from .render import compact_json, table
 from .settings import add_config_flags, config_from_args, resolve_socket
@@ -192,7 +192,7 @@ def cmd_status(args) -> int:
         workers, isolation = listing["workers"], listing.get("isolation")
     if args.memory:
         from .discovery import LiveHost
-        from .discovery.worker import read_numa_residency
+        from .discovery.gather.worker import read_numa_residency
         from .errors import AscendbindError
 
         for w in workers:

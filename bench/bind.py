@@ -63,9 +63,9 @@ sys.path.insert(0, ROOT)
 
 from ascendbind.applier import apply_plan  # noqa: E402
 from ascendbind.applier.affinity import bind_threads  # noqa: E402
-from ascendbind.config import Config  # noqa: E402
+from ascendbind.values.config import Config  # noqa: E402
 from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noqa: E402
-from ascendbind.discovery.pin import open_pin  # noqa: E402
+from ascendbind.discovery.read.pin import open_pin  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
 from ascendbind.daemon.core import Daemon  # noqa: E402

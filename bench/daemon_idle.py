@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ascendbind.config import Config  # noqa: E402
+from ascendbind.values.config import Config  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value, wait_for  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
@@ -106,7 +106,7 @@ def check_period(root: str | None) -> float:
     if root is None:
         return Config().memory_check_seconds
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); "
-                          "from ascendbind.config import Config; print(Config().memory_check_seconds)"],
+                          "from ascendbind.values.config import Config; print(Config().memory_check_seconds)"],
                          capture_output=True, text=True, check=True, timeout=60)
     return float(out.stdout)
 

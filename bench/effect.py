@@ -59,7 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ascendbind.cpulist import format_cpulist  # noqa: E402
+from ascendbind.values.cpulist import format_cpulist  # noqa: E402
 from bench.common import results_from_guest, write_json  # noqa: E402
 from bench.effect_parts import (ROLE_THREADS, ROLES, StandInProc, fmt_ratio, latency_summary,  # noqa: E402,F401
                                 log_histogram, migration_cut, percentile, pin_all, ratio)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ascendbind.cpulist import format_cpulist  # noqa: E402
+from ascendbind.values.cpulist import format_cpulist  # noqa: E402
 from tests.workers import cpus_allowed_of, reap  # noqa: E402
 
 ROLES = ("main", "acl", "release", "helpers")

@@ -55,8 +55,8 @@ def quantile(values: list[float], q: float) -> float:
 def event_delivery(starts: int) -> dict | None:
     """Fork to the watcher's read of the fork event, ``starts`` times (None: no connector here)."""
     sys.path.insert(0, ROOT)
-    from ascendbind.discovery.proc_connector import ProcEventSocket
-    from ascendbind.discovery.proc_events import parse_events, process_start_filter, started_processes
+    from ascendbind.discovery.read.proc_connector import ProcEventSocket
+    from ascendbind.discovery.parse.proc_events import parse_events, process_start_filter, started_processes
     from ascendbind.errors import DiscoveryError
 
     try:

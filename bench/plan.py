@@ -22,10 +22,10 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ascendbind.config import Config  # noqa: E402
-from ascendbind.frozen import frozen_map  # noqa: E402
-from ascendbind.model import CpuInfo, DeviceType, HostFacts, WorkerFacts  # noqa: E402
-from ascendbind.model import NpuChip  # noqa: E402
+from ascendbind.values.config import Config  # noqa: E402
+from ascendbind.values.frozen import frozen_map  # noqa: E402
+from ascendbind.values.model import CpuInfo, DeviceType, HostFacts, WorkerFacts  # noqa: E402
+from ascendbind.values.model import NpuChip  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from bench.common import write_json  # noqa: E402
 

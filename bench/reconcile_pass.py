@@ -53,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ascendbind.applier.affinity import role_of  # noqa: E402
 from ascendbind.daemon.api.contention import Contention  # noqa: E402
 from ascendbind.daemon.watch.held import SeenThread  # noqa: E402
-from ascendbind.config import Config  # noqa: E402
+from ascendbind.values.config import Config  # noqa: E402
 from ascendbind.daemon.watch.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
-from ascendbind.discovery.process import thread_masks  # noqa: E402
+from ascendbind.discovery.gather.process import thread_masks  # noqa: E402
 from bench.common import machine, write_json  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ascendbind.frozen import frozen_map
-from ascendbind.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, WorkerFacts
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess, WorkerFacts
 
 
 def distances(n: int, near: int = 20, far: int = 30, socket: int | None = None) -> dict[int, tuple[int, ...]]:

@@ -54,7 +54,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ascendbind.config import Config  # noqa: E402
+from ascendbind.values.config import Config  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
 from ascendbind.daemon.core import Daemon  # noqa: E402
 from ascendbind.daemon.watch.reconcile import Reconciler  # noqa: E402

@@ -13,9 +13,9 @@ from ascendbind.applier.affinity import (
     role_of,
     set_all_threads,
 )
-from ascendbind.discovery.process import thread_masks
-from ascendbind.model import Mode, NpuPlan
-from ascendbind.reasons import Outcome, Reason
+from ascendbind.discovery.gather.process import thread_masks
+from ascendbind.values.model import Mode, NpuPlan
+from ascendbind.values.reasons import Outcome, Reason
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 
 CPUS = sorted(os.sched_getaffinity(0))

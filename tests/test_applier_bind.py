@@ -10,11 +10,11 @@ import time
 import pytest
 
 from ascendbind.applier import apply_plan, release_binding
-from ascendbind.discovery.identity import proc_state, start_time, verify_identity
-from ascendbind.config import Config
+from ascendbind.discovery.gather.identity import proc_state, start_time, verify_identity
+from ascendbind.values.config import Config
 from ascendbind.errors import PlanImpossible, ProcessGone
-from ascendbind.frozen import frozen_map
-from ascendbind.model import (
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import (
     DeviceType,
     HostFacts,
     Mode,
@@ -22,7 +22,7 @@ from ascendbind.model import (
     Plan,
     WorkerFacts,
 )
-from ascendbind.reasons import Outcome, Reason, Step
+from ascendbind.values.reasons import Outcome, Reason, Step
 from tests.planner_hosts import one_npu_host
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 

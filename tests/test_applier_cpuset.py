@@ -8,8 +8,8 @@ import os
 import pytest
 
 from ascendbind.applier.affinity import bind_threads
-from ascendbind.model import Mode, NpuPlan
-from ascendbind.reasons import Outcome, Reason
+from ascendbind.values.model import Mode, NpuPlan
+from ascendbind.values.reasons import Outcome, Reason
 from tests.workers import cpus_allowed_of, start_worker
 
 CPUSET_ROOT = "/sys/fs/cgroup/cpuset"

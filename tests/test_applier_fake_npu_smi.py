@@ -6,8 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from ascendbind.cpulist import parse_cpulist
-from ascendbind.discovery.npu_smi import parse_board, parse_chip_map, parse_process_table, parse_topo
+from ascendbind.values.cpulist import parse_cpulist
+from ascendbind.discovery.parse.npu_smi import parse_board, parse_chip_map, parse_process_table, parse_topo
 
 ROOT = Path(__file__).resolve().parent.parent
 NPU_SMI = ROOT / "fixtures" / "bin" / "npu-smi"

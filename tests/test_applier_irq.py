@@ -13,23 +13,23 @@ import textwrap
 import pytest
 
 from ascendbind.applier.irq import bind_irqs, bind_npu_irqs, restore_irq_masks, set_irq_affinity, with_planned_irqs
-from ascendbind.config import Config
-from ascendbind.cpulist import parse_mask
-from ascendbind.decisions import IrqBinding
-from ascendbind.discovery.irqhost import irqbalance_pids, read_irq_mask
-from ascendbind.discovery.irqs import parse_interrupts
+from ascendbind.values.config import Config
+from ascendbind.values.cpulist import parse_mask
+from ascendbind.values.decisions import IrqBinding
+from ascendbind.discovery.gather.irqhost import irqbalance_pids, read_irq_mask
+from ascendbind.discovery.parse.irqs import parse_interrupts
 from ascendbind.discovery import LiveHost
 from ascendbind.errors import ParseError
 from tests.irqbalance_harness import irq_masks_lock, restore_irq_masks as put_back_irq_masks
 from tests.planner_hosts import one_npu_host
-from ascendbind.model import (
+from ascendbind.values.model import (
     DeviceType,
     HostFacts,
     Mode,
     NpuPlan,
     Plan,
 )
-from ascendbind.reasons import Outcome, Reason
+from ascendbind.values.reasons import Outcome, Reason
 
 PCI = "0000:c1:00.0"
 INTERRUPTS = textwrap.dedent(

@@ -19,12 +19,12 @@ import pytest
 from ascendbind.applier.memory import CHUNK_BYTES, MoveCancel, PageMove, memory_target, migrate_memory, pending_memory
 from ascendbind.applier.movepages import MovePages
 from ascendbind.applier.pagewalk import Cost, Walk, choose, choose_spans
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import LiveHost
-from ascendbind.discovery.memmap import movable_pages
-from ascendbind.discovery.pages import BASE_PAGE, COARSE_MAPPINGS, open_pagemap, read_move_ranges
-from ascendbind.model import DeviceType, HostFacts, Mode, NpuPlan, Plan, StepResult
-from ascendbind.reasons import Outcome, Reason
+from ascendbind.discovery.parse.memmap import movable_pages
+from ascendbind.discovery.gather.pages import BASE_PAGE, COARSE_MAPPINGS, open_pagemap, read_move_ranges
+from ascendbind.values.model import DeviceType, HostFacts, Mode, NpuPlan, Plan, StepResult
+from ascendbind.values.reasons import Outcome, Reason
 from tests.audit import Reads, thread_reads
 from tests.memworker_client import mem_worker
 from tests.planner_hosts import one_npu_host
@@ -188,7 +188,7 @@ def test_the_memory_worker_names_its_threads_and_reports_its_regions():
 
 
 def test_an_exiting_or_gone_process_reads_as_exiting_a_live_one_not():
-    from ascendbind.discovery.process import exiting
+    from ascendbind.discovery.gather.process import exiting
     from tests.workers import _wait
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])

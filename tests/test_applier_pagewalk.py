@@ -15,8 +15,8 @@ import struct
 import pytest
 
 from ascendbind.applier.pagewalk import GAP_PAGES, Batch, Chosen, Cost, Walk, choose, choose_spans
-from ascendbind.discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, movable_pages
-from ascendbind.discovery.pages import PageMap
+from ascendbind.discovery.parse.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, movable_pages
+from ascendbind.discovery.gather.pages import PageMap
 
 P = 4096
 GOOD = PM_PRESENT | PM_EXCLUSIVE

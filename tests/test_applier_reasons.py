@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from ascendbind.reasons import Reason
+from ascendbind.values.reasons import Reason
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reasons.md"
 

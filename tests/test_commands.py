@@ -13,10 +13,10 @@ import threading
 import pytest
 
 from ascendbind import command
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.daemon.host.hostcache import HOST_FACTS, PROCESS_TABLE, HostCache, backoff_delay
 from ascendbind.discovery import LiveHost, discover_host
-from ascendbind.discovery.sources import OneTimeoutPerTool
+from ascendbind.discovery.read.sources import OneTimeoutPerTool
 from ascendbind.errors import CommandFailed, DiscoveryUnavailable
 from tests.daemon_harness import wait_for
 from tests.hanging_tool import HangingNpuSmi

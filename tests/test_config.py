@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.settings import OTHER_VARIABLES, load_config
 from ascendbind.errors import ConfigError
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ascendbind.discovery.cpuusage import pod_names
-from ascendbind.discovery.schedstat import (parse_container_log, parse_cpu_busy, parse_interrupt_counts,
+from ascendbind.discovery.gather.cpuusage import pod_names
+from ascendbind.discovery.parse.schedstat import (parse_container_log, parse_cpu_busy, parse_interrupt_counts,
                                              parse_nonvoluntary, parse_schedstat, pod_of_cgroup)
 from tests.daemon_harness import metric_value, running_daemon, wait_for
 from tests.workers import cpus_allowed_of, start_worker

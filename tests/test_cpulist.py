@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from ascendbind.cpulist import bits, format_cpulist, format_mask, parse_cpulist, parse_mask
+from ascendbind.values.cpulist import bits, format_cpulist, format_mask, parse_cpulist, parse_mask
 
 cpu_sets = st.frozensets(st.integers(min_value=0, max_value=4200), max_size=300)
 

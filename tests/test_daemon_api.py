@@ -16,7 +16,7 @@ import time
 import pytest
 
 from ascendbind.applier.affinity import cpus_for_role, role_of
-from ascendbind.model import Mode, NpuPlan
+from ascendbind.values.model import Mode, NpuPlan
 from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
 from tests.workers import SELF_BINDER, cpus_allowed_of, reap, start_worker
 

@@ -17,7 +17,7 @@ from ascendbind.daemon.watch.evidence import MAX_ANCESTORS, is_arm, read_evidenc
 from ascendbind.daemon.watch.held import YOUNG_PASSES, SeenThread, accepted
 from ascendbind.daemon.api.metrics import CULPRITS, Metrics
 from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, comm_due, observe_threads
-from ascendbind.discovery.tasks import thread_count
+from ascendbind.discovery.read.tasks import thread_count
 from ascendbind.render import compact_json
 from tests.workers import reap, start_worker
 

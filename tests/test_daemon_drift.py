@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 
-from ascendbind.cpulist import format_mask, parse_cpulist
+from ascendbind.values.cpulist import format_mask, parse_cpulist
 from ascendbind.daemon.watch.evidence import is_arm
 from ascendbind.daemon.watch.held import YOUNG_PASSES
 from tests.daemon_harness import ROOT, DaemonProc, metric_value, running_daemon, survives_and_releases, wait_for

@@ -9,13 +9,13 @@ from __future__ import annotations
 import shutil
 
 from ascendbind.daemon.watch.held import Held
-from ascendbind.reasons import Outcome, Step
-from ascendbind.frozen import frozen_map
-from ascendbind.decisions import IrqBinding
+from ascendbind.values.reasons import Outcome, Step
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.decisions import IrqBinding
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.reconcile import Reconciler
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
+from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
 
 START = 5000
 

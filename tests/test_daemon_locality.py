@@ -22,16 +22,16 @@ import sys
 import pytest
 
 from ascendbind.daemon.watch.lifecycle import memory_rerun_due
-from ascendbind.reasons import Outcome, Step
-from ascendbind.frozen import frozen_map
+from ascendbind.values.reasons import Outcome, Step
+from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.locality import MemoryLocality, ratios_by_npu
 from ascendbind.daemon.api.metrics import Metrics
-from ascendbind.discovery.sysfs import parse_cpulist_file
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
+from ascendbind.discovery.parse.sysfs import parse_cpulist_file
+from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for
 from tests.test_daemon_alignment_metrics import SplitSource, samples, two_node_host
 from tests.workers import start_worker

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ascendbind.discovery.identity import require_identity
+from ascendbind.discovery.gather.identity import require_identity
 from ascendbind.daemon.runtime import systemd
 from ascendbind.daemon.api.auth import Peer, authorize
 from ascendbind.daemon.host.hotplug import Debouncer
@@ -25,15 +25,15 @@ from ascendbind.daemon.api.listen import open_listen_socket
 from ascendbind.daemon.api.metrics import Metrics
 from ascendbind.daemon.api.requests import PlanAsk, alignment_of, parse_bind_request, resolve_policy
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
-from ascendbind.reasons import Outcome, Reason, Step
-from ascendbind.frozen import frozen_map
-from ascendbind.targeting import TargetRequest
+from ascendbind.values.reasons import Outcome, Reason, Step
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.targeting import TargetRequest
 from ascendbind.daemon.runtime.stopflag import StopFlag
 from ascendbind.daemon.state.state import StateFile
 from tests.daemon_harness import wait_for
 from ascendbind.settings import load_config
 from ascendbind.errors import ConfigError, Conflict, NotPermitted, ProcessGone, UsageError
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
+from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
 
 PLAN = Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, (0, 1, 2, 3, 4), (
     NpuPlan(0, (0, 1, 2, 3, 4), (0, 1), (2,), (3,), (4,), (0,)),))

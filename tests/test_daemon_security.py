@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from ascendbind.discovery.process import read_identity
+from ascendbind.discovery.gather.process import read_identity
 from tests.daemon_harness import FIXTURE_BIN, ROOT, metric_value, public_daemon, running_daemon, survives_and_releases, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 

@@ -9,7 +9,7 @@ import pytest
 
 from ascendbind.daemon.api.requests import (MAX_JSON_DEPTH, NPU_MAX, PID_MAX, PlanAsk, decode_json_body,
                                             json_depth, parse_bind_request)
-from ascendbind.targeting import TargetRequest
+from ascendbind.values.targeting import TargetRequest
 from ascendbind.daemon.api.wire import (MAX_HEAD, MAX_HEADERS, MAX_LINE, Request, RequestReader, Response, WireError,
                                         json_response, render_response)
 from ascendbind.errors import UsageError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ascendbind.discovery.columns import blank_before, header_layout, split_row
+from ascendbind.discovery.parse.columns import blank_before, header_layout, split_row
 from ascendbind.errors import ParseError
 
 REAL_950 = "\tNPU ID    Slot ID    Chip ID    Chip Phy-ID    Chip Name"

@@ -12,14 +12,14 @@ import sys
 import pytest
 
 from ascendbind.applier.irq import bind_irqs, with_planned_irqs
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_processes, discover_worker
-from ascendbind.discovery.host import board_argv, detect_device_type
+from ascendbind.discovery.gather.host import board_argv, detect_device_type
 from ascendbind.errors import ParseError, ProcessGone, ToolMissing, UsageError
-from ascendbind.model import DeviceType, NpuChip, NpuProcess
+from ascendbind.values.model import DeviceType, NpuChip, NpuProcess
 from ascendbind.planner import make_plan, resolve_targets
-from ascendbind.reasons import Outcome, Reason
-from ascendbind.targeting import TargetRequest
+from ascendbind.values.reasons import Outcome, Reason
+from ascendbind.values.targeting import TargetRequest
 from tests.workers import start_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -401,7 +401,7 @@ def test_uvb_from_proc_when_ps_is_absent(tmp_path):
 
 
 def _cgroup_cpus_of(pid: int) -> frozenset[int]:
-    from ascendbind.cpulist import parse_cpulist
+    from ascendbind.values.cpulist import parse_cpulist
 
     for line in open(f"/proc/{pid}/cgroup"):
         hid, ctrls, path = line.rstrip("\n").split(":", 2)

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from ascendbind.daemon.api.listen import open_listen_socket
-from ascendbind.discovery.kernel import SOMAXCONN_FLOOR, SOMAXCONN_UNKNOWN, parse_somaxconn, somaxconn
+from ascendbind.discovery.read.kernel import SOMAXCONN_FLOOR, SOMAXCONN_UNKNOWN, parse_somaxconn, somaxconn
 
 
 @pytest.mark.parametrize("text, want", [

@@ -10,10 +10,10 @@ import os
 import pytest
 
 from ascendbind.discovery import SnapshotHost
-from ascendbind.discovery.memmap import (PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, Vma,
+from ascendbind.discovery.parse.memmap import (PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, Vma,
                                          move_ranges, movable_pages, parse_maps, writable_anonymous)
-from ascendbind.discovery.numa_maps import parse_numa_maps, scan_numa_maps
-from ascendbind.discovery.worker import read_numa_residency
+from ascendbind.discovery.parse.numa_maps import parse_numa_maps, scan_numa_maps
+from ascendbind.discovery.gather.worker import read_numa_residency
 from ascendbind.errors import ParseError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

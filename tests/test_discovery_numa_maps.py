@@ -13,9 +13,9 @@ import os
 import pytest
 
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.numa_maps import local_ratio, parse_numa_maps, scan_numa_maps
-from ascendbind.discovery.sysfs import parse_cpulist_file
-from ascendbind.discovery.worker import read_numa_residency
+from ascendbind.discovery.parse.numa_maps import local_ratio, parse_numa_maps, scan_numa_maps
+from ascendbind.discovery.parse.sysfs import parse_cpulist_file
+from ascendbind.discovery.gather.worker import read_numa_residency
 from ascendbind.errors import DiscoveryError, ParseError, ProcessGone
 from tests.workers import start_worker
 

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ascendbind.discovery.lscpu import parse_lscpu, parse_lscpu_e
-from ascendbind.discovery.npu_smi import (
+from ascendbind.discovery.parse.lscpu import parse_lscpu, parse_lscpu_e
+from ascendbind.discovery.parse.npu_smi import (
     TopoRow,
     parse_board,
     parse_chip_map,
     parse_process_table,
     parse_topo,
 )
-from ascendbind.discovery.procfs import (
+from ascendbind.discovery.parse.procfs import (
     cpuset_cgroup,
     parse_cgroup,
     parse_environ,
@@ -26,7 +26,7 @@ from ascendbind.discovery.procfs import (
     parse_stat_start_time,
     parse_status,
 )
-from ascendbind.discovery.sysfs import parse_cpulist_file, parse_node_distance
+from ascendbind.discovery.parse.sysfs import parse_cpulist_file, parse_node_distance
 from ascendbind.errors import ParseError
 from tests import table_variants
 

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import LiveHost, SnapshotHost, discover_host, discover_worker
-from ascendbind.discovery.snapshot import record_snapshot
-from ascendbind.discovery.worker import read_numa_residency
+from ascendbind.discovery.gather.snapshot import record_snapshot
+from ascendbind.discovery.gather.worker import read_numa_residency
 from ascendbind.errors import ProcessGone, ToolMissing, UsageError
 from tests.hanging_tool import HangingNpuSmi
 from tests.test_discovery_host import HOSTS, fake_npu_smi, put

@@ -1,4 +1,4 @@
-"""discovery.tasks on real processes: the thread count the reconcile look trusts,
+"""discovery/read/tasks.py on real processes: the thread count the reconcile look trusts,
 the task list, comm, environment, command line and parent the blame evidence
 reads, and the pidfd poll that tells the loop a worker is gone."""
 
@@ -9,15 +9,15 @@ import signal
 import subprocess
 import sys
 
-from ascendbind.discovery.identity import start_time
-from ascendbind.config import Config
+from ascendbind.discovery.gather.identity import start_time
+from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.reconcile import Reconciler
-from ascendbind.discovery.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
+from ascendbind.discovery.read.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,
                                         read_environ, task_comm, thread_count)
-from ascendbind.frozen import frozen_map
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.daemon_harness import wait_for
 from tests.workers import start_worker
 

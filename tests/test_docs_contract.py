@@ -25,11 +25,11 @@ import pytest
 
 from ascendbind import errors
 from ascendbind.cli import build_parser
-from ascendbind.config import CHOICES, ISOLATION_KEYS, PLAN_KEYS, Config
+from ascendbind.values.config import CHOICES, ISOLATION_KEYS, PLAN_KEYS, Config
 from ascendbind.settings import OTHER_VARIABLES
 from ascendbind.daemon.serve import RESTART_KEYS
 from ascendbind.daemon.api.server import ROUTES, http_status_of
-from ascendbind.discovery.snapshot import record_snapshot
+from ascendbind.discovery.gather.snapshot import record_snapshot
 from ascendbind.planner import ALIGNMENT_FAILURE_REASONS, ERROR_CODES, WARNING_CODES
 from tests.golden import HOSTS, run_plan
 from tests.workers import start_worker
@@ -220,7 +220,7 @@ def test_errors_md_lists_the_plan_warning_codes():
 
 def test_errors_md_lists_every_code_the_planner_raises_before_planning():
     raised = set()
-    for path in (ROOT / "ascendbind" / "planner").glob("*.py"):
+    for path in (ROOT / "ascendbind" / "planner").rglob("*.py"):
         raised |= set(re.findall(r'code="(\w+)"', path.read_text(encoding="utf-8")))
     assert raised, "the scan found no raised codes"
     assert keys_of("errors.md", "## Before planning") == raised
@@ -261,7 +261,7 @@ def test_plan_json_md_top_level_keys_are_a_real_plans():
 
 
 def test_plan_json_md_targets_keys_and_rules_are_a_real_plans():
-    from ascendbind.targeting import RULES, SOURCES
+    from ascendbind.values.targeting import RULES, SOURCES
 
     for plan in PLANS:
         assert keys_of("plan-json.md", "## `targets`") == set(plan["targets"])
@@ -379,7 +379,7 @@ def test_api_md_lists_every_endpoint_with_its_method():
 
 def test_api_md_worker_keys_are_those_the_daemon_lists():
     from ascendbind.daemon.watch.held import Held
-    from ascendbind.model import Binding, Plan
+    from ascendbind.values.model import Binding, Plan
 
     plan = Plan.from_json(PLANS[0])
     held = Held(Binding(pid=4242, start_time=1, npus=tuple(p.npu for p in plan.npus), plan=plan,

@@ -14,11 +14,11 @@ import shutil
 import pytest
 
 from ascendbind.applier.irq import planned_irqs
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.daemon.host.hostcache import HostCache
 from ascendbind.discovery import SnapshotHost, discover_worker
 from ascendbind.planner import make_plan
-from ascendbind.reasons import Reason
+from ascendbind.values.reasons import Reason
 
 HOSTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts")
 NPU = 2  # 0000:99:00.0: SQ 205, CQ 206 in the recording

@@ -17,13 +17,13 @@ import pytest
 from ascendbind.applier import apply_plan, release_binding
 from ascendbind.applier.irq import bind_irqs
 from ascendbind.applier.irqbalance import IrqbalanceLink, ban_irqs, hand_back
-from ascendbind.config import Config
-from ascendbind.discovery.process import read_identity
+from ascendbind.values.config import Config
+from ascendbind.discovery.gather.process import read_identity
 from ascendbind.daemon.watch.held import Held
-from ascendbind.reasons import Outcome, Reason, Step
+from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
-from ascendbind.model import Binding, IrqbalanceBans
+from ascendbind.values.model import Binding, IrqbalanceBans
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names
 from tests.test_applier_irq import host, immutable, make_tree, mask, needs_chattr, plan
 from tests.test_daemon_irq_ownership import _binding, _proc_tree

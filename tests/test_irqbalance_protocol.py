@@ -18,11 +18,11 @@ import pytest
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.daemon.watch.held import Held
-from ascendbind.frozen import frozen_map
+from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.bans import carried_bans, split_bans
-from ascendbind.discovery.irqbalance import (
+from ascendbind.discovery.parse.irqbalance import (
     MAX_COMMAND,
     BanListTooLong,
     ban_command,
@@ -31,7 +31,7 @@ from ascendbind.discovery.irqbalance import (
     parse_setup,
 )
 from ascendbind.errors import ConfigError, ParseError
-from ascendbind.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan
+from ascendbind.values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan
 from tests.daemon_harness import wait_for
 from tests.irqbalance_harness import abstract_address_lock, fixture_proc_link
 

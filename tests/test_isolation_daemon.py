@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.cpulist import format_mask, parse_cpulist, parse_mask
+from ascendbind.values.cpulist import format_mask, parse_cpulist, parse_mask
 from tests.daemon_harness import FIXTURE_BIN, DaemonProc, base_env, free_port, wait_for
 from tests.deploy_tools import in_ci
 from tests.irqbalance_harness import irq_masks_lock

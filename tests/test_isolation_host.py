@@ -24,9 +24,9 @@ import time
 
 import pytest
 
-from ascendbind.cpulist import format_cpulist, parse_cpulist, parse_mask
+from ascendbind.values.cpulist import format_cpulist, parse_cpulist, parse_mask
 from ascendbind.daemon.isolate.hosttasks import never_moved
-from ascendbind.discovery.hosttasks import ProcessFacts
+from ascendbind.discovery.gather.hosttasks import ProcessFacts
 from tests.daemon_harness import metric_value, wait_for
 from tests.deploy_tools import in_ci
 from tests.golden import ROOT

@@ -17,15 +17,15 @@ import sys
 import pytest
 
 from ascendbind.applier.taskmask import set_task_cpus, task_cpus
-from ascendbind.config import Config
-from ascendbind.cpulist import parse_mask
+from ascendbind.values.config import Config
+from ascendbind.values.cpulist import parse_mask
 from ascendbind.daemon.isolate.keeper import Isolation
 from ascendbind.daemon.state.isolationrecord import IsolationRecord
-from ascendbind.decisions import IrqBinding
-from ascendbind.discovery.hostwork import kernel_threads
-from ascendbind.model import Binding, DeviceType
+from ascendbind.values.decisions import IrqBinding
+from ascendbind.discovery.gather.hostwork import kernel_threads
+from ascendbind.values.model import Binding, DeviceType
 from ascendbind.planner import make_plan
-from ascendbind.planner.driverwork import sq_task_device
+from ascendbind.planner.isolate.driverwork import sq_task_device
 from tests.irqbalance_harness import Irqbalance, RawClient, fixture_proc_link
 from tests.test_applier_irq import immutable, needs_chattr
 from tests.daemon_harness import wait_for

@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.config import Config, exempt_entries
-from ascendbind.cpulist import format_cpulist, parse_cpulist
+from ascendbind.values.config import Config, exempt_entries
+from ascendbind.values.cpulist import format_cpulist, parse_cpulist
 from ascendbind.daemon.isolate.rules import Act, irq_target, mask_act
 from ascendbind.daemon.state.isolationrecord import IsolationRecord, SavedBan, SavedMask, mask_key
 from ascendbind.daemon.state.state import StateFile
 from ascendbind.discovery import discover_host, discover_worker
-from ascendbind.discovery.irqbalance import auto_banned_cpus, cpus_command
-from ascendbind.discovery.sources import SnapshotHost
+from ascendbind.discovery.parse.irqbalance import auto_banned_cpus, cpus_command
+from ascendbind.discovery.read.sources import SnapshotHost
 from ascendbind.errors import ConfigError
-from ascendbind.frozen import frozen_map
-from ascendbind.model import DeviceType, NpuChip
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import DeviceType, NpuChip
 from ascendbind.planner import make_plan
-from ascendbind.planner.driverwork import (device_id, driver_cpus, sq_send_wq_device, sq_send_wq_name,
+from ascendbind.planner.isolate.driverwork import (device_id, driver_cpus, sq_send_wq_device, sq_send_wq_name,
                                           sq_task_device, trs_mbox_device)
-from ascendbind.planner.isolation import NO_HOUSEKEEPING, explain_isolation, narrowed, plan_isolation, task_target
+from ascendbind.planner.isolate.isolation import NO_HOUSEKEEPING, explain_isolation, narrowed, plan_isolation, task_target
 from ascendbind.settings import load_config
 from tests.golden import CASES, HOSTS, golden_path, run_plan
 from tests.planner_hosts import host, one_npu_host, worker

@@ -14,12 +14,12 @@ from ascendbind.daemon.watch.lifecycle import (Drop, Evict, LeaveAlone, Limits, 
                                                PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
                                                MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration,
                                                wanted)
-from ascendbind.decisions import IrqBinding
-from ascendbind.discovery.numa_maps import parse_numa_maps
+from ascendbind.values.decisions import IrqBinding
+from ascendbind.discovery.parse.numa_maps import parse_numa_maps
 from ascendbind.errors import Conflict
-from ascendbind.frozen import frozen_map
-from ascendbind.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, StepResult
-from ascendbind.reasons import Outcome, Step
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, StepResult
+from ascendbind.values.reasons import Outcome, Step
 
 NOW = 1000.0
 LIMITS = Limits(reassert_limit=3, window=60.0, memory_local_threshold=0.8, memory_rerun_seconds=600.0)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.cpulist import format_cpulist
+from ascendbind.values.cpulist import format_cpulist
 from ascendbind.errors import Conflict
 
 from .containers import FakeNpuHost, contained_worker, daemon_with_driver_major, npu_major

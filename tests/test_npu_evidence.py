@@ -1,6 +1,6 @@
 """The NPU evidence about a worker: its parsers, and the reads through a HostSource.
 
-Parsers with plain text; the reader (discovery/deviceset.py) on snapshot directories
+Parsers with plain text; the reader (discovery/gather/deviceset.py) on snapshot directories
 and on the live host: a real /dev of mknod-made nodes under a scratch directory (a
 symlinked one is not followed, a huge one not listed), real namespace links, and the
 recorder writing what it read so that a SnapshotHost reads it back the same.
@@ -13,16 +13,16 @@ import stat
 
 import pytest
 
-from ascendbind.discovery.devices import (allowed_minors, devdrv_major, format_char_devices, parse_char_devices,
+from ascendbind.discovery.parse.devices import (allowed_minors, devdrv_major, format_char_devices, parse_char_devices,
                                           trs_core_udevids)
-from ascendbind.discovery.devnodes import DEV_ENTRIES_LIMIT, scan_char_devices
-from ascendbind.discovery.deviceset import read_npu_evidence
-from ascendbind.discovery.process import observe_process
-from ascendbind.discovery.snapshot import RecordingHost
-from ascendbind.discovery.sources import LiveHost, SnapshotHost
+from ascendbind.discovery.read.devnodes import DEV_ENTRIES_LIMIT, scan_char_devices
+from ascendbind.discovery.gather.deviceset import read_npu_evidence
+from ascendbind.discovery.gather.process import observe_process
+from ascendbind.discovery.gather.snapshot import RecordingHost
+from ascendbind.discovery.read.sources import LiveHost, SnapshotHost
 from ascendbind.errors import ParseError, ProcessGone
-from ascendbind.planner.ascend_env import is_virtual, parse_rt_visible_devices, parse_visible_devices
-from ascendbind.targeting import DeviceNode, physical_of_udevid
+from ascendbind.planner.npus.ascend_env import is_virtual, parse_rt_visible_devices, parse_visible_devices
+from ascendbind.values.targeting import DeviceNode, physical_of_udevid
 
 from .containers import npu_major
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.settings import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

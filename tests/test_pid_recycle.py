@@ -24,21 +24,21 @@ import warnings
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.daemon.watch.npucheck import NpuChecker
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.identity import pin_identity, verify_identity
-from ascendbind.discovery.pin import ProcessPin, pidfs_unique
-from ascendbind.discovery.process import observe_process
-from ascendbind.discovery.tasks import exited_pidfds, open_pidfd
+from ascendbind.discovery.gather.identity import pin_identity, verify_identity
+from ascendbind.discovery.read.pin import ProcessPin, pidfs_unique
+from ascendbind.discovery.gather.process import observe_process
+from ascendbind.discovery.read.tasks import exited_pidfds, open_pidfd
 from ascendbind.errors import ProcessGone
-from ascendbind.frozen import frozen_map
-from ascendbind.model import Mode
-from ascendbind.reasons import Outcome, Reason
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import Mode
+from ascendbind.values.reasons import Outcome, Reason
 from tests.daemon_harness import FIXTURE_BIN, metric_value, wait_for
 from tests.deploy_tools import in_ci
 from tests.golden import HOSTS, ROOT

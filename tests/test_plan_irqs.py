@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import SnapshotHost, discover_host
-from ascendbind.discovery.irqhost import discover_npu_irqs
-from ascendbind.reasons import Reason
+from ascendbind.discovery.gather.irqhost import discover_npu_irqs
+from ascendbind.values.reasons import Reason
 from tests.golden import HOSTS
 from tests.test_cli_plan import ROOT, ascendbind
 

@@ -2,12 +2,12 @@
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.settings import load_config
 from ascendbind.errors import Conflict, UsageError
-from ascendbind.model import Plan
+from ascendbind.values.model import Plan
 from ascendbind.planner import make_plan
-from ascendbind.planner.alignment import ALIGNMENT_FAILURE_REASONS, resolve_policy
+from ascendbind.planner.align.alignment import ALIGNMENT_FAILURE_REASONS, resolve_policy
 from tests.planner_hosts import a2_host, a3_host, a950_host, worker
 
 

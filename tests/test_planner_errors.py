@@ -2,9 +2,9 @@
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.errors import PlanImpossible
-from ascendbind.model import DeviceType
+from ascendbind.values.model import DeviceType
 from ascendbind.planner import ERROR_CODES, WARNING_CODES, make_plan
 from ascendbind.planner.codes import issue
 from tests.planner_hosts import a2_host, a3_host, a950_host, host, worker
@@ -151,7 +151,7 @@ def test_errors_are_json_ready():
 
 def test_the_target_rule_rejects_unknown_requested_ids():
     from ascendbind.planner import resolve_targets
-    from ascendbind.targeting import TargetRequest
+    from ascendbind.values.targeting import TargetRequest
 
     with pytest.raises(PlanImpossible) as exc:
         resolve_targets(a3_host(), worker(range(640)), TargetRequest(npus=(16,)))

@@ -4,14 +4,14 @@ import os
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.settings import load_config
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
 from ascendbind.planner import make_plan
 from ascendbind.planner.explain import explain_plan
 from ascendbind.planner.lint import lint_config
 from tests.planner_hosts import a2_host, a3_host, a950_host, host, worker
-from ascendbind.model import DeviceType
+from ascendbind.values.model import DeviceType
 
 HOSTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "hosts")
 

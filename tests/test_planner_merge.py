@@ -2,7 +2,7 @@
 
 import pytest
 
-from ascendbind.planner.hints import (Hint, aggregate_score, average_distance, filter_single_numa, mask_of, merge,
+from ascendbind.planner.align.hints import (Hint, aggregate_score, average_distance, filter_single_numa, mask_of, merge,
                                       nodes_in)
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.config import CHOICES
-from ascendbind.planner.hints import Hint, mask_of
-from ascendbind.planner.policy import CPU_BIND_POLICIES, TOPOLOGY_POLICIES, cpu_bind_policy, topology_policy
+from ascendbind.values.config import CHOICES
+from ascendbind.planner.align.hints import Hint, mask_of
+from ascendbind.planner.align.policy import CPU_BIND_POLICIES, TOPOLOGY_POLICIES, cpu_bind_policy, topology_policy
 
 PLANNER = Path(__file__).resolve().parent.parent / "ascendbind" / "planner"
 
@@ -62,7 +62,8 @@ def _compared_names(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(p for p in PLANNER.glob("*.py") if p.name != "policy.py"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(p for p in PLANNER.rglob("*.py") if p.name != "policy.py"),
+                         ids=lambda p: str(p.relative_to(PLANNER)))
 def test_the_planner_asks_the_policy_object_never_compares_its_name(path):
     assert _compared_names(path) == []
 

@@ -3,8 +3,8 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ascendbind.config import Config
-from ascendbind.model import DeviceType
+from ascendbind.values.config import Config
+from ascendbind.values.model import DeviceType
 from ascendbind.planner import make_plan
 from tests.planner_hosts import host, worker
 

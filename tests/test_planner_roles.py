@@ -2,8 +2,8 @@
 
 import pytest
 
-from ascendbind.config import Config
-from ascendbind.planner.roles import RoleSplitError, role_minimum, split_roles
+from ascendbind.values.config import Config
+from ascendbind.planner.pools.roles import RoleSplitError, role_minimum, split_roles
 
 
 def r(lo, hi):

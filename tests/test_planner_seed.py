@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from ascendbind.config import Config
-from ascendbind.model import DeviceType, Mode
+from ascendbind.values.config import Config
+from ascendbind.values.model import DeviceType, Mode
 from ascendbind.planner import make_plan
 from tests.planner_hosts import A2_AFFINITY, a2_host, a3_host, a950_host, host, worker
 

@@ -13,12 +13,12 @@ import json
 
 import pytest
 
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import SnapshotHost
-from ascendbind.discovery.kubelet import (CHECKPOINT_LIMIT, judge_own_cpus, parse_cpu_manager_state, pod_place)
-from ascendbind.discovery.worker import discover_worker
+from ascendbind.discovery.parse.kubelet import (CHECKPOINT_LIMIT, judge_own_cpus, parse_cpu_manager_state, pod_place)
+from ascendbind.discovery.gather.worker import discover_worker
 from ascendbind.errors import ConfigError, ParseError
-from ascendbind.model import PoolEvidence
+from ascendbind.values.model import PoolEvidence
 from ascendbind.planner import make_plan
 from ascendbind.planner.explain import explain_plan
 from ascendbind.settings import load_config
@@ -88,7 +88,7 @@ def test_cpuset_takes_a_docker_cpuset_without_proof():
 
 
 def test_explain_names_the_source_and_the_evidence():
-    from ascendbind.discovery.host import discover_host
+    from ascendbind.discovery.gather.host import discover_host
 
     src = SnapshotHost(f"{HOSTS}/a3-k8s")
     host = discover_host(src, Config())
@@ -242,7 +242,7 @@ MOUNTINFO = (
 
 
 def test_mountinfo_cgroup2_mounts_are_located_by_the_kernels_paths():
-    from ascendbind.discovery.mountinfo import cgroup2_mounts, locate_cgroup
+    from ascendbind.discovery.parse.mountinfo import cgroup2_mounts, locate_cgroup
 
     mounts = cgroup2_mounts(MOUNTINFO + "garbage line\n34 25 0:26 / ../escape rw - cgroup2 c rw\n")
     assert [m.mount_point for m in mounts] == ["/sys/fs/cgroup", "/mnt/with space"]

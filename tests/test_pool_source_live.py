@@ -142,8 +142,8 @@ def test_cpuset_binds_without_a_checkpoint(node):
 
 
 def test_a_snapshot_records_the_checkpoint_and_plans_as_the_host_does(node, tmp_path, monkeypatch):
-    from ascendbind.config import Config
-    from ascendbind.discovery.snapshot import record_snapshot
+    from ascendbind.values.config import Config
+    from ascendbind.discovery.gather.snapshot import record_snapshot
     from tests.daemon_harness import FIXTURE_BIN
     from tests.golden import run_plan
 

@@ -15,17 +15,17 @@ import threading
 import pytest
 
 from ascendbind.applier import apply_plan
-from ascendbind.discovery.identity import require_identity, require_worker
-from ascendbind.discovery.process import read_identity
-from ascendbind.frozen import frozen_map
+from ascendbind.discovery.gather.identity import require_identity, require_worker
+from ascendbind.discovery.gather.process import read_identity
+from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.api.auth import Peer, authorize
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.api.requests import claim_npus, evictable, outcome_of_error
 from ascendbind.discovery import LiveHost, discover_worker
-from ascendbind.discovery.procfs import PF_KTHREAD, parse_stat
+from ascendbind.discovery.parse.procfs import PF_KTHREAD, parse_stat
 from ascendbind.errors import Conflict, NotPermitted, ParseError, ProcessGone
-from ascendbind.model import DeviceType, Mode, Plan, WorkerFacts
+from ascendbind.values.model import DeviceType, Mode, Plan, WorkerFacts
 from tests.daemon_harness import FIXTURE_BIN
 from tests.planner_hosts import one_npu_host
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker

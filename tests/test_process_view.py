@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks, cpus_for_role, role_of
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost
-from ascendbind.discovery.process import ProcessView, observe_process
-from ascendbind.discovery.procfs import cpuset_cgroup, parse_cgroup
-from ascendbind.discovery.snapshot import RecordingHost
+from ascendbind.discovery.gather.process import ProcessView, observe_process
+from ascendbind.discovery.parse.procfs import cpuset_cgroup, parse_cgroup
+from ascendbind.discovery.gather.snapshot import RecordingHost
 from ascendbind.errors import NotPermitted, ProcessGone
-from ascendbind.model import Mode
-from ascendbind.reasons import Outcome
+from ascendbind.values.model import Mode
+from ascendbind.values.reasons import Outcome
 from tests.audit import Reads
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 

@@ -18,7 +18,7 @@ import pytest
 from ascendbind import integrations
 from ascendbind.cli import build_parser
 from ascendbind.client import Client
-from ascendbind.config import DEFAULT_SOCKET, KEYS, Config, coerce, from_layers
+from ascendbind.values.config import DEFAULT_SOCKET, KEYS, Config, coerce, from_layers
 from ascendbind.errors import ConfigError
 from ascendbind.settings import add_config_flags, config_from_args, load_config, resolve_socket
 from ascendbind.verbs import _socket_of

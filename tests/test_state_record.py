@@ -9,17 +9,17 @@ import os
 import shutil
 
 from ascendbind.applier import apply_plan, release_binding
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
-from ascendbind.reasons import Outcome, Reason, Step
-from ascendbind.frozen import frozen_map
-from ascendbind.decisions import IrqBinding
+from ascendbind.values.reasons import Outcome, Reason, Step
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.decisions import IrqBinding
 from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.state.state import STATE_VERSION, StateFile, encode_record
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
-from ascendbind.model import Binding, IrqbalanceBans, Mode, NpuPlan, StepResult
+from ascendbind.values.model import Binding, IrqbalanceBans, Mode, NpuPlan, StepResult
 from ascendbind.planner import make_plan
 from tests.golden import HOSTS, ROOT
 from tests.test_applier_bind import CONFIG, CPUS, host_facts, plan_for, worker_facts

@@ -1,18 +1,25 @@
 """The layering, checked on the source: a pure core inside a thin shell.
 
-* The pure modules (the planner, the text parsers, the shared values, the
-  daemon's rules) and everything they import inside the package touch nothing
+* The pure modules and everything they import inside the package touch nothing
   on the host: no ``os``, ``subprocess``, ``psutil`` or ``tomllib`` import and no
   ``open()`` call. That is what lets a 2-CPU box plan a 640-CPU host exactly.
+  Purity goes by location: every module under a pure room (values/,
+  discovery/parse/, planner/) is held to it, a new one the moment it is put
+  there; only the daemon's rules, which live beside the shells that carry them
+  out, are named one by one.
 * The applier and the daemon read ``/proc`` and ``/sys`` only through
   discovery: no path under them is spelled there (no ``"/proc…"``/``"/sys…"``
   literal, no path built from ``proc_root``/``sys_root``) and no directory is
   listed there. They may pass ``proc_root`` along; discovery turns it into paths.
 * The daemon's top holds the ``Daemon`` (core.py, ownership.py), the process
-  (serve.py) and the rooms; each room's ``__init__`` is a docstring whose line
-  ``May import: from the daemon, …; from the rest of ascendbind, ….`` is the
-  rule every module of the room is held to here. Only the ``Daemon`` changes
-  the held table.
+  (serve.py) and the rooms; discovery's top holds only rooms, the planner's
+  its entry (plan.py, codes.py, explain.py, lint.py) and rooms. Each room's
+  ``__init__`` (values/ too) is a docstring whose line ``May import: from the
+  daemon, …; from the rest of ascendbind, ….`` (``from discovery``, ``from the
+  planner``; values/ names only the rest) is the rule every module of the room
+  is held to here. Only the ``Daemon`` changes the held table.
+* No folder of the package holds more than 16 modules: past that, a folder is
+  several subjects, and gets rooms.
 * No import runs in a circle, and every name is imported from the module that
   defines it (a package's ``__all__`` may list its modules' names: its API).
 """
@@ -23,23 +30,21 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "ascendbind"
 
-# the pure roots; whatever they import inside the package must be pure too
-PURE_ROOTS = [
-    "model", "cpulist", "digits", "errors", "config",
-    "discovery.npu_smi", "discovery.lscpu", "discovery.procfs", "discovery.sysfs", "discovery.columns",
-    "discovery.cells", "discovery.numa_maps", "discovery.irqs", "discovery.irqbalance", "discovery.proc_events",
-    "discovery.devices", "discovery.schedstat", "targeting",
-    # the daemon's rules: the lifecycle and its verdicts, requests and HTTP as values, the state record
-    "daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.api.requests", "daemon.api.wire",
-    "daemon.state.staterecord", "daemon.state.isolationrecord", "daemon.isolate.rules",
-    *(f"planner.{p.stem}" for p in sorted((PKG / "planner").glob("*.py")) if p.stem != "__init__"),
-    "planner",
-]
+# pure by location: every module under these folders, and whatever it imports inside the package
+PURE_ROOMS = ("values", "discovery/parse", "planner")
+# pure by name: the daemon's rules (the lifecycle and its verdicts, requests and HTTP as values, the
+# state record, what isolation does to a mask), which live in the daemon's rooms beside the shells
+# around them, and errors.py, the one value module left at the top (a worker imports it by that name)
+PURE_RULES = ["daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.api.requests",
+              "daemon.api.wire", "daemon.state.staterecord", "daemon.state.isolationrecord",
+              "daemon.isolate.rules", "errors"]
+MAX_MODULES = 16  # per folder
 HOST_MODULES = {"os", "subprocess", "psutil", "tomllib", "shutil", "socket", "ctypes"}
 
 # files still spelling host paths themselves; each entry must still violate (a fixed
@@ -106,9 +111,23 @@ def _host_touches(tree: ast.Module) -> list[str]:
     return found
 
 
+def _modules() -> list[str]:
+    rels = (p.relative_to(PKG).with_suffix("").parts for p in sorted(PKG.rglob("*.py")))
+    return [".".join(r[:-1] if r[-1] == "__init__" else r) for r in rels if r != ("__init__",)]
+
+
+def _in_rooms(name: str, rooms) -> bool:
+    """Whether module ``name`` lies under one of ``rooms`` (folders: ``discovery/parse``)."""
+    return any(name == r.replace("/", ".") or name.startswith(r.replace("/", ".") + ".") for r in rooms)
+
+
+def pure_roots(modules: list[str]) -> list[str]:
+    return [m for m in modules if _in_rooms(m, PURE_ROOMS)] + PURE_RULES
+
+
 def _pure_closure() -> dict[str, list[str]]:
     seen: dict[str, list[str]] = {}
-    todo = list(PURE_ROOTS)
+    todo = pure_roots(_modules())
     while todo:
         name = todo.pop()
         if name in seen:
@@ -121,7 +140,10 @@ def _pure_closure() -> dict[str, list[str]]:
 
 def test_the_pure_modules_and_all_they_import_touch_nothing_on_the_host():
     closure = _pure_closure()
-    assert "planner.plan" in closure and "discovery.npu_smi" in closure  # the walk found the roots
+    # the walk found the roots: every module of the pure rooms, wherever it sits in them
+    for room in PURE_ROOMS:
+        files = [p for p in (PKG / room).rglob("*.py") if p.name != "__init__.py"]
+        assert files and all(".".join(p.relative_to(PKG).with_suffix("").parts) in closure for p in files), room
     dirty = {name: found for name, found in closure.items() if found and name not in PURE_EXCEPTIONS}
     stale = [name for name in PURE_EXCEPTIONS if not closure.get(name)]
     assert not stale, f"pure now, take them off PURE_EXCEPTIONS: {stale}"
@@ -188,21 +210,26 @@ def test_the_checks_catch_what_they_are_meant_to_catch():
                       '    a = f"{proc_root}/{pid}/task"\n    b = "/sys/devices/x"\n    os.listdir(proc_root)\n'
                       '    os.path.join(proc_root, "stat")\n    os.listdir(state_dir)\n    c = "/proc"\n')
     assert len(_host_paths(shell)) == 4, _host_paths(shell)
+    # by location: a module new in a pure room is held pure without being named; a reader is not
+    roots = pure_roots(["discovery.parse.newformat", "discovery.parse", "discovery.read.sources",
+                        "planner.pools.newrule", "planner", "values.model", "daemon.watch.reconcile"])
+    assert [r for r in roots if r not in PURE_RULES] == ["discovery.parse.newformat", "discovery.parse",
+                                                         "planner.pools.newrule", "planner", "values.model"]
 
 
-# ---------------------------------------------------------------- the daemon's rooms
+# ---------------------------------------------------------------- rooms
 
-DAEMON = PKG / "daemon"
-DAEMON_TOP = ("core", "ownership", "serve")  # the Daemon, and the process; the rest lives in a room
-ROOMS = sorted(p.name for p in DAEMON.iterdir() if (p / "__init__.py").is_file())
-_RULE = re.compile(r"May import: from the daemon, (?P<inside>[^;]+); "
+# the folders whose top holds rooms, and the modules each keeps at its top
+HOMES = {
+    "daemon": ("core", "ownership", "serve"),  # the Daemon, and the process
+    "discovery": (),
+    "planner": ("plan", "codes", "explain", "lint"),  # the entry, its codes, and what reads a plan
+}
+ROOMS = sorted([f"{home}.{p.name}" for home in HOMES for p in (PKG / home).iterdir() if (p / "__init__.py").is_file()]
+               + ["values"])
+_RULE = re.compile(r"May import: (?:from (?:the )?(?P<home>[a-z_]+), (?P<inside>[^;]+); )?"
                    r"from the rest of ascendbind, (?P<outside>.+?)\.(?:\s|$)")
 _PATHS = re.compile(r"\b[a-z_]+/(?:[a-z_]+\.py)?|\b[a-z_]+\.py\b")
-
-
-def _modules() -> list[str]:
-    rels = (p.relative_to(PKG).with_suffix("").parts for p in sorted(PKG.rglob("*.py")))
-    return [".".join(r[:-1] if r[-1] == "__init__" else r) for r in rels if r != ("__init__",)]
 
 
 def _dotted(base: str, path: str) -> str:
@@ -211,44 +238,66 @@ def _dotted(base: str, path: str) -> str:
     return ".".join(p for p in parts if p)
 
 
-def room_rule(doc: str) -> tuple[frozenset[str], frozenset[str] | None]:
-    """(what of the daemon a room may import, what of the rest of the package it must not;
-    None: nothing of it) from the room's docstring."""
+class Rule(NamedTuple):
+    inside: frozenset[str]  # what of the room's home it may import
+    but: frozenset[str] | None = None  # what of the rest it must not ("anything but …")
+    only: frozenset[str] | None = None  # what of the rest it may ("only …"; "nothing": empty)
+
+
+def room_rule(doc: str, home: str = "daemon") -> Rule:
+    """The import rule a room's docstring states; ``home`` is the package the room lives in ("" at the top)."""
     m = _RULE.search(" ".join(doc.split()))
     assert m, "a room's docstring ends with 'May import: from the daemon, …; from the rest of ascendbind, ….'"
-    inside = m["inside"].strip()
-    allowed = frozenset() if inside == "nothing" else frozenset(_dotted("daemon", t) for t in _PATHS.findall(inside))
+    assert (m["home"] or "") == home, f"the rule names {m['home']!r}, the room lives in {home!r}"
+    inside = (m["inside"] or "nothing").strip()
+    allowed = frozenset() if inside == "nothing" else frozenset(_dotted(home, t) for t in _PATHS.findall(inside))
     assert inside == "nothing" or allowed, f"no room or module named in {inside!r}"
     outside = m["outside"].strip()
+    named = frozenset(_dotted("", t) for t in _PATHS.findall(outside))
     if outside == "nothing":
-        return allowed, None
+        return Rule(allowed, only=frozenset())
+    if outside.startswith("only "):
+        assert named, outside
+        return Rule(allowed, only=named)
     assert outside == "anything" or outside.startswith("anything but "), outside
-    return allowed, frozenset(_dotted("", t) for t in _PATHS.findall(outside))
+    return Rule(allowed, but=named)
 
 
 def _under(name: str, roots) -> bool:
     return any(name == r or name.startswith(r + ".") for r in roots)
 
 
-def room_violations(room: str, rule, imports: dict[str, set[str]]) -> list[str]:
-    """``module imports dep`` for each import of the room's modules that its rule forbids."""
-    allowed, forbidden = rule
+def room_violations(room: str, rule: Rule, imports: dict[str, set[str]]) -> list[str]:
+    """``module imports dep`` for each import of the room's modules that its rule forbids;
+    ``room`` is dotted (``daemon.watch``, ``values``)."""
+    home = room.rpartition(".")[0]
     bad = []
     for mod, deps in sorted(imports.items()):
         for dep in sorted(deps):
-            if _under(dep, [f"daemon.{room}"]):
+            if _under(dep, [room]):
                 continue
-            inside = _under(dep, ["daemon"])
-            if (inside and not _under(dep, allowed)) or (not inside and (forbidden is None or _under(dep, forbidden))):
+            if home and _under(dep, [home]):
+                ok = _under(dep, rule.inside)
+            elif rule.only is not None:
+                ok = _under(dep, rule.only)
+            else:
+                ok = not _under(dep, rule.but or ())
+            if not ok:
                 bad.append(f"{mod} imports {dep}")
     return bad
 
 
-def test_the_daemon_top_holds_the_daemon_the_process_and_the_rooms():
-    entries = {p.name for p in DAEMON.iterdir() if p.name != "__pycache__"}
-    assert set(ROOMS) >= {"api", "host", "state", "watch", "runtime", "isolate"}
-    assert entries == {"__init__.py", *(f"{m}.py" for m in DAEMON_TOP), *ROOMS}, "put a new module in a room"
-    for init in [DAEMON / "__init__.py", *(DAEMON / r / "__init__.py" for r in ROOMS)]:
+@pytest.mark.parametrize("home", sorted(HOMES))
+def test_a_homes_top_holds_its_own_modules_and_the_rooms(home):
+    folder = PKG / home
+    rooms = [r.partition(".")[2] for r in ROOMS if r.partition(".")[0] == home]
+    entries = {p.name for p in folder.iterdir() if p.name != "__pycache__"}
+    assert rooms, home
+    assert entries == {"__init__.py", *(f"{m}.py" for m in HOMES[home]), *rooms}, "put a new module in a room"
+    assert home != "daemon" or set(rooms) >= {"api", "host", "state", "watch", "runtime", "isolate"}
+    assert home != "discovery" or set(rooms) >= {"parse", "read", "gather"}
+    inits = [folder / r / "__init__.py" for r in rooms] + ([folder / "__init__.py"] if home == "daemon" else [])
+    for init in [*inits, PKG / "values" / "__init__.py"]:
         body = _tree(init).body
         assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), \
             f"{init.relative_to(PKG)}: a docstring and nothing else (import a name from the module that defines it)"
@@ -256,12 +305,30 @@ def test_the_daemon_top_holds_the_daemon_the_process_and_the_rooms():
 
 @pytest.mark.parametrize("room", ROOMS)
 def test_each_room_imports_only_what_its_docstring_allows(room):
-    rule = room_rule(ast.get_docstring(_tree(DAEMON / room / "__init__.py")) or "")
-    mods = [m for m in _modules() if m.startswith(f"daemon.{room}.")]
+    folder = PKG.joinpath(*room.split("."))
+    rule = room_rule(ast.get_docstring(_tree(folder / "__init__.py")) or "", room.rpartition(".")[0])
+    mods = [m for m in _modules() if m.startswith(f"{room}.")]
     assert mods, room
     imports = {m: _package_imports(m, _tree(_module_file(m))) for m in mods}
     bad = room_violations(room, rule, imports)
-    assert not bad, f"daemon/{room}/__init__.py does not allow: {bad}"
+    assert not bad, f"{folder.relative_to(PKG)}/__init__.py does not allow: {bad}"
+
+
+def test_a_parser_room_may_import_no_reader():
+    """discovery/parse/'s own rule: the values and the errors, nothing that reads."""
+    rule = room_rule(ast.get_docstring(_tree(PKG / "discovery" / "parse" / "__init__.py")) or "", "discovery")
+    assert rule == Rule(frozenset(), only=frozenset({"values", "errors"}))
+
+
+def crowded(root: Path) -> dict[str, int]:
+    """Folders under ``root`` holding more than MAX_MODULES modules (``.py`` files but ``__init__.py``)."""
+    counts = {str(d.relative_to(root.parent)): sum(1 for p in d.glob("*.py") if p.name != "__init__.py")
+              for d in [root, *root.rglob("*")] if d.is_dir() and d.name != "__pycache__"}
+    return {d: n for d, n in sorted(counts.items()) if n > MAX_MODULES}
+
+
+def test_no_folder_holds_more_than_16_modules():
+    assert not crowded(PKG), f"more than {MAX_MODULES} modules: give these folders rooms: {crowded(PKG)}"
 
 
 _MUTATORS = {"pop", "popitem", "clear", "update", "setdefault"}
@@ -392,17 +459,39 @@ def test_the_room_and_import_checks_catch_what_they_are_meant_to_catch():
     doc = ("Owns x.\n\nMay import: from the daemon, runtime/ and api/requests.py; from the\n"
            "rest of ascendbind, anything but applier/.\n")
     rule = room_rule(doc)
-    assert rule == ({"daemon.runtime", "daemon.api.requests"}, {"applier"})
-    assert room_rule("May import: from the daemon, nothing; from the rest of ascendbind, nothing.") == (set(), None)
+    assert rule == Rule(frozenset({"daemon.runtime", "daemon.api.requests"}), but=frozenset({"applier"}))
+    assert room_rule("May import: from the daemon, nothing; from the rest of ascendbind, nothing.") \
+        == Rule(frozenset(), only=frozenset())
     imports = {"daemon.watch.x": {"daemon.watch.y", "daemon.runtime.stopflag", "daemon.api.requests", "daemon.api.wire",
                                   "daemon.core", "applier.irq", "planner"}}
-    assert room_violations("watch", rule, imports) == ["daemon.watch.x imports applier.irq",
-                                                       "daemon.watch.x imports daemon.api.wire",
-                                                       "daemon.watch.x imports daemon.core"]
+    assert room_violations("daemon.watch", rule, imports) == ["daemon.watch.x imports applier.irq",
+                                                              "daemon.watch.x imports daemon.api.wire",
+                                                              "daemon.watch.x imports daemon.core"]
+    parse = room_rule("May import: from discovery, nothing; from the rest of ascendbind, only values/ and errors.py.",
+                      "discovery")
+    imports = {"discovery.parse.x": {"discovery.parse.y", "values.model", "errors", "discovery.read.sources",
+                                     "command", "planner"}}
+    assert room_violations("discovery.parse", parse, imports) == ["discovery.parse.x imports command",
+                                                                  "discovery.parse.x imports discovery.read.sources",
+                                                                  "discovery.parse.x imports planner"]
+    top = room_rule("May import: from the rest of ascendbind, only errors.py.", "")
+    assert room_violations("values", top, {"values.a": {"values.b", "errors", "settings"}}) == ["values.a imports settings"]
     changes = ast.parse("d.held[pid] = h\ndel self.held[p]\nd.held.pop(p)\nself.held = {}\nh = d.held.get(p)\n"
                         "job.held is h\nn = len(self.held)\n")
     assert _held_table_changes(changes) == [1, 2, 3, 4]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-    fake = ast.parse("from ascendbind.model import Plan, Step\nfrom ascendbind.discovery import LiveHost\n")
-    assert reexport_violations({"t.py": (None, fake)}) == ["t.py:1: Step from model, which only imports it"]
+    fake = ast.parse("from ascendbind.values.model import Plan, Step\nfrom ascendbind.discovery import LiveHost\n")
+    assert reexport_violations({"t.py": (None, fake)}) == ["t.py:1: Step from values.model, which only imports it"]
+
+
+def test_the_folder_count_catches_a_crowded_folder(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "room").mkdir(parents=True)
+    for i in range(MAX_MODULES):
+        (pkg / f"m{i}.py").write_text("")
+        (pkg / "room" / f"m{i}.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    assert crowded(pkg) == {}
+    (pkg / "room" / "one_more.py").write_text("")
+    assert crowded(pkg) == {"pkg/room": MAX_MODULES + 1}

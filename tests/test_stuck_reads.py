@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from ascendbind.cpulist import format_cpulist
-from ascendbind.discovery.deadline import READ_DEADLINE
-from ascendbind.discovery.procfs import ENVIRON_LIMIT
+from ascendbind.values.cpulist import format_cpulist
+from ascendbind.discovery.read.deadline import READ_DEADLINE
+from ascendbind.discovery.parse.procfs import ENVIRON_LIMIT
 
 from .containers import FakeNpuHost, contained_worker, daemon_with_driver_major, npu_major
 from .daemon_harness import DaemonProc, base_env, free_port, metric_value, wait_for

@@ -41,7 +41,7 @@ import pytest
 
 from ascendbind.client import Client
 from ascendbind.errors import PlanImpossible
-from ascendbind.discovery.irqs import parse_interrupts
+from ascendbind.discovery.parse.irqs import parse_interrupts
 from tests.daemon_harness import free_port, metric_value
 from tests.hanging_tool import HangingNpuSmi
 from tests.irqbalance_harness import irq_masks, restore_irq_masks

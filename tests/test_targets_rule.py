@@ -1,4 +1,4 @@
-"""The target rule (planner/targets.py) as tables: evidence and request in, NPUs and rule out.
+"""The target rule (planner/npus/targets.py) as tables: evidence and request in, NPUs and rule out.
 
 Each precedence step has its rows; each row is a worker as a deployment leaves it (device
 nodes, devices cgroup, driver map, process table, environment) and what the rule must
@@ -15,10 +15,10 @@ import dataclasses
 import pytest
 
 from ascendbind.errors import Conflict, PlanImpossible, UsageError
-from ascendbind.frozen import frozen_map
-from ascendbind.model import NpuChip, NpuProcess
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import NpuChip, NpuProcess
 from ascendbind.planner import resolve_targets
-from ascendbind.targeting import RULES, CgroupDevices, DeviceNode, NpuEvidence, TargetRequest
+from ascendbind.values.targeting import RULES, CgroupDevices, DeviceNode, NpuEvidence, TargetRequest
 from tests.planner_hosts import a2_host, a950_host, worker
 
 MAJOR = 236
@@ -270,7 +270,7 @@ def test_a_malformed_visible_devices_is_a_warning_not_a_guess():
 # ------------------------------------------------------------ the decision as a value
 
 def test_every_rule_is_reached_by_some_row_and_the_decision_round_trips_json():
-    from ascendbind.targeting import TargetDecision
+    from ascendbind.values.targeting import TargetDecision
 
     seen = {decide(a2_host(), w(BARE), npus=[1]).rule, decide(a2_host(), w(BARE), device_index=0).rule,
             decide(a2_host(), w(ev(host_ns=True, driver=(1,)))).rule,

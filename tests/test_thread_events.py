@@ -24,24 +24,24 @@ import tempfile
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks
-from ascendbind.discovery.identity import start_time
+from ascendbind.discovery.gather.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held, SeenThread
 from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.daemon.watch.threadevents import LOSS_LIMIT, ThreadEvents
-from ascendbind.decisions import IrqBinding
-from ascendbind.discovery.irqhost import read_irq_mask
-from ascendbind.discovery.proc_connector import ProcEventSocket
-from ascendbind.discovery.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
+from ascendbind.values.decisions import IrqBinding
+from ascendbind.discovery.gather.irqhost import read_irq_mask
+from ascendbind.discovery.read.proc_connector import ProcEventSocket
+from ascendbind.discovery.parse.proc_events import (COMM, EXEC, EXIT, FORK, MAX_FILTER_TGIDS, NONE, ProcEvent, ack_error,
                                               listen_message, parse_events, process_start_filter, socket_filter,
                                               started_processes, thread_changes)
 from ascendbind.errors import DiscoveryError
-from ascendbind.cpulist import parse_mask
-from ascendbind.frozen import frozen_map
-from ascendbind.model import Binding, DeviceType, Mode, NpuPlan, Plan
+from ascendbind.values.cpulist import parse_mask
+from ascendbind.values.frozen import frozen_map
+from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.audit import Reads
 from tests.daemon_harness import ROOT, DaemonProc, base_env, metric_value, wait_for
 from tests.irqbalance_harness import restore_irq_masks
@@ -207,7 +207,7 @@ def test_a_full_queue_is_reported_as_lost_events():
         src.close()
 
 
-PROBE = ("from ascendbind.discovery.proc_connector import ProcEventSocket\n"
+PROBE = ("from ascendbind.discovery.read.proc_connector import ProcEventSocket\n"
          "from ascendbind.errors import DiscoveryError\n"
          "try:\n    ProcEventSocket.open().close(); print('events')\n"
          "except DiscoveryError as e:\n    print(e.code)\n")

@@ -5,7 +5,7 @@ digits only.
 The parsers are fed the hostile values themselves (128 KiB of ranges, other scripts'
 digits); the environment is a real process's, exec'd with a raw list (a key twice,
 entries past the cap) or rewritten through /proc/self/mem into one multi-MB value
-(tests/hostile_workers.py); the readers (discovery/deadline.py) block for real, on a
+(tests/hostile_workers.py); the readers (discovery/read/deadline.py) block for real, on a
 FIFO nobody opens for writing (the open waits in the kernel until someone does).
 """
 
@@ -18,17 +18,17 @@ import tracemalloc
 
 import pytest
 
-from ascendbind.cpulist import MAX_CPU, parse_cpulist
-from ascendbind.digits import ascii_int, is_ascii_digits
-from ascendbind.discovery.cells import count
-from ascendbind.discovery.deadline import Readers
-from ascendbind.discovery.process import observe_process
-from ascendbind.discovery.numa_maps import parse_numa_maps
-from ascendbind.discovery.procfs import ENVIRON_LIMIT, cut_environ, parse_environ, parse_ps_te
-from ascendbind.discovery.sources import LiveHost
-from ascendbind.discovery.tasks import read_environ
+from ascendbind.values.cpulist import MAX_CPU, parse_cpulist
+from ascendbind.values.digits import ascii_int, is_ascii_digits
+from ascendbind.discovery.parse.cells import count
+from ascendbind.discovery.read.deadline import Readers
+from ascendbind.discovery.gather.process import observe_process
+from ascendbind.discovery.parse.numa_maps import parse_numa_maps
+from ascendbind.discovery.parse.procfs import ENVIRON_LIMIT, cut_environ, parse_environ, parse_ps_te
+from ascendbind.discovery.read.sources import LiveHost
+from ascendbind.discovery.read.tasks import read_environ
 from ascendbind.errors import DiscoveryError, ParseError
-from ascendbind.planner.ascend_env import MAX_ID, parse_rt_visible_devices, parse_visible_devices
+from ascendbind.planner.npus.ascend_env import MAX_ID, parse_rt_visible_devices, parse_visible_devices
 from tests.daemon_harness import wait_for
 from tests.hostile_workers import raw_environ_worker, rewritten_environ_worker
 

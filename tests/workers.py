@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from ascendbind.cpulist import parse_cpulist
+from ascendbind.values.cpulist import parse_cpulist
 
 __all__ = ["PipeChild", "Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap", "SELF_BINDER"]
 
@@ -327,7 +327,7 @@ def start_worker(plain: int = 2, acl: int = 1, release: int = 1, names: tuple[st
 def small_pool_plan(cpus: list[int] | tuple[int, ...], npu: int = 0):
     """The NpuPlan the role split gives a pool under ``small_pool = "share"`` (2+ CPUs:
     irq = [pool[0]], main = pool[:-1], acl = release = [pool[-1]]; 1 CPU: all)."""
-    from ascendbind.model import NpuPlan
+    from ascendbind.values.model import NpuPlan
 
     pool = tuple(sorted(cpus))
     if len(pool) == 1:

@@ -35,12 +35,12 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..cpulist import format_cpulist
-from ..discovery.pin import ProcessPin
-from ..discovery.process import new_tasks, task_comm
-from ..frozen import frozen_map
-from ..model import Mode, NpuPlan, StepResult
-from ..reasons import Outcome, Reason, Step
+from ..values.cpulist import format_cpulist
+from ..discovery.read.pin import ProcessPin
+from ..discovery.gather.process import new_tasks, task_comm
+from ..values.frozen import frozen_map
+from ..values.model import Mode, NpuPlan, StepResult
+from ..values.reasons import Outcome, Reason, Step
 from .confirm import Confirmation, confirm_writes
 
 __all__ = [

@@ -11,7 +11,7 @@ without being reported. The binding keeps what release and the reconcile loop
 need as typed values: the IRQ writes (``Binding.irqs``), the masks to write
 back, the irqbalance bans and the UVB threads' previous masks.
 
-Identity: the worker is held by a pidfd (discovery/pin.py: the request's
+Identity: the worker is held by a pidfd (discovery/read/pin.py: the request's
 observation took it, or it is opened here before the identity is read) and its
 pid and start time are verified before anything is touched (ProcessGone:
 ``pid_gone`` / ``pid_recycled``). Each thread's mask is read before it is
@@ -35,15 +35,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..config import Config
-from ..discovery.identity import (GONE_STATES, check_may_bind, recycled, refuse_non_worker, require_live,
+from ..values.config import Config
+from ..discovery.gather.identity import (GONE_STATES, check_may_bind, recycled, refuse_non_worker, require_live,
                                   require_worker, verify_identity)
-from ..discovery.irqhost import NpuIrqLookup
-from ..discovery.pin import LIVE_PROC, ProcessPin, open_pin
-from ..discovery.process import ProcessView, stat_of
+from ..discovery.gather.irqhost import NpuIrqLookup
+from ..discovery.read.pin import LIVE_PROC, ProcessPin, open_pin
+from ..discovery.gather.process import ProcessView, stat_of
 from ..errors import PlanImpossible, ProcessGone
-from ..frozen import frozen_map
-from ..model import (
+from ..values.frozen import frozen_map
+from ..values.model import (
     Binding,
     HostFacts,
     NpuPlan,
@@ -51,7 +51,7 @@ from ..model import (
     StepResult,
     WorkerFacts,
 )
-from ..reasons import Outcome, Reason, Step
+from ..values.reasons import Outcome, Reason, Step
 from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
 from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks
 from .memory import memory_target, migrate_memory, pending_memory

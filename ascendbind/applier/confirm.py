@@ -5,7 +5,7 @@ the main thread's) passes to another process once its thread is reaped, so a
 write made a moment after the worker was observed may land on a stranger: the
 newcomer that took the worker's pid, with its threads on the worker's thread
 ids, or a process forked onto the id of one thread that exited. The affinity
-step therefore holds the worker by its pin (discovery/pin.py), reads each
+step therefore holds the worker by its pin (discovery/read/pin.py), reads each
 thread's mask right before writing it, and once the writes are done asks:
 
 * which tids written are still tasks of the worker? Its task directory, listed
@@ -31,8 +31,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..cpulist import format_cpulist
-from ..discovery.pin import ProcessPin
+from ..values.cpulist import format_cpulist
+from ..discovery.read.pin import ProcessPin
 
 __all__ = ["StrayWrite", "Confirmation", "confirm_writes", "STRAY_RESULTS"]
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import errno
 import os
 
-from ..cpulist import parse_mask
-from ..decisions import MaskWrite
-from ..discovery.procdir import read_once
+from ..values.cpulist import parse_mask
+from ..values.decisions import MaskWrite
+from ..discovery.read.procdir import read_once
 
 __all__ = ["write_mask_file"]
 

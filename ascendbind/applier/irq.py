@@ -1,8 +1,8 @@
 """The IRQ step: put each target NPU's SQ/CQ interrupts on the CPUs its plan reserved.
 
-Discovery finds each NPU's SQ/CQ interrupts (discovery/irqhost.py: its PCI
+Discovery finds each NPU's SQ/CQ interrupts (discovery/gather/irqhost.py: its PCI
 address from ``npu-smi info -t board``, its MSI vectors, ``/proc/interrupts``)
-and the planner's rule says where they go (planner/irqs.py: the SQ to
+and the planner's rule says where they go (planner/npus/irqs.py: the SQ to
 ``irq[0]``, the CQ to ``irq[1]``, both to a 1-CPU ``irq`` role), exactly as
 ``plan`` shows them. This module only writes the masks and reads back the ones
 it wrote, through discovery's reader.
@@ -38,15 +38,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..config import Config
-from ..cpulist import format_cpulist, format_mask, parse_mask
-from ..decisions import IrqBinding, NpuIrqPlan
-from ..discovery.irqhost import NpuIrqLookup, discover_npu_irqs, irq_mask_path, irq_masks_writable, irqbalance_pids, read_irq_mask
-from ..discovery.sources import HostSource, LiveHost
-from ..frozen import frozen_map
-from ..model import HostFacts, IrqbalanceBans, Plan, StepResult
-from ..planner.irqs import plan_irqs, step_off
-from ..reasons import Outcome, Reason, Step
+from ..values.config import Config
+from ..values.cpulist import format_cpulist, format_mask, parse_mask
+from ..values.decisions import IrqBinding, NpuIrqPlan
+from ..discovery.gather.irqhost import NpuIrqLookup, discover_npu_irqs, irq_mask_path, irq_masks_writable, irqbalance_pids, read_irq_mask
+from ..discovery.read.sources import HostSource, LiveHost
+from ..values.frozen import frozen_map
+from ..values.model import HostFacts, IrqbalanceBans, Plan, StepResult
+from ..planner.npus.irqs import plan_irqs, step_off
+from ..values.reasons import Outcome, Reason, Step
 from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, stop_irqbalance, unban_irqs
 
 __all__ = [

@@ -7,7 +7,7 @@ control socket, and come off again on release; ``stop`` stops the service
 (``systemctl``); ``warn`` only reports it.
 
 Finding it is discovery's (``irqhost.irqbalance_pids``, a scan of
-``<proc>/*/comm``). Talking to it (discovery/irqbalance.py has the words):
+``<proc>/*/comm``). Talking to it (discovery/parse/irqbalance.py has the words):
 
 * Where: ``/run/irqbalance/irqbalance<pid>.sock`` as irqbalance sees it, that
   is through ``<proc>/<pid>/root``: systemd runs it in a mount namespace of its
@@ -51,7 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..command import run_command, tool_env
-from ..discovery.irqbalance import (
+from ..discovery.parse.irqbalance import (
     ABSTRACT_ADDRESS,
     CPUS_RESET,
     BanListTooLong,
@@ -63,10 +63,10 @@ from ..discovery.irqbalance import (
     parse_setup,
     socket_path,
 )
-from ..discovery.irqhost import irqbalance_socket_dir, socket_in_dir_fd
-from ..discovery.process import read_identity
+from ..discovery.gather.irqhost import irqbalance_socket_dir, socket_in_dir_fd
+from ..discovery.gather.process import read_identity
 from ..errors import ParseError
-from ..model import IrqbalanceBans
+from ..values.model import IrqbalanceBans
 
 __all__ = [
     "stop_irqbalance",

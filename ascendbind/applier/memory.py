@@ -47,14 +47,14 @@ import time
 from array import array
 from collections.abc import Callable
 
-from ..config import Config
-from ..discovery.identity import verify_identity
-from ..discovery.pages import BASE_PAGE, MoveRanges, open_pagemap, read_move_ranges
-from ..discovery.process import exiting
+from ..values.config import Config
+from ..discovery.gather.identity import verify_identity
+from ..discovery.gather.pages import BASE_PAGE, MoveRanges, open_pagemap, read_move_ranges
+from ..discovery.gather.process import exiting
 from ..errors import DiscoveryError, ParseError, ProcessGone
-from ..frozen import frozen_map
-from ..model import HostFacts, Plan, StepResult
-from ..reasons import Outcome, Reason, Step
+from ..values.frozen import frozen_map
+from ..values.model import HostFacts, Plan, StepResult
+from ..values.reasons import Outcome, Reason, Step
 from .movepages import UNREPORTED, MovePages
 from .pagewalk import MAX_MAPPINGS, MAX_PAGES, Chosen, Cost, MoveProgress, Walk, choose, choose_spans
 

@@ -63,9 +63,9 @@ from itertools import compress, islice, pairwise, repeat
 from operator import gt, itemgetter, neg, sub
 from typing import NamedTuple
 
-from ..discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, MoveRange
-from ..discovery.pages import BASE_PAGE, PageMap
-from ..frozen import frozen_map
+from ..discovery.parse.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, MoveRange
+from ..discovery.gather.pages import BASE_PAGE, PageMap
+from ..values.frozen import frozen_map
 
 __all__ = ["Batch", "Chosen", "Cost", "MoveProgress", "Walk", "choose", "choose_spans", "GAP_PAGES", "MAX_MAPPINGS", "MAX_PAGES"]
 

@@ -16,8 +16,8 @@ import errno
 import os
 from collections.abc import Iterable
 
-from ..cpulist import format_cpulist
-from ..decisions import MaskWrite
+from ..values.cpulist import format_cpulist
+from ..values.decisions import MaskWrite
 
 __all__ = ["set_task_cpus", "task_cpus"]
 

@@ -15,10 +15,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..cpulist import format_cpulist
-from ..frozen import frozen_map
-from ..model import Mode, Plan, StepResult
-from ..reasons import Outcome, Reason, Step
+from ..values.cpulist import format_cpulist
+from ..values.frozen import frozen_map
+from ..values.model import Mode, Plan, StepResult
+from ..values.reasons import Outcome, Reason, Step
 from .affinity import set_tid_affinity
 
 __all__ = ["bind_uvb_threads", "bind_uvb", "restore_uvb_threads", "UvbStep"]

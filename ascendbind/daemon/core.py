@@ -11,7 +11,7 @@ Identity: a request observes its target once (discovery's ``ProcessView``: pid,
 start time, kernel thread flag, uids, status, cpuset, environ, threads) and
 carries that one value through authorization, the worker's facts, binding and
 the held record; a start time that changes on the way is a 409 ``pid_recycled``.
-A bind's observation also pins the process (discovery/pin.py): the applier
+A bind's observation also pins the process (discovery/read/pin.py): the applier
 binds through that pidfd and confirms its writes against it, undoing any that
 reached a newcomer; a worker gone by then is never held (409 ``pid_recycled``,
 404 ``pid_gone``). The held record keeps a copy, and wherever the worker is
@@ -48,17 +48,17 @@ import structlog
 from ..applier import release_binding
 from ..applier.bind import apply_observed
 from ..applier.irq import with_planned_irqs
-from ..discovery.identity import recycled, refuse_non_worker, require_live
-from ..config import Config
-from ..cpulist import format_cpulist
-from ..discovery.process import ProcessView, observe_process, read_identity
-from ..discovery.worker import discover_worker, without_process_table
+from ..discovery.gather.identity import recycled, refuse_non_worker, require_live
+from ..values.config import Config
+from ..values.cpulist import format_cpulist
+from ..discovery.gather.process import ProcessView, observe_process, read_identity
+from ..discovery.gather.worker import discover_worker, without_process_table
 from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..frozen import frozen_map
-from ..model import Binding, DeviceType, ProcessIdentity
+from ..values.frozen import frozen_map
+from ..values.model import Binding, DeviceType, ProcessIdentity
 from ..planner import make_plan, resolve_targets
-from ..reasons import Outcome, Step
-from ..targeting import TargetRequest
+from ..values.reasons import Outcome, Step
+from ..values.targeting import TargetRequest
 from .api.auth import Peer, authorize
 from .isolate.keeper import Isolation
 from .watch.held import Held

@@ -29,13 +29,13 @@ import structlog
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import merge_npu_plans
-from ..discovery.identity import pin_identity, verify_identity
+from ..discovery.gather.identity import pin_identity, verify_identity
 from ..applier.irq import set_irq_affinity
-from ..discovery.process import read_identity
+from ..discovery.gather.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone
-from ..frozen import frozen_map
-from ..model import Binding, Mode, StepResult
-from ..reasons import Outcome, Reason, Step
+from ..values.frozen import frozen_map
+from ..values.model import Binding, Mode, StepResult
+from ..values.reasons import Outcome, Reason, Step
 from .watch.bans import carried_bans
 from .watch.held import Held, SeenThread, accepted
 from .watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration

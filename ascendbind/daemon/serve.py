@@ -57,10 +57,10 @@ import structlog
 
 from .. import __version__
 from ..command import allow_commands, stop_commands
-from ..config import Config
-from ..discovery.deadline import READERS
+from ..values.config import Config
+from ..discovery.read.deadline import READERS
 from ..errors import AscendbindError, ConfigError
-from ..model import HostFacts
+from ..values.model import HostFacts
 from ..planner import lint_config
 from .runtime import systemd
 from .runtime.threadname import name_os_thread

@@ -1,12 +1,28 @@
-"""Planner: (host facts, worker facts, target NPUs, config) -> Plan. Pure: no I/O.
+"""Planner: (host facts, worker facts, target NPUs, config) -> Plan. Pure: no I/O, by location.
 
-One file per rule family: ``global_slice.py``, ``topo_affinity.py``,
-``cluster950.py``, ``roles.py``; ``layout.py`` holds the host's CPU/NUMA
-lookups built once per plan; ``plan.py`` puts them together. NUMA alignment:
-``providers.py`` (device/cpu/memory hints), ``hints.py`` (the
-kubelet merge), ``policy.py`` (the topology and cpu-bind policies as
-objects), ``alignment.py`` (the decision, precedence, failure reasons),
-``explain.py`` (``plan --explain``) and ``lint.py`` (config tensions).
+plan.py puts the rules together; codes.py is the fixed set of issue codes they
+report; explain.py (``plan --explain``) and lint.py (config tensions) read a
+plan and a config. The rules live in rooms, one subject each:
+
+* pools/    each NPU's CPU pool and its roles: one file per rule family
+            (``global_slice.py``, ``topo_affinity.py``, ``cluster950.py``),
+            ``roles.py`` (the role split), ``cpuset_pool.py`` (the worker's own
+            cpuset as its pool, and when), ``layout.py`` (the host's CPU/NUMA
+            lookups, built once per plan);
+* align/    NUMA alignment: ``providers.py`` (device/cpu/memory hints),
+            ``hints.py`` (the kubelet merge), ``policy.py`` (the topology and
+            cpu-bind policies as objects), ``alignment.py`` (the decision,
+            precedence, failure reasons);
+* npus/     the worker's NPUs: ``targets.py`` (which NPUs it drives: the
+            evidence weighed by one rule) on ``ascend_env.py`` (the
+            ``ASCEND_*`` variables), ``irqs.py`` (where each NPU's interrupts go);
+* isolate/  the rest of the host: ``isolation.py`` (the housekeeping CPUs and
+            what each isolation level does), ``driverwork.py`` (the NPU
+            driver's per-device work by name).
+
+tests/test_structure.py holds every module under this folder, and everything
+it imports, to touching nothing on the host, and each room to the import rule
+its ``__init__`` states.
 
 Public API:
     make_plan(host, worker, targets, config, *, request_policy=None) -> Plan
@@ -40,12 +56,12 @@ warnings (the NPU is planned)
 Every reason is a sentence with the numbers an operator needs.
 """
 
-from .alignment import ALIGNMENT_FAILURE_REASONS, resolve_policy
+from .align.alignment import ALIGNMENT_FAILURE_REASONS, resolve_policy
 from .codes import ERROR_CODES, WARNING_CODES
 from .explain import explain_plan
 from .lint import lint_config
+from .npus.targets import resolve_targets
 from .plan import make_plan
-from .targets import resolve_targets
 
 __all__ = ["make_plan", "resolve_targets", "resolve_policy", "explain_plan", "lint_config",
            "ALIGNMENT_FAILURE_REASONS", "ERROR_CODES", "WARNING_CODES"]

@@ -7,7 +7,7 @@ closed.
 
 from __future__ import annotations
 
-from ..model import PlanIssue
+from ..values.model import PlanIssue
 
 __all__ = ["ERROR_CODES", "WARNING_CODES", "issue"]
 

@@ -7,15 +7,15 @@ config lint warnings.
 
 from __future__ import annotations
 
-from ..config import Config
-from ..model import HostFacts, Plan, PoolChoice, WorkerFacts
-from .alignment import PROVIDERS, NpuAlignment
-from .cpuset_pool import choose_pool_source
-from .hints import Hint, mask_text
-from .layout import cl, nodes_text
+from ..values.config import Config
+from ..values.model import HostFacts, Plan, PoolChoice, WorkerFacts
+from .align.alignment import PROVIDERS, NpuAlignment
+from .pools.cpuset_pool import choose_pool_source
+from .align.hints import Hint, mask_text
+from .pools.layout import cl, nodes_text
 from .lint import lint_config
 from .plan import plan_with_alignment
-from .policy import TopologyPolicy, topology_policy
+from .align.policy import TopologyPolicy, topology_policy
 
 __all__ = ["explain_plan"]
 

@@ -7,11 +7,11 @@ start-up and in ``plan --explain``. Pure: config + host facts in, sentences out.
 
 from __future__ import annotations
 
-from ..config import Config
-from ..model import DeviceType, HostFacts, Mode
-from .layout import Layout
+from ..values.config import Config
+from ..values.model import DeviceType, HostFacts, Mode
+from .pools.layout import Layout
 from .plan import choose_mode, effective_device_type
-from .policy import cpu_bind_policy, topology_policy
+from .align.policy import cpu_bind_policy, topology_policy
 
 __all__ = ["lint_config"]
 

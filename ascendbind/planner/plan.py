@@ -21,19 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import Config
-from ..decisions import PlanAlignment
-from ..model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts
-from .alignment import Alignment, align, resolve_policy
-from .cluster950 import cluster_pools
-from .cpuset_pool import choose_pool_source, cpuset_pools
+from ..values.config import Config
+from ..values.decisions import PlanAlignment
+from ..values.model import DeviceType, HostFacts, Mode, NpuPlan, Plan, PlanIssue, WorkerFacts
+from .align.alignment import Alignment, align, resolve_policy
+from .pools.cluster950 import cluster_pools
+from .pools.cpuset_pool import choose_pool_source, cpuset_pools
 from .codes import issue
-from .global_slice import slice_pools, total_npus
-from .layout import Layout, cl
-from .policy import cpu_bind_policy, topology_policy
-from .providers import HintContext
-from .roles import RoleSplitError, role_minimum, split_roles
-from .topo_affinity import affinity_pools
+from .pools.global_slice import slice_pools, total_npus
+from .pools.layout import Layout, cl
+from .align.policy import cpu_bind_policy, topology_policy
+from .align.providers import HintContext
+from .pools.roles import RoleSplitError, role_minimum, split_roles
+from .pools.topo_affinity import affinity_pools
 
 __all__ = ["make_plan", "plan_with_alignment", "choose_mode", "effective_device_type", "SeedPools", "seed_pools"]
 

@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from ascendbind.cpulist import parse_cpulist
+from ascendbind.values.cpulist import parse_cpulist
 from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for
 from tests.numa.conftest import recorded_npu_smi
 from tests.test_isolation_daemon import assert_off_the_protected_cpus, changed, host_masks, put_back, thread_cpus

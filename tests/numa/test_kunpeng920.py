@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from ascendbind.discovery.lscpu import parse_lscpu, parse_lscpu_e
+from ascendbind.discovery.parse.lscpu import parse_lscpu, parse_lscpu_e
 from tests.daemon_harness import ROOT, running_daemon, wait_for
 from tests.memworker_client import mem_worker
 from tests.numa.conftest import plan_json, recorded_npu_smi

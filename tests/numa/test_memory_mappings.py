@@ -20,7 +20,7 @@ import pytest
 from ascendbind.applier.memory import PageMove
 from ascendbind.applier.movepages import MovePages
 from ascendbind.discovery import LiveHost
-from ascendbind.reasons import Reason
+from ascendbind.values.reasons import Reason
 from tests.daemon_harness import running_daemon
 from tests.memworker_client import mem_worker
 from tests.numa.conftest import recorded_npu_smi

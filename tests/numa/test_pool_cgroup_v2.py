@@ -48,9 +48,9 @@ _CONTAINER = ("import ctypes, sys\n"
 _OBSERVE = """
 import ctypes, json, sys
 assert ctypes.CDLL(None, use_errno=True).unshare(0x02000000) == 0, "unshare(CLONE_NEWCGROUP)"
-from ascendbind.config import Config
+from ascendbind.values.config import Config
 from ascendbind.discovery import LiveHost
-from ascendbind.discovery.worker import discover_worker
+from ascendbind.discovery.gather.worker import discover_worker
 pid, kubelet = int(sys.argv[1]), sys.argv[2]
 w = discover_worker(LiveHost(kubelet_root=kubelet), pid, Config(), want_devices=False)
 print(json.dumps({"seen_as": open(f"/proc/{pid}/cgroup").read().strip(), "cpus": sorted(w.allowed_cpus),
@@ -98,9 +98,9 @@ def started(argv: list[str]):
 
 
 def test_cgroup_v2_cpuset_is_read_also_from_another_cgroup_namespace(tree, tmp_path):
-    from ascendbind.config import Config
+    from ascendbind.values.config import Config
     from ascendbind.discovery import LiveHost
-    from ascendbind.discovery.worker import discover_worker
+    from ascendbind.discovery.gather.worker import discover_worker
 
     kubelet = tmp_path / "kubelet"
     kubelet.mkdir()

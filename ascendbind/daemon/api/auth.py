@@ -27,10 +27,10 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...discovery.identity import refuse_non_worker
-from ...discovery.process import parent_of
+from ...discovery.gather.identity import refuse_non_worker
+from ...discovery.gather.process import parent_of
 from ...errors import NotPermitted
-from ...model import ProcessIdentity
+from ...values.model import ProcessIdentity
 
 __all__ = ["Peer", "peer_of", "authorize"]
 

@@ -53,8 +53,8 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ...cpulist import format_cpulist
-from ...discovery.cpuusage import LOG_DIR, cpu_busy_ns, interrupt_counts, open_task_dir, pod_names, task_tids, \
+from ...values.cpulist import format_cpulist
+from ...discovery.gather.cpuusage import LOG_DIR, cpu_busy_ns, interrupt_counts, open_task_dir, pod_names, task_tids, \
     thread_sched
 
 __all__ = ["Contention", "ROLE_NAMES", "MIN_INTERVAL", "MAIN_SWEEP"]

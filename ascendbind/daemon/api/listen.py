@@ -19,7 +19,7 @@ import stat
 
 import structlog
 
-from ...discovery.kernel import somaxconn
+from ...discovery.read.kernel import somaxconn
 from ...errors import ConfigError
 from ..runtime import systemd
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ...discovery.kernel import somaxconn
+from ...discovery.read.kernel import somaxconn
 from .fairshare import FairPool
 from .wire import CONTINUE, Request, RequestReader, Response, WireError, error_response, render_response
 from ..runtime.threadname import name_os_thread

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ... import __version__
-from ...discovery.deadline import READ_FILES, READERS, Readers
+from ...discovery.read.deadline import READ_FILES, READERS, Readers
 from ...planner import ALIGNMENT_FAILURE_REASONS
 
 __all__ = ["Metrics", "OUTCOMES", "CULPRITS",
@@ -56,7 +56,7 @@ ALIGNMENT_REASONS = (*ALIGNMENT_FAILURE_REASONS, "other")
 
 
 class WorkerReads:
-    """The reads of what workers control (discovery/deadline.py), as they stand at each scrape:
+    """The reads of what workers control (discovery/read/deadline.py), as they stand at each scrape:
     abandoned at the deadline, refused at once (a limit reached), stuck now; by file. The
     registry learns the names from one collect (it describes by collecting)."""
 

@@ -15,11 +15,11 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import CHOICES, Config
+from ...values.config import CHOICES, Config
 from ...errors import Conflict, NotPermitted, ProcessGone, UsageError
-from ...model import Binding, Plan
-from ...planner.alignment import resolve_policy as planner_resolve_policy
-from ...targeting import ASCEND_ENV, TargetRequest
+from ...values.model import Binding, Plan
+from ...planner.align.alignment import resolve_policy as planner_resolve_policy
+from ...values.targeting import ASCEND_ENV, TargetRequest
 
 __all__ = ["PlanAsk", "parse_bind_request", "decode_json_body", "alignment_of", "outcome_of_error", "resolve_policy",
            "irq_owners", "evictable", "claim_npus", "recycled_is_a_conflict", "MAX_JSON_DEPTH", "PID_MAX", "NPU_MAX"]
@@ -235,7 +235,7 @@ def outcome_of_error(exc: BaseException) -> str:
 def resolve_policy(ask: PlanAsk | str | None, config: Config) -> Config:
     """Koordinator precedence: request > node config > default; both set and different -> 409.
 
-    The rule is the planner's (planner/alignment.py) for the topology policy, and the same
+    The rule is the planner's (planner/align/alignment.py) for the topology policy, and the same
     for the pool source: a node that names its ``pool_source`` decides it, and a request may
     only repeat it (409 ``policy_mismatch`` otherwise). Returns the Config to plan with
     (``config`` itself when nothing changes: no copy per request).

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 
 import structlog
 
-from ...discovery.tasks import pid_namespace
+from ...discovery.read.tasks import pid_namespace
 from ...errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, NotPermitted, PlanImpossible,
                        ProcessGone, UsageError)
 from .auth import Peer, peer_of

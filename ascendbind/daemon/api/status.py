@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs
 
-from ...discovery.identity import require_identity
+from ...discovery.gather.identity import require_identity
 from ...errors import ProcessGone, UsageError
 from .auth import Peer, authorize
 

@@ -19,8 +19,8 @@ import threading
 
 import structlog
 
-from ...discovery.identity import start_time
-from ...discovery.process import read_identity
+from ...discovery.gather.identity import start_time
+from ...discovery.gather.process import read_identity
 from ...errors import AscendbindError, DiscoveryError
 from ..runtime.threadname import name_os_thread
 from ..api.requests import outcome_of_error

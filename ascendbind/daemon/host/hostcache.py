@@ -47,13 +47,13 @@ from typing import Any
 
 import structlog
 
-from ...decisions import NpuIrqs
+from ...values.decisions import NpuIrqs
 from ...discovery import LiveHost, discover_host, discover_processes
-from ...discovery.irqhost import discover_npu_irqs
-from ...discovery.sources import OneTimeoutPerTool
+from ...discovery.gather.irqhost import discover_npu_irqs
+from ...discovery.read.sources import OneTimeoutPerTool
 from ...errors import AscendbindError, DiscoveryError, DiscoveryUnavailable
-from ...model import HostFacts, NpuProcess
-from ...reasons import Reason
+from ...values.model import HostFacts, NpuProcess
+from ...values.reasons import Reason
 
 __all__ = ["HostCache", "QueryFailure", "backoff_delay", "HOST_FACTS", "PROCESS_TABLE"]
 

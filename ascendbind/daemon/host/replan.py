@@ -15,11 +15,11 @@ import structlog
 
 from ...applier import apply_plan
 from ...discovery import discover_worker
-from ...discovery.process import thread_masks
+from ...discovery.gather.process import thread_masks
 from ...errors import AscendbindError, DiscoveryError
-from ...model import DeviceType
+from ...values.model import DeviceType
 from ...planner import make_plan
-from ...reasons import Outcome, Step
+from ...values.reasons import Outcome, Step
 from ..api.requests import resolve_policy
 
 __all__ = ["rediscover_and_replan"]

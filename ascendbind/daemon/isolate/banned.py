@@ -17,15 +17,15 @@ from collections.abc import Callable
 import structlog
 
 from ...applier.irqbalance import Unreachable, banned_cpus, reset_banned_cpus, tell_banned_cpus
-from ...config import Config
-from ...cpulist import format_cpulist, parse_cpulist
-from ...discovery.hostwork import kernel_isolated_cpus
-from ...discovery.irqbalance import auto_banned_cpus
-from ...discovery.irqhost import irqbalance_pids
-from ...discovery.process import read_identity
-from ...discovery.tasks import read_environ
-from ...planner.isolation import IsolationPlan
-from ...reasons import Reason
+from ...values.config import Config
+from ...values.cpulist import format_cpulist, parse_cpulist
+from ...discovery.gather.hostwork import kernel_isolated_cpus
+from ...discovery.parse.irqbalance import auto_banned_cpus
+from ...discovery.gather.irqhost import irqbalance_pids
+from ...discovery.gather.process import read_identity
+from ...discovery.read.tasks import read_environ
+from ...planner.isolate.isolation import IsolationPlan
+from ...values.reasons import Reason
 from ..state.isolationrecord import SavedBan
 from .masks import hex_cpus, list_cpus
 

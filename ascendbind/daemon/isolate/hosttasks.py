@@ -50,11 +50,11 @@ from collections.abc import Iterable, Mapping
 import structlog
 
 from ...applier.taskmask import task_cpus
-from ...config import Config, exempt_entries
-from ...cpulist import format_cpulist
-from ...discovery.hosttasks import ProcessFacts, list_pids, process_facts, thread_starts
-from ...planner.isolation import IsolationPlan, task_target
-from ...reasons import Reason
+from ...values.config import Config, exempt_entries
+from ...values.cpulist import format_cpulist
+from ...discovery.gather.hosttasks import ProcessFacts, list_pids, process_facts, thread_starts
+from ...planner.isolate.isolation import IsolationPlan, task_target
+from ...values.reasons import Reason
 from ..state.isolationrecord import SavedMask, key_kind, mask_key
 from .masks import list_cpus
 

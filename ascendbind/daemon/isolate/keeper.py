@@ -2,7 +2,7 @@
 
 ``Isolation.follow`` runs after every change to what the daemon holds (the
 ``Daemon`` calls it from ``save``, under its lock). From the host's facts and
-the bound workers' plans it plans the level (planner/isolation.py), then:
+the bound workers' plans it plans the level (planner/isolate/isolation.py), then:
 
 * every level: the daemon's threads go to the housekeeping CPUs while anything
   is bound, and back where they started when nothing is (selfmask.py);
@@ -43,14 +43,14 @@ from typing import Any
 
 import structlog
 
-from ...config import Config
-from ...cpulist import format_cpulist
-from ...decisions import MaskWrite
-from ...discovery.irqhost import irq_masks_writable
+from ...values.config import Config
+from ...values.cpulist import format_cpulist
+from ...values.decisions import MaskWrite
+from ...discovery.gather.irqhost import irq_masks_writable
 from ...errors import ConfigError, PlanImpossible
-from ...model import Binding, HostFacts, PlanIssue
-from ...planner.isolation import IsolationPlan, plan_isolation
-from ...reasons import Reason
+from ...values.model import Binding, HostFacts, PlanIssue
+from ...planner.isolate.isolation import IsolationPlan, plan_isolation
+from ...values.reasons import Reason
 from ..state.isolationrecord import IsolationRecord, SavedMask, key_kind, mask_key
 from .banned import follow_irqbalance
 from .hosttasks import HostTasks, before_isolation, task_keys_of

@@ -14,14 +14,14 @@ from typing import NamedTuple
 
 from ...applier.hostmasks import write_mask_file
 from ...applier.taskmask import set_task_cpus, task_cpus
-from ...config import Config
-from ...cpulist import format_cpulist, format_mask, parse_cpulist, parse_mask
-from ...decisions import MaskWrite
-from ...discovery.hostwork import (default_affinity_path, read_default_affinity, read_unbound_workqueues,
+from ...values.config import Config
+from ...values.cpulist import format_cpulist, format_mask, parse_cpulist, parse_mask
+from ...values.decisions import MaskWrite
+from ...discovery.gather.hostwork import (default_affinity_path, read_default_affinity, read_unbound_workqueues,
                                    read_workqueue_mask, unbound_workqueues_path, workqueue_mask_path)
-from ...discovery.irqhost import irq_mask_path, read_irq_mask
-from ...discovery.process import stat_of
-from ...reasons import Reason
+from ...discovery.gather.irqhost import irq_mask_path, read_irq_mask
+from ...discovery.gather.process import stat_of
+from ...values.reasons import Reason
 
 __all__ = ["Mask", "mask_of", "hex_cpus", "list_cpus", "SKIP_REASONS"]
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 
-from ...planner.driverwork import trs_mbox_device
-from ...planner.isolation import IsolationPlan, narrowed
+from ...planner.isolate.driverwork import trs_mbox_device
+from ...planner.isolate.isolation import IsolationPlan, narrowed
 from ..state.isolationrecord import SavedMask
 
 __all__ = ["Act", "mask_act", "irq_target"]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 
 from ...applier.taskmask import set_task_cpus, task_cpus
-from ...cpulist import format_cpulist
-from ...discovery.hostwork import own_threads
+from ...values.cpulist import format_cpulist
+from ...discovery.gather.hostwork import own_threads
 
 __all__ = ["DaemonThreads", "MAX_ROUNDS"]
 

@@ -5,7 +5,7 @@ moved stays moved, and so do its new threads. What is not covered is a process
 forked by one the level never moves: a service pid 1 starts, a shell in an
 exempt cgroup, a container runtime. The watcher finds those:
 
-* *events* (the kernel's process connector, discovery/proc_connector.py): a
+* *events* (the kernel's process connector, discovery/read/proc_connector.py): a
   socket whose kernel-side filter keeps only forks that start a process and
   execs (``process_start_filter``: new threads, renames and exits are dropped
   before they are queued). The thread sleeps in ``select`` and adopts each
@@ -39,9 +39,9 @@ import time
 
 import structlog
 
-from ...discovery.hosttasks import list_pids
-from ...discovery.proc_connector import ProcEventSocket
-from ...discovery.proc_events import parse_events, process_start_filter, started_processes
+from ...discovery.gather.hosttasks import list_pids
+from ...discovery.read.proc_connector import ProcEventSocket
+from ...discovery.parse.proc_events import parse_events, process_start_filter, started_processes
 from ...errors import DiscoveryError
 
 __all__ = ["TaskWatch", "SWEEP_SECONDS", "FULL_SWEEP_SECONDS"]

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from ...applier.taskmask import task_cpus
-from ...config import Config
-from ...cpulist import format_cpulist
-from ...discovery.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
+from ...values.config import Config
+from ...values.cpulist import format_cpulist
+from ...discovery.gather.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
                                    read_unbound_workqueues, read_workqueue_mask)
-from ...discovery.irqhost import read_irq_mask
-from ...model import HostFacts
-from ...planner.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
-from ...planner.isolation import IsolationPlan, narrowed
+from ...discovery.gather.irqhost import read_irq_mask
+from ...values.model import HostFacts
+from ...planner.isolate.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
+from ...planner.isolate.isolation import IsolationPlan, narrowed
 from ..state.isolationrecord import SavedMask, mask_key
 from .masks import hex_cpus
 from .rules import irq_target

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...frozen import frozen_map
+from ...values.frozen import frozen_map
 
 __all__ = ["SavedMask", "SavedBan", "IsolationRecord", "mask_key", "key_kind", "KINDS"]
 

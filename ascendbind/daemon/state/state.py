@@ -74,8 +74,8 @@ from typing import Any
 
 import structlog
 
-from ...discovery.host import read_boot_id as _boot_id_of
-from ...discovery.sources import LiveHost
+from ...discovery.gather.host import read_boot_id as _boot_id_of
+from ...discovery.read.sources import LiveHost
 from ...errors import ConfigError
 from .staterecord import binding_from_v1, binding_to_json
 from .statedir import trusted_state_dir, untrusted_reason

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...cpulist import format_cpulist, parse_cpulist
-from ...frozen import frozen_map
-from ...decisions import IrqBinding, PlanAlignment
-from ...model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, PlanIssue, PoolChoice, StepResult
-from ...reasons import Outcome, Reason, Step
+from ...values.cpulist import format_cpulist, parse_cpulist
+from ...values.frozen import frozen_map
+from ...values.decisions import IrqBinding, PlanAlignment
+from ...values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, PlanIssue, PoolChoice, StepResult
+from ...values.reasons import Outcome, Reason, Step
 
 __all__ = ["binding_to_json", "binding_from_json", "binding_from_v1"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from ...model import IrqbalanceBans
+from ...values.model import IrqbalanceBans
 
 __all__ = ["carried_bans", "split_bans"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 
-from ...discovery.tasks import parent_pid, read_cmdline, read_environ
+from ...discovery.read.tasks import parent_pid, read_cmdline, read_environ
 from .blame import Evidence, environ_evidence, first_vllm_setting, split_cmdline
 
 __all__ = ["read_evidence", "MAX_ANCESTORS", "is_arm"]

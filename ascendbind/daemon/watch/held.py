@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...applier.affinity import role_of
-from ...config import CHOICES
-from ...cpulist import format_cpulist
-from ...discovery.pin import ProcessPin
-from ...discovery.numa_maps import NumaResidency
-from ...frozen import plain
-from ...model import Binding
-from ...reasons import Step
+from ...values.config import CHOICES
+from ...values.cpulist import format_cpulist
+from ...discovery.read.pin import ProcessPin
+from ...discovery.parse.numa_maps import NumaResidency
+from ...values.frozen import plain
+from ...values.model import Binding
+from ...values.reasons import Step
 from .lifecycle import Record
 from ..api.requests import PlanAsk, alignment_of
 from ..state.staterecord import binding_to_json
@@ -78,7 +78,7 @@ class Held:
     facts: tuple | None = field(default=None, repr=False)
     # npu-smi's verdict on a bind that named its NPU (npucheck.py); None: not checked. Not persisted.
     npu_check: dict | None = None
-    # the worker held by its own pidfd (discovery/pin.py): what says it is still the process
+    # the worker held by its own pidfd (discovery/read/pin.py): what says it is still the process
     # bound, whatever the number names now; None where no pidfd can be had. Closed by the
     # daemon when the record leaves the held table (``close``).
     pin: ProcessPin | None = field(default=None, repr=False, compare=False)

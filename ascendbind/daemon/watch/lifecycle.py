@@ -58,9 +58,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from ...discovery.numa_maps import NumaResidency
-from ...frozen import frozen_map
-from ...model import Binding
+from ...discovery.parse.numa_maps import NumaResidency
+from ...values.frozen import frozen_map
+from ...values.model import Binding
 from .bans import split_bans
 from .blame import Blame, Evidence, blame_irqs, blame_threads, left_alone_sentence
 from ..api.requests import claim_npus, irq_owners

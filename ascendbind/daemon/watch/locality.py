@@ -46,10 +46,10 @@ from typing import Any
 import structlog
 
 from ...applier.memory import memory_target
-from ...discovery.numa_maps import local_ratio
-from ...discovery.worker import NUMA_MAPS_LIMIT, read_numa_residency
+from ...discovery.parse.numa_maps import local_ratio
+from ...discovery.gather.worker import NUMA_MAPS_LIMIT, read_numa_residency
 from ...errors import AscendbindError, DiscoveryError, ParseError, ProcessGone
-from ...model import Binding, StepResult
+from ...values.model import Binding, StepResult
 from .lifecycle import Limits, Observation, RerunMemory, decide, memory_rerun_due, rerun_was_futile
 from ..runtime.threadname import name_os_thread
 

@@ -37,8 +37,8 @@ import structlog
 
 from ...applier.memory import MoveCancel, PageMove
 from ...applier.pagewalk import MoveProgress
-from ...model import StepResult
-from ...reasons import Outcome, Reason, Step
+from ...values.model import StepResult
+from ...values.reasons import Outcome, Reason, Step
 from ..runtime.threadname import name_os_thread
 
 __all__ = ["MemoryMover", "MoveJob", "STOPPING"]

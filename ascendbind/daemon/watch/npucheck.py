@@ -6,7 +6,7 @@ worker's container device set and its ``ASCEND_*`` variables still check the
 name, but on a bare host they say nothing, and a worker npu-smi lists on NPU 1
 could be bound to NPU 0's CPUs. So once such a bind is answered, one thread
 reads the table (the same shared, cached run a bind without an NPU uses) and
-runs the same target rule (planner/targets.py) with it. The verdict is
+runs the same target rule (planner/npus/targets.py) with it. The verdict is
 recorded on the held worker (``npu_check`` in ``/v1/workers``), counted in
 ``ascendbind_npu_checks_total{verdict}`` and logged when it is not
 ``confirmed``:
@@ -41,9 +41,9 @@ from collections.abc import Sequence
 import structlog
 
 from ...errors import AscendbindError, Conflict
-from ...model import HostFacts, WorkerFacts
+from ...values.model import HostFacts, WorkerFacts
 from ...planner import resolve_targets
-from ...targeting import TargetRequest
+from ...values.targeting import TargetRequest
 from ..runtime.threadname import name_os_thread
 
 __all__ = ["NpuChecker", "check_named_npu"]

@@ -49,8 +49,8 @@ from operator import attrgetter
 
 from ...applier.affinity import ROLES, cpus_for_role, role_of
 from ...applier.bind import merge_npu_plans
-from ...discovery.tasks import list_tids, task_comm, thread_count
-from ...model import Plan
+from ...discovery.read.tasks import list_tids, task_comm, thread_count
+from ...values.model import Plan
 from .held import SeenThread
 
 __all__ = ["COMM_SWEEP_PASSES", "comm_due", "observe_threads", "observe_marked", "role_cpus", "sweep_slots",

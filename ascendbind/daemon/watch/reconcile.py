@@ -49,11 +49,11 @@ import time
 
 import structlog
 
-from ...discovery.identity import verify_identity
-from ...cpulist import parse_mask
-from ...discovery.irqhost import irqbalance_pids, read_irq_mask
-from ...discovery.pin import LIVE_PROC
-from ...discovery.tasks import exited_pidfds, open_pidfd
+from ...discovery.gather.identity import verify_identity
+from ...values.cpulist import parse_mask
+from ...discovery.gather.irqhost import irqbalance_pids, read_irq_mask
+from ...discovery.read.pin import LIVE_PROC
+from ...discovery.read.tasks import exited_pidfds, open_pidfd
 from ...errors import ProcessGone
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted

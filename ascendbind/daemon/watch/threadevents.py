@@ -1,10 +1,10 @@
 """Where the reconcile loop learns of thread changes: the kernel's process events, or nothing.
 
 In *events* mode a pass reads, before it looks at anybody, the process events
-queued since the last pass (discovery/proc_connector.py; the socket keeps
+queued since the last pass (discovery/read/proc_connector.py; the socket keeps
 only the bound workers' events, the rest of the host's churn is dropped in the
 kernel), and folds them into the threads each worker's look must read again
-(discovery/proc_events.py). The look then needs no listing and no name sweep:
+(discovery/parse/proc_events.py). The look then needs no listing and no name sweep:
 one mask read per thread, and a name read only for a thread born or renamed.
 
 In *listing* mode (``events`` returns None) the looks count, list and sweep
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from ...discovery.proc_connector import ProcEventSocket
-from ...discovery.proc_events import ThreadChanges, parse_events, thread_changes
+from ...discovery.read.proc_connector import ProcEventSocket
+from ...discovery.parse.proc_events import ThreadChanges, parse_events, thread_changes
 from ...errors import DiscoveryError
 
 __all__ = ["ThreadEvents", "EventLook", "LOSS_LIMIT", "RETRY_PASSES"]

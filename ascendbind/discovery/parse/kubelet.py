@@ -1,0 +1,196 @@
+"""kubelet's CPU manager checkpoint and a worker's place in a pod. Pure: text in, values out.
+
+With ``cpuManagerPolicy: static`` kubelet gives each container of a Guaranteed pod
+that asks for whole CPUs a set of CPUs of its own, takes them out of the shared
+pool, and writes both to ``/var/lib/kubelet/cpu_manager_state`` (root-owned JSON):
+
+    {"policyName": "static", "defaultCpuSet": "0-1,40-639",
+     "entries": {"<pod UID>": {"<container name>": "200-239"}}, "checksum": 1234}
+
+Older kubelets (checkpoint v1) keyed ``entries`` by container ID instead:
+``{"<container id>": "200-239"}``. Both are read.
+
+The checkpoint names containers, the kernel names cgroups. A container's
+cgroup path carries its pod's UID (cgroupfs ``/kubepods/pod<uid>/<id>`` or
+``/kubepods/burstable/pod<uid>/<id>``; systemd
+``/kubepods.slice/kubepods-pod<uid with _ for ->.slice/cri-containerd-<id>.scope``)
+and its container ID (the last component, less the runtime's prefix and
+``.scope``), never its name. So the match is: the pod's UID from the worker's
+cgroup picks the checkpoint's pod; within it, the container whose CPUs are
+*exactly* the worker's cpuset is the worker's container (exclusive sets of one
+pod never overlap, so at most one can match). A v1 checkpoint matches the
+container ID directly, and its CPUs must equal the cpuset too.
+
+What is proof that the worker's CPUs are its own: a ``static`` checkpoint whose
+entry for the worker's pod (or container) is exactly the worker's cpuset, and
+none of whose CPUs are in the shared pool (``defaultCpuSet``). What is not: a
+cpuset narrower than the host (any runtime's ``--cpuset-cpus`` does that, and
+so does a shared pool kubelet shrank), a pod without entries (Burstable, or
+fractional CPUs), an entry that differs from the cpuset (a stale checkpoint,
+or a container kubelet has not updated yet), a checkpoint of policy ``none``.
+The checksum is kubelet's own (a hash of its Go structure): it is not
+recomputed here; a checkpoint kubelet would reject is one kubelet rewrites.
+
+The file is root's, but it is parsed as hostile input anyway: bounded length,
+nesting and entry counts, CPU lists parsed only for the worker's own pod.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ...values.cpulist import format_cpulist, parse_cpulist
+from ...errors import ParseError
+from ...values.frozen import frozen_map
+from ...values.model import PoolEvidence
+
+__all__ = ["CHECKPOINT_PATH", "CHECKPOINT_LIMIT", "CpuManagerState", "PodPlace", "parse_cpu_manager_state",
+           "pod_place", "judge_own_cpus"]
+
+CHECKPOINT_PATH = "/var/lib/kubelet/cpu_manager_state"
+# a node of 110 pods of a few containers each writes a few KiB; 1 MiB is far past any real one
+CHECKPOINT_LIMIT = 1 << 20
+_MAX_PODS = 4096
+_MAX_CONTAINERS = 256
+_MAX_TEXT = 4096  # characters of one name or CPU list
+
+_UID = r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+_POD = re.compile(rf"^(?:kubepods-(?:besteffort-|burstable-)?)?pod({_UID})(?:\.slice)?$")
+_CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
+
+
+@dataclass(frozen=True)
+class CpuManagerState:
+    """A checkpoint as read: CPU lists stay text until one is needed (``cpus_of``)."""
+
+    policy: str
+    default_cpus: frozenset[int]
+    # v2: pod UID -> container name -> cpulist text; v1: container id -> {"": cpulist text}
+    entries: Mapping[str, Mapping[str, str]]
+    version: int  # 1 or 2
+    where: str
+
+    def cpus_of(self, text: str) -> frozenset[int]:
+        try:
+            return parse_cpulist(text)
+        except ValueError as exc:
+            raise ParseError(self.where, f"entry: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PodPlace:
+    """Where a cgroup path puts a process: its pod's UID (dashed) and its container's ID."""
+
+    pod_uid: str | None
+    container_id: str | None
+
+
+def _text(value, what: str, where: str) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT:
+        raise ParseError(where, f"{what} is not a string of at most {_MAX_TEXT} characters")
+    return value
+
+
+def parse_cpu_manager_state(text: str, where: str = CHECKPOINT_PATH) -> CpuManagerState:
+    """The checkpoint, checked for shape; ParseError naming ``where`` otherwise."""
+    if len(text) > CHECKPOINT_LIMIT:
+        raise ParseError(where, f"longer than {CHECKPOINT_LIMIT} characters")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ParseError(where, f"not JSON: {str(exc)[:120]}") from None
+    if not isinstance(raw, dict):
+        raise ParseError(where, "not a JSON object")
+    policy = _text(raw.get("policyName"), "policyName", where)
+    try:
+        default = parse_cpulist(_text(raw.get("defaultCpuSet", ""), "defaultCpuSet", where))
+    except ValueError as exc:
+        raise ParseError(where, f"defaultCpuSet: {exc}") from None
+    entries = raw.get("entries")
+    entries = {} if entries is None else entries  # kubelet omits an empty map
+    if not isinstance(entries, dict) or len(entries) > _MAX_PODS:
+        raise ParseError(where, f"entries is not an object of at most {_MAX_PODS} keys")
+    out: dict[str, Mapping[str, str]] = {}
+    versions = set()
+    for key, value in entries.items():
+        key = _text(key, "an entries key", where)
+        if isinstance(value, str):
+            versions.add(1)
+            out[key.lower()] = {"": _text(value, "a CPU list", where)}
+        elif isinstance(value, dict) and len(value) <= _MAX_CONTAINERS:
+            versions.add(2)
+            for k, v in value.items():
+                _text(k, "a container name", where), _text(v, "a CPU list", where)
+            out[key.lower()] = value  # read-only from here: only judge_own_cpus reads it
+        else:
+            raise ParseError(where, f"entry {key[:60]!r} is neither a CPU list nor an object of at most "
+                                    f"{_MAX_CONTAINERS} containers")
+    if len(versions) > 1:
+        raise ParseError(where, "entries mix the v1 (container id) and v2 (pod UID) layouts")
+    return CpuManagerState(policy=policy, default_cpus=default, entries=frozen_map(out),
+                           version=versions.pop() if versions else 2, where=where)
+
+
+def pod_place(cgroup_path: str | None) -> PodPlace:
+    """The pod UID and container ID a kubepods cgroup path names (None for what it does not)."""
+    if not cgroup_path:
+        return PodPlace(None, None)
+    parts = [p for p in cgroup_path.split("/") if p]
+    if not any(p == "kubepods" or p.startswith("kubepods.") or p.startswith("kubepods-") for p in parts):
+        return PodPlace(None, None)
+    uid = container = None
+    for i, part in enumerate(parts):
+        m = _POD.match(part)
+        if m:
+            uid = m.group(1).replace("_", "-").lower()
+            if i + 1 < len(parts):
+                c = _CONTAINER.match(parts[i + 1])
+                container = c.group(1) if c else None
+            break
+    return PodPlace(uid, container)
+
+
+def judge_own_cpus(state: CpuManagerState | None, why_none: str | None, cgroup_path: str | None,
+                   cpus: frozenset[int], cpus_from_cgroup: bool) -> PoolEvidence:
+    """Whether ``cpus`` (the worker's cpuset) are the worker's own, and the evidence either way.
+
+    ``state`` is the checkpoint (None: ``why_none`` says why there is none to read)."""
+    have = format_cpulist(cpus)
+    if not cpus_from_cgroup:
+        return PoolEvidence(False, "none", f"the worker's cgroup cpuset is unreadable, so its CPUs {have} "
+                                           "cannot be matched to a CPU manager entry")
+    place = pod_place(cgroup_path)
+    if place.pod_uid is None:
+        return PoolEvidence(False, "none", f"the worker's cgroup {(cgroup_path or '?')[:200]} is not a Kubernetes "
+                                           f"pod's; a cpuset narrower than the host ({have}) is not proof by itself")
+    if state is None:
+        return PoolEvidence(False, "none", f"the worker is in pod {place.pod_uid}, but {why_none}")
+    if state.policy != "static":
+        return PoolEvidence(False, "none", f"{state.where} has policy {state.policy[:40]!r}, not static: kubelet "
+                                           "gives no container CPUs of its own")
+    if state.version == 1:
+        key = place.container_id
+        pod = {"container " + key[:12]: state.entries[key][""]} if key and key in state.entries else {}
+    else:
+        pod = dict(state.entries.get(place.pod_uid, {}))
+    if not pod:
+        return PoolEvidence(False, "none", f"{state.where} holds no exclusive CPUs for pod {place.pod_uid} "
+                                           "(not Guaranteed with whole CPUs)")
+    matches = []
+    for name, text in sorted(pod.items()):
+        if state.cpus_of(text) == cpus:
+            matches.append(name)
+    if len(matches) != 1:
+        seen = "; ".join(f"{n or '?'}: {t[:60]}" for n, t in sorted(pod.items())[:4])
+        return PoolEvidence(False, "none", f"no entry of pod {place.pod_uid} in {state.where} is exactly the "
+                                           f"worker's cpuset {have} ({seen})")
+    shared = cpus & state.default_cpus
+    if shared:
+        return PoolEvidence(False, "none", f"{state.where} gives container {matches[0]} CPUs {have}, but "
+                                           f"{format_cpulist(shared)} are also in its shared pool: not exclusive")
+    who = matches[0] if state.version == 1 else f"container {matches[0]!r} of pod {place.pod_uid}"
+    return PoolEvidence(True, "kubelet_checkpoint", f"kubelet's static CPU manager gives {who} CPUs {have} "
+                                                    f"({state.where})")
