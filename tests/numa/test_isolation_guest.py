@@ -9,9 +9,12 @@ the guest's own devices are kept busy, the daemon's threads' masks in
 every mask back byte for byte. At ``host`` the neighbour's threads, those of a
 neighbour started after the bind too, leave those CPUs and come back on release.
 
-Under emulation a Python start on a saturated vCPU takes minutes, so the neighbour is
-paused (SIGSTOP to its process group) while a daemon or a worker starts: what is
-checked under load, the bind, the masks, the interrupt counts, runs with it going.
+Under emulation a Python step on a saturated vCPU takes minutes, so the neighbour
+runs only while something is measured under it: it is started before the daemon
+and the worker and kept stopped (SIGSTOP to its process group) while they start,
+bind, release and stop; it runs through each 30 s interrupt window, and at
+``host`` while its threads are checked off the worker's CPUs. A stopped task is
+moved like a running one: its mask is what is checked.
 
 At ``host`` this test process names itself ``guest_test`` and is exempt
 (``isolation_exempt``): the level would move it too, and what it starts would
@@ -57,10 +60,12 @@ def masks():
 
 @pytest.fixture
 def neighbour():
-    """``stress-ng --cpu 8`` in a session of its own, its workers running before the test goes on."""
+    """``stress-ng --cpu 8`` in a session of its own, its workers started, then stopped until
+    a window runs it (``running``)."""
     proc = stress_ng(8)
     try:
         started(proc, 8)
+        os.killpg(proc.pid, signal.SIGSTOP)
         yield proc
     finally:
         stopped(proc)
@@ -93,15 +98,13 @@ def started(proc: subprocess.Popen, workers: int) -> None:
 
 
 @contextlib.contextmanager
-def paused(proc: subprocess.Popen | None):
-    """``proc``'s process group stopped for a while (nothing to pause: None)."""
-    if proc is not None:
-        os.killpg(proc.pid, signal.SIGSTOP)
+def running(proc: subprocess.Popen):
+    """``proc``'s process group let run for a while, then stopped again."""
+    os.killpg(proc.pid, signal.SIGCONT)
     try:
         yield
     finally:
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGSTOP)
 
 
 def stopped(proc: subprocess.Popen) -> None:
@@ -119,6 +122,17 @@ def task_cpus(root: subprocess.Popen) -> dict[int, frozenset[int]]:
     return out
 
 
+def last_cpus(root: subprocess.Popen) -> dict[int, int]:
+    """Every thread of ``root`` and of its children: the CPU it last ran on (stat's field 39)."""
+    out = {}
+    for pid in (root.pid, *_children(root.pid)):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    out[int(tid)] = int(fh.read().rpartition(")")[2].split()[36])
+    return out
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -128,33 +142,23 @@ def _children(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def daemon(directory: str, npu_smi: str, quiet: subprocess.Popen | None = None, **env: str):
+def daemon(directory: str, npu_smi: str, **env: str):
     full = base_env(os.path.join(directory, "s.sock"), os.path.join(directory, "state"), free_port(),
                     ASCENDBIND_NPU_SMI=npu_smi, ASCENDBIND_IRQBALANCE="warn", ASCENDBIND_MEMORY_CHECK_SECONDS="0",
                     ASCENDBIND_COMMAND_TIMEOUT_SECONDS="120", **env)
     os.makedirs(directory, exist_ok=True)
     d = DaemonProc(directory, full)
     try:
-        yield start(d, quiet)
+        yield start(d)
     finally:
         d.stop(timeout=SLOW)
 
 
-def start(d: DaemonProc, quiet: subprocess.Popen | None = None) -> DaemonProc:
-    with paused(quiet):
-        d.start(wait=False)
-        d.wait_ready(SLOW)
-        d.wait_discovered(SLOW)
+def start(d: DaemonProc) -> DaemonProc:
+    d.start(wait=False)
+    d.wait_ready(SLOW)
+    d.wait_discovered(SLOW)
     return d
-
-
-@contextlib.contextmanager
-def worker(quiet: subprocess.Popen):
-    """A test worker (tests/workers.py), started with ``quiet`` paused."""
-    with contextlib.ExitStack() as stack:
-        with paused(quiet):
-            w = stack.enter_context(start_worker())
-        yield w
 
 
 def bind(d: DaemonProc, pid: int) -> dict:
@@ -215,7 +219,7 @@ def test_irqs_under_a_neighbour_no_other_irq_and_no_daemon_thread_on_the_workers
     # the guest's root is the host's, read-only: busy_devices writes to a 9p directory
     # of the host that the guest may write, its results directory
     work = tempfile.mkdtemp(prefix="busy-", dir=os.environ.get("NUMA_GUEST_OUT") or str(tmp_path))
-    with daemon(str(tmp_path / "d"), npu_smi, neighbour, ASCENDBIND_ISOLATION="irqs") as d, worker(neighbour) as w:
+    with daemon(str(tmp_path / "d"), npu_smi, ASCENDBIND_ISOLATION="irqs") as d, start_worker() as w:
         iso = bind(d, w.pid)
         protected = parse_cpulist(iso["protected"])
         housekeeping = parse_cpulist(iso["housekeeping"])
@@ -225,10 +229,11 @@ def test_irqs_under_a_neighbour_no_other_irq_and_no_daemon_thread_on_the_workers
         moved = {k[4:] for k in changed(masks) if k.startswith("irq:")}
         assert moved, "no IRQ of the guest was moved"
         # x86 moves an IRQ when it next fires: one round first, so the counts read the new masks
-        busy_devices(work, 5)
-        before = irq_counts()
-        busy_for(work, WINDOW)
-        after = irq_counts()
+        with running(neighbour):
+            busy_devices(work, 5)
+            before = irq_counts()
+            busy_for(work, WINDOW)
+            after = irq_counts()
         # the guest's devices interrupted, and never on the worker's CPUs
         elsewhere = fired(before, after, moved, sorted(set(range(len(after[next(iter(after))]))) - protected))
         assert elsewhere > 0, "busy_devices made no interrupt of a moved IRQ: the check would prove nothing"
@@ -244,13 +249,13 @@ def test_irqs_under_a_neighbour_no_other_irq_and_no_daemon_thread_on_the_workers
         assert changed(masks) == {}
         # kill -9: the masks stay as the killed daemon left them; the next one, finding its
         # worker gone, puts them back
-        start(d, neighbour)
+        start(d)
         bind(d, w.pid)
         narrowed = host_masks()
         d.stop(signal.SIGKILL, timeout=SLOW)
         assert host_masks() == narrowed
     # the worker has exited: a daemon started now on the same state puts every mask back
-    again = start(DaemonProc(d.dir, d.env), neighbour)
+    again = start(DaemonProc(d.dir, d.env))
     try:
         assert wait_for(lambda: changed(masks) == {}, SLOW), changed(masks)
     finally:
@@ -262,8 +267,8 @@ def test_host_under_a_neighbour_moves_its_threads_and_a_late_ones_off_the_worker
         masks, neighbour, npu_smi, exempt, tmp_path):
     work = tempfile.mkdtemp(prefix="busy-", dir=os.environ.get("NUMA_GUEST_OUT") or str(tmp_path))
     everywhere = set(task_cpus(neighbour).values())
-    with daemon(str(tmp_path / "d"), npu_smi, neighbour, ASCENDBIND_ISOLATION="host",
-                ASCENDBIND_ISOLATION_EXEMPT=exempt) as d, worker(neighbour) as w:
+    with daemon(str(tmp_path / "d"), npu_smi, ASCENDBIND_ISOLATION="host", ASCENDBIND_ISOLATION_EXEMPT=exempt) as d, \
+            start_worker() as w:
         iso = bind(d, w.pid)
         protected = parse_cpulist(iso["protected"])
         assert iso["level"] == "host" and protected <= frozenset(range(4)), iso
@@ -278,11 +283,16 @@ def test_host_under_a_neighbour_moves_its_threads_and_a_late_ones_off_the_worker
             assert wait_for(lambda: not any(c & protected for c in task_cpus(late).values()), SLOW), task_cpus(late)
         finally:
             stopped(late)
-        busy_devices(work, 5)
-        before = irq_counts()
-        busy_for(work, WINDOW)
+        with running(neighbour):
+            busy_devices(work, 5)
+            before = irq_counts()
+            busy_for(work, WINDOW)
+            after = irq_counts()
+            # where each of the neighbour's threads ran last, after 30 s of running: never there
+            ran_on = last_cpus(neighbour)
         moved = {k[4:] for k in changed(masks) if k.startswith("irq:")}
-        assert fired(before, irq_counts(), moved, sorted(protected)) == 0
+        assert fired(before, after, moved, sorted(protected)) == 0
+        assert ran_on and not set(ran_on.values()) & protected, ran_on
         assert d.curl("POST", "/v1/release", {"pid": w.pid})[0] == 200
         assert wait_for(lambda: set(task_cpus(neighbour).values()) == everywhere, SLOW), task_cpus(neighbour)
         assert changed(masks) == {}
