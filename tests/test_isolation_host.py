@@ -5,7 +5,7 @@ tests/hostlevel_ns.py, init of a fresh pid namespace with ``/proc/irq`` read-onl
 and the unbound workqueues' ``cpumask`` covered by a plain file (both host-wide).
 Outside the connector's initial namespace the daemon finds new tasks by listing
 ``/proc`` (the *sweep* mode); events mode runs in the QEMU guest
-(tests/test_isolation_guest.py).
+(tests/numa/test_isolation_host_guest.py).
 
 The fixture npu-smi describes two NPUs near CPU 0 and CPU 1: a worker bound on
 NPU 1 protects CPU 1, CPU 0 is housekeeping. Every mask is read back from
