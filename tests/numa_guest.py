@@ -122,6 +122,9 @@ def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeou
         _kill(proc)
         out, err = proc.communicate()
         err += f"\n(the guest ran past {timeout:g} s and was killed)"
+    except BaseException:
+        _kill(proc)  # interrupted (Ctrl-C, SIGTERM): the guest goes too, not left running
+        raise
     finally:
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
@@ -253,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.inside:
         return _inside(TOPOLOGIES[args.topology], args.repeat)
+    # SIGTERM unwinds like Ctrl-C, so a running guest is killed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     why = why_not()
     if why:
         print(why, file=sys.stderr)
