@@ -223,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 1
+    try:
+        arm64_image.build(log=_print)
+    except arm64_image.BuildError as exc:
+        print(f"cannot build the arm64 image: {exc}", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory(prefix="arm64-guest-") as tmp:
         out = args.out or tmp
         os.makedirs(out, exist_ok=True)
