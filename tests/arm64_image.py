@@ -49,9 +49,10 @@ PACKAGES = (
     "libkrb5support0 libkeyutils1 libcom-err2 libldap-2.5-0 libsasl2-2 libsasl2-modules-db libdb5.3 libbrotli1"
 ).split()
 KERNEL_PACKAGE = "linux-image-arm64"  # the metapackage: its Depends names the kernel
-# the daemon's dependencies and the test runner's, pinned (pure-Python wheels are any-arch)
+# the daemon's dependencies and the test runner's, pinned (pure-Python wheels are any-arch);
+# PyYAML: the deployment helpers some host tests import
 WHEELS = ("psutil==7.2.2", "pyudev==0.24.5", "structlog==26.1.0", "tenacity==9.2.1", "prometheus-client==0.26.0",
-          "pytest==9.2.0", "hypothesis==6.170.17")
+          "pytest==9.2.0", "hypothesis==6.170.17", "PyYAML==6.0.4")
 # the modules the init loads for the 9p shares (virtio-pci and 9p are modules in Debian's kernel)
 MODULES = ("virtio_pci", "9pnet_virtio", "9p")
 # never needed in the guest, and most of the image's size
