@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more
+# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more (.ci/run sets it)
 test: install
 	$(BIN)/python -m pytest -q
 
