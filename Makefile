@@ -30,8 +30,8 @@ test-numa: install
 test-arm64: install
 	$(BIN)/python -m tests.arm64_guest
 
-# The plain suite's files that hold on the arm64 guest, in one boot (about half an hour:
-# Python runs 50-100 times slower there); docs/operations.md lists what runs and what cannot.
+# The plain suite's architecture-sensitive files on the arm64 guest, in one boot (about 50 minutes
+# under load: tests run some 70 times slower there); docs/operations.md lists what runs and what cannot.
 ARM64_SUITE ?= $(addprefix tests/,test_applier_affinity.py test_applier_irq.py test_applier_memory.py \
 	test_applier_pagewalk.py test_mempolicy.py test_discovery_tasks.py test_process_identity.py \
 	test_discovery_parsers.py test_discovery_columns.py test_discovery_numa_maps.py test_discovery_memmap.py \
