@@ -100,6 +100,8 @@ def run_in_guest(command: list[str], *, out_dir: str, timeout: float = 1200.0,
     if sys.version_info[:2] == (3, 11):  # the guest's Python: bytecode is the same on every architecture
         subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "ascendbind", "tests"], cwd=ROOT,
                        capture_output=True)
+        if command[:1] == [PYTEST]:
+            _prime_assert_rewrites(command[2:])
     guest_env = {GUEST_ENV: NAME, "NUMA_GUEST_OUT": "/out", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": ROOT,
                  "HOME": "/tmp"}
     request = {"argv": command, "env": {**guest_env, **(env or {})}}
@@ -141,6 +143,29 @@ def run_in_guest(command: list[str], *, out_dir: str, timeout: float = 1200.0,
     with open(os.path.join(out_dir, "times.json"), "w") as fh:
         json.dump(times, fh)
     return subprocess.CompletedProcess(proc.args, rc, out, "")
+
+
+def _prime_assert_rewrites(tests: list[str]) -> None:
+    """pytest rewrites each test module's asserts and caches the result beside its bytecode;
+    the guest cannot write there (the checkout is read-only, and bytecode writing is off),
+    so it would rewrite every test file anew under emulation: half of collecting them,
+    minutes for a few dozen files. A collection here, with the guest's pytest, writes
+    those caches in place; the guest reads them, as they match the files it sees."""
+    from importlib import metadata
+
+    try:
+        same = f"pytest=={metadata.version('pytest')}" in arm64_image.WHEELS
+    except metadata.PackageNotFoundError:
+        same = False
+    if not same:  # another pytest names its caches otherwise: the guest would not read them
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env[GUEST_ENV] = NAME  # tests/numa/ is collected only where a guest topology is named
+    try:
+        subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *tests],
+                       cwd=ROOT, env=env, capture_output=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pass  # the guest only rewrites them itself
 
 
 _RUNNING: set[subprocess.Popen] = set()
@@ -222,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     why = why_not()
     if why:
         print(why, file=sys.stderr)
+        return 1
+    try:
+        arm64_image.build(log=_print)
+    except arm64_image.BuildError as exc:
+        print(f"cannot build the arm64 image: {exc}", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory(prefix="arm64-guest-") as tmp:
         out = args.out or tmp

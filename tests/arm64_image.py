@@ -49,9 +49,10 @@ PACKAGES = (
     "libkrb5support0 libkeyutils1 libcom-err2 libldap-2.5-0 libsasl2-2 libsasl2-modules-db libdb5.3 libbrotli1"
 ).split()
 KERNEL_PACKAGE = "linux-image-arm64"  # the metapackage: its Depends names the kernel
-# the daemon's dependencies and the test runner's, pinned (pure-Python wheels are any-arch)
+# the daemon's dependencies and the test runner's, pinned (pure-Python wheels are any-arch);
+# PyYAML: the deployment helpers some host tests import
 WHEELS = ("psutil==7.2.2", "pyudev==0.24.5", "structlog==26.1.0", "tenacity==9.2.1", "prometheus-client==0.26.0",
-          "pytest==9.2.0", "hypothesis==6.170.17")
+          "pytest==9.2.0", "hypothesis==6.170.17", "PyYAML==6.0.4")
 # the modules the init loads for the 9p shares (virtio-pci and 9p are modules in Debian's kernel)
 MODULES = ("virtio_pci", "9pnet_virtio", "9p")
 # never needed in the guest, and most of the image's size
@@ -109,6 +110,38 @@ def cached(cache: str = CACHE) -> dict | None:
         return json.load(fh)
 
 
+class BuildError(RuntimeError):
+    """The image could not be built: what failed, how often, and the tool's last words."""
+
+
+# a download that fails is tried this often, waiting RETRY_WAIT[i] seconds after try i: a
+# mirror or PyPI answering 5xx for a minute is common, a host without network fails in seconds
+RETRY_WAIT = (5.0, 20.0)
+NETWORK = ("the arm64 image is fetched from Debian's archive (the mirrors in this host's /etc/apt "
+           "sources) and PyPI (pip's index): is the network up?")
+
+
+def fetch(what: str, argv: list[str], *, cwd: str | None = None, waits=RETRY_WAIT, log=lambda line: None) -> str:
+    """Run ``argv`` (a download) until it succeeds, ``len(waits) + 1`` tries at most; its
+    stdout, else BuildError naming ``what``, the tries and the end of its stderr."""
+    for attempt in range(len(waits) + 1):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=900)
+        except subprocess.TimeoutExpired as exc:
+            rc, err = "timeout", f"no answer in {exc.timeout:g} s"
+        else:
+            if r.returncode == 0:
+                return r.stdout
+            rc, err = r.returncode, (r.stderr or r.stdout).strip()
+        if attempt == len(waits):
+            tail = "\n".join(err.splitlines()[-8:])
+            times = f"{attempt + 1} time{'s' if attempt else ''}"
+            raise BuildError(f"{what} failed {times} (last exit {rc}); {NETWORK}\n{tail}")
+        log(f"arm64 image: {what} failed (exit {rc}), try {attempt + 2} of {len(waits) + 1} in {waits[attempt]:g} s")
+        time.sleep(waits[attempt])  # a back-off between downloads, not a test waiting for an event
+    raise AssertionError("unreachable")
+
+
 def why_not() -> str | None:
     """None when an image can be built here, else what is missing."""
     missing = [f"{tool} ({pkg})" for tool, pkg in (("apt-get", "apt"), ("dpkg-deb", "dpkg"))
@@ -116,40 +149,46 @@ def why_not() -> str | None:
     return None if not missing else "cannot build the arm64 image: missing " + ", ".join(missing)
 
 
-def _apt(apt_dir: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["apt-get", *_apt_opts(apt_dir), *args], capture_output=True, text=True, check=True,
-                          cwd=apt_dir)
-
-
-def _apt_setup(apt_dir: str) -> None:
-    """A private apt for arm64 with the host's Debian sources (deb822 or one-line)."""
+def _apt_setup(apt_dir: str, etc_apt: str = "/etc/apt", waits=RETRY_WAIT, log=lambda line: None) -> None:
+    """A private apt for arm64 with the host's Debian sources (deb822 or one-line), its
+    lists fetched."""
     for d in ("parts", "state/lists/partial", "cache/archives/partial", "debs"):
         os.makedirs(os.path.join(apt_dir, d), exist_ok=True)
     open(os.path.join(apt_dir, "status"), "a").close()
-    for src in glob.glob("/etc/apt/sources.list.d/*.sources"):
+    for old in glob.glob(os.path.join(apt_dir, "parts", "*")):
+        os.unlink(old)
+    for src in glob.glob(os.path.join(etc_apt, "sources.list.d", "*.sources")):
         shutil.copy(src, os.path.join(apt_dir, "parts"))
     lines = []
-    for src in ["/etc/apt/sources.list", *glob.glob("/etc/apt/sources.list.d/*.list")]:
+    for src in [os.path.join(etc_apt, "sources.list"), *glob.glob(os.path.join(etc_apt, "sources.list.d", "*.list"))]:
         if os.path.exists(src):
             with open(src) as fh:
                 lines += [ln for ln in fh if ln.startswith("deb ")]
     with open(os.path.join(apt_dir, "sources.list"), "w") as fh:
         fh.writelines(lines)
-    _apt(apt_dir, "update")
+    # Error-Mode=any: a list that could not be fetched fails the update (apt's default only
+    # warns, and the downloads then fail with "Unable to locate package")
+    fetch("apt-get update (arm64 lists)", ["apt-get", *_apt_opts(apt_dir), "-oAPT::Update::Error-Mode=any", "update"],
+          cwd=apt_dir, waits=waits, log=log)
 
 
-def _download_debs(apt_dir: str) -> tuple[list[str], str]:
+def _download_debs(apt_dir: str, log=lambda line: None) -> tuple[list[str], str]:
     """The packages' .debs (and the kernel's) under apt_dir/debs; returns them and the
     kernel package's name."""
-    policy = _apt(apt_dir, "-s", "install", "--no-install-recommends", KERNEL_PACKAGE).stdout
+    sim = subprocess.run(["apt-get", *_apt_opts(apt_dir), "-s", "install", "--no-install-recommends", KERNEL_PACKAGE],
+                         capture_output=True, text=True, cwd=apt_dir)
+    if sim.returncode != 0:
+        raise BuildError(f"apt-get cannot resolve {KERNEL_PACKAGE} for arm64 (exit {sim.returncode}):\n"
+                         + sim.stderr.strip()[-2000:])
+    policy = sim.stdout
     kernel = re.findall(r"^Inst (linux-image-\S+-arm64) ", policy, re.M)
     if not kernel:
         raise RuntimeError(f"no arm64 kernel package behind {KERNEL_PACKAGE}:\n{policy[-2000:]}")
     debs_dir = os.path.join(apt_dir, "debs")
     for old in glob.glob(os.path.join(debs_dir, "*.deb")):
         os.unlink(old)
-    subprocess.run(["apt-get", "download", *_apt_opts(apt_dir), *PACKAGES, kernel[0]], cwd=debs_dir,
-                   capture_output=True, text=True, check=True)
+    fetch("apt-get download (arm64 packages)", ["apt-get", "download", *_apt_opts(apt_dir), *PACKAGES, kernel[0]],
+          cwd=debs_dir, log=log)
     return sorted(glob.glob(os.path.join(debs_dir, "*.deb"))), kernel[0]
 
 
@@ -160,12 +199,13 @@ def _apt_opts(apt_dir: str) -> list[str]:
             "-oDebug::NoLocking=1", "-oAcquire::Retries=3", "-q"]
 
 
-def _unpack_wheels(work: str, root: str) -> list[str]:
+def _unpack_wheels(work: str, root: str, log=lambda line: None) -> list[str]:
     wheels = os.path.join(work, "wheels")
     os.makedirs(wheels, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", wheels, "--only-binary=:all:",
-                    "--platform", "manylinux2014_aarch64", "--python-version", "3.11", "--implementation", "cp",
-                    "--abi", "cp311", *WHEELS], capture_output=True, text=True, check=True)
+    fetch("pip download (aarch64 wheels)", [sys.executable, "-m", "pip", "download", "-q", "--dest", wheels,
+                                            "--only-binary=:all:", "--platform", "manylinux2014_aarch64",
+                                            "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+                                            *WHEELS], log=log)
     site = os.path.join(root, "usr/lib/python3/dist-packages")
     os.makedirs(site, exist_ok=True)
     names = sorted(os.listdir(wheels))
@@ -275,9 +315,9 @@ def _build(cache: str, log) -> dict:
         apt_dir = os.path.join(cache, "apt")
         os.makedirs(apt_dir, exist_ok=True)
         log("arm64 image: apt lists (arm64)")
-        _apt_setup(apt_dir)
+        _apt_setup(apt_dir, log=log)
         log("arm64 image: downloading the packages")
-        debs, kernel = _download_debs(apt_dir)
+        debs, kernel = _download_debs(apt_dir, log=log)
         root = os.path.join(work, "root")
         os.makedirs(root)
         versions = {}
@@ -295,7 +335,7 @@ def _build(cache: str, log) -> dict:
                 shutil.rmtree(path, ignore_errors=True)
         modules = _modules(root, release)
         log("arm64 image: wheels")
-        wheels = _unpack_wheels(work, root)
+        wheels = _unpack_wheels(work, root, log=log)
         os.makedirs(os.path.join(root, "etc"), exist_ok=True)
         with open(os.path.join(root, "etc/guest-modules"), "w") as fh:
             fh.write("".join(m + "\n" for m in modules))

@@ -8,8 +8,9 @@ CI (``CI`` set): CI installs what the guest needs (.ci/run).
 
 The arm64 guest (tests/arm64_guest.py) is the target architecture: Debian's arm64
 kernel with a Kunpeng 920's four nodes, running tests/numa/test_kunpeng920.py. It
-joins the suite with ARM64_GUEST=1 (several minutes of emulation more); there, a
-guest that cannot boot fails in CI like the others."""
+joins the suite with ARM64_GUEST=1 (several minutes of emulation more; CI's .ci/run
+sets it unless told ARM64_GUEST=0); there, a guest that cannot boot fails in CI like
+the others."""
 
 from __future__ import annotations
 
