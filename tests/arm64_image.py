@@ -46,7 +46,9 @@ PACKAGES = (
     # curl --unix-socket: the tests' HTTP client
     "curl libcurl4 libnghttp2-14 libidn2-0 libunistring2 librtmp1 libgnutls30 libhogweed6 libnettle8 "
     "libgmp10 libp11-kit0 libtasn1-6 libssh2-1 libpsl5 libgssapi-krb5-2 libkrb5-3 libk5crypto3 "
-    "libkrb5support0 libkeyutils1 libcom-err2 libldap-2.5-0 libsasl2-2 libsasl2-modules-db libdb5.3 libbrotli1"
+    "libkrb5support0 libkeyutils1 libcom-err2 libldap-2.5-0 libsasl2-2 libsasl2-modules-db libdb5.3 libbrotli1 "
+    # ss (a listening socket's backlog) and chattr (read-only IRQ fixture files)
+    "iproute2 libbsd0 libmd0 libmnl0 libtirpc3 libtirpc-common e2fsprogs libext2fs2"
 ).split()
 KERNEL_PACKAGE = "linux-image-arm64"  # the metapackage: its Depends names the kernel
 # the daemon's dependencies and the test runner's, pinned (pure-Python wheels are any-arch);

@@ -10,6 +10,7 @@ import pytest
 from ascendbind.values.config import Config
 from ascendbind.settings import OTHER_VARIABLES, load_config
 from ascendbind.errors import ConfigError
+from tests.daemon_harness import PATIENCE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -141,7 +142,7 @@ def cli(*argv, env):
     e = {k: v for k, v in os.environ.items() if not k.startswith("ASCENDBIND_")}
     e.update(env)
     return subprocess.run([sys.executable, "-m", "ascendbind", *argv], capture_output=True, text=True, env=e,
-                          cwd=ROOT, timeout=60)
+                          cwd=ROOT, timeout=60 * PATIENCE)
 
 
 def one_line(r, status: int) -> str:
