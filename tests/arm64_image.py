@@ -55,8 +55,9 @@ KERNEL_PACKAGE = "linux-image-arm64"  # the metapackage: its Depends names the k
 # PyYAML: the deployment helpers some host tests import
 WHEELS = ("psutil==7.2.2", "pyudev==0.24.5", "structlog==26.1.0", "tenacity==9.2.1", "prometheus-client==0.26.0",
           "pytest==9.2.0", "hypothesis==6.170.17", "PyYAML==6.0.4")
-# the modules the init loads for the 9p shares (virtio-pci and 9p are modules in Debian's kernel)
-MODULES = ("virtio_pci", "9pnet_virtio", "9p")
+# the modules the init loads: the 9p shares (virtio-pci and 9p are modules in Debian's kernel), and
+# unix_diag, without which ss reads /proc/net/unix and shows no listening socket's backlog
+MODULES = ("virtio_pci", "9pnet_virtio", "9p", "unix_diag")
 # never needed in the guest, and most of the image's size
 PRUNE = ("usr/share", "usr/lib/linux-image-*", "usr/lib/aarch64-linux-gnu/gconv",
          "usr/lib/python3.11/test", "usr/lib/python3.11/idlelib", "usr/lib/python3.11/tkinter",
