@@ -59,7 +59,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice, pairwise, repeat
+from itertools import accumulate, compress, islice, pairwise, repeat
 from operator import gt, itemgetter, neg, sub
 from typing import NamedTuple
 
@@ -113,16 +113,19 @@ class Chosen:
         return bool(self.left_mappings or self.cut)
 
 
-def _pick(weights: list[int], sizes: list[int], max_mappings: int, max_pages: int) -> tuple[list[int], int | None]:
+def _pick(weights: list[int], sizes: list[int], max_mappings: int, max_pages: int,
+          counts: Sequence[int] | None = None) -> tuple[list[int], int | None]:
     """The indices one move takes, in index order: the greatest weight first (of equal
-    weight, the smallest size), up to ``max_mappings`` of them and ``max_pages`` of size;
-    and the index of the last one taken when only part of it fits (None when all do).
-    Sorted by tuples built in C: a worker past the caps has some 100000 mappings."""
+    weight, the smallest size), up to ``max_mappings`` mappings (``counts``: how many each
+    index stands for; one each when None) and ``max_pages`` of size; and the index of the
+    last one taken when only part of it fits (None when all do). Sorted by tuples built in
+    C: a worker past the caps has some 100000 mappings."""
     order = sorted(zip(map(neg, weights), sizes, range(len(sizes))))
     keep: list[int] = []
-    room, part = max_pages, None
+    room, part, used = max_pages, None, 0
     for _w, size, i in order:
-        if len(keep) >= max_mappings or room <= 0:
+        used += 1 if counts is None else counts[i]
+        if used > max_mappings or room <= 0:
             break
         keep.append(i)
         if size > room:
@@ -160,36 +163,38 @@ def choose(ranges: Sequence[MoveRange], *, max_mappings: int = MAX_MAPPINGS, max
     return Chosen(tuple(out), len(ranges) - len(out), left_b, cut)
 
 
-def choose_spans(spans: Sequence[tuple[int, int]], *, max_mappings: int = MAX_MAPPINGS, max_pages: int = MAX_PAGES,
-                 base_page: int = BASE_PAGE) -> Chosen:
+def choose_spans(spans: Sequence[tuple[int, int, int]], *, max_mappings: int = MAX_MAPPINGS,
+                 max_pages: int = MAX_PAGES, base_page: int = BASE_PAGE) -> Chosen:
     """What one move walks of a worker read from ``maps`` alone (``spans``: its writable
-    anonymous mappings, [start, end) in address order; where their pages are is not
+    anonymous mappings, (start, end, mappings) in address order, a run of neighbours
+    as one: discovery/memmap.py's ``writable_anonymous``; where their pages are is not
     known): the biggest first past the caps, and neighbours at most ``GAP_PAGES`` apart
     walked as one range (``mappings`` says how many each spans). Whatever lies between
     two neighbours is read with them; only pages pagemap calls present, anonymous and
     exclusive are ever moved, so that is the worker's own memory or nothing."""
     left_n = left_b = cut = 0
-    los, his = list(map(itemgetter(0), spans)), list(map(itemgetter(1), spans))
-    if len(spans) > max_mappings or (sum(his) - sum(los)) // base_page > max_pages:
-        sizes = [(hi - lo) // base_page for lo, hi in spans]
-        keep, part = _pick(sizes, sizes, max_mappings, max_pages)
-        left_n = len(spans) - len(keep)
+    los, his, counts = (list(map(itemgetter(k), spans)) for k in range(3))
+    if sum(counts) > max_mappings or (sum(his) - sum(los)) // base_page > max_pages:
+        sizes = [(hi - lo) // base_page for lo, hi, _n in spans]
+        keep, part = _pick(sizes, sizes, max_mappings, max_pages, counts)
+        left_n = sum(counts) - sum(counts[i] for i in keep)
         left_b = (sum(sizes) - sum(sizes[i] for i in keep)) * base_page
         chosen = [spans[i] for i in keep]
         if part is not None:
-            lo, hi = spans[part]
+            lo, hi, n = spans[part]
             room = max_pages - sum(sizes[i] for i in keep if i != part)
             left_b += hi - lo - room * base_page
-            chosen[keep.index(part)] = (lo, lo + room * base_page)
+            chosen[keep.index(part)] = (lo, lo + room * base_page, n)
             cut = 1
-        los, his = list(map(itemgetter(0), chosen)), list(map(itemgetter(1), chosen))
-    # a range starts at the first mapping and at each more than the gap past the one before:
-    # the gaps are compared in C, and the loop below runs once a range, not once a mapping
+        los, his, counts = (list(map(itemgetter(k), chosen)) for k in range(3))
+    # a range starts at the first span and at each more than the gap past the one before:
+    # the gaps are compared in C, and the loop below runs once a range, not once a span
     n = len(los)
     apart = map(gt, map(sub, islice(los, 1, None), his), repeat(GAP_PAGES * base_page))
     firsts = [0, *compress(range(1, n), apart), n] if n else []
-    out = [MoveRange(los[a], his[b - 1], base_page, his[b - 1] - los[a], his[b - 1] - los[a], True, b - a)
-           for a, b in pairwise(firsts)]
+    upto = [0, *accumulate(counts)]
+    out = [MoveRange(los[a], his[b - 1], base_page, his[b - 1] - los[a], his[b - 1] - los[a], True,
+                     upto[b] - upto[a]) for a, b in pairwise(firsts)]
     return Chosen(tuple(out), left_n, left_b, cut)
 
 
