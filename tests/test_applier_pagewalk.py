@@ -15,8 +15,9 @@ import struct
 import pytest
 
 from ascendbind.applier.pagewalk import GAP_PAGES, Batch, Chosen, Cost, Walk, choose, choose_spans
-from ascendbind.discovery.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, movable_pages
-from ascendbind.discovery.pages import PageMap
+from ascendbind.discovery.memmap import (PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, RUN_BLOCK, MoveRange,
+                                         movable_pages)
+from ascendbind.discovery.pages import BASE_PAGE, PageMap
 
 P = 4096
 GOOD = PM_PRESENT | PM_EXCLUSIVE
@@ -88,7 +89,9 @@ def test_a_worker_read_from_maps_alone_walks_neighbours_as_one_and_its_biggest_m
 
 
 def test_runs_of_neighbours_count_every_mapping_they_hold_in_the_walk_and_against_the_cap():
-    # two runs of one-page mappings (memmap.writable_anonymous), each one 1 MiB block's
+    # two runs of one-page mappings (memmap.writable_anonymous), each one 1 MiB block's; a run
+    # spans less than the gap a read spans, so runs are merged as their mappings were
+    assert RUN_BLOCK <= GAP_PAGES * BASE_PAGE
     runs = [(BASE, BASE + 255 * P, 128), (BASE + 256 * P, BASE + 399 * P, 72)]
     got = choose_spans(runs)
     assert got.ranges == (MoveRange(BASE, BASE + 399 * P, P, 399 * P, 399 * P, True, 200),) and not got.capped

@@ -16,9 +16,12 @@ and by system call, not by byte, so the walk keeps both few:
   than its pages: before it moves any it drains every CPU's per-CPU page lists
   and waits for an RCU grace period (``lru_cache_disable``), so ten thousand
   one-page calls make ten thousand rounds of interrupts to every CPU.
-* A worker read from ``maps`` alone (many mappings: discovery/pages.py) has
-  neighbouring mappings walked as one range (``choose_spans``): no step per
-  mapping after the scan of ``maps``.
+* A worker read from ``maps`` alone (many mappings: discovery/pages.py) has its
+  neighbours come out of the scan of ``maps`` as runs (those listed one after
+  another in one 1 MiB block, with their count: memmap.py's
+  ``writable_anonymous``), and runs and mappings close together walked as one
+  range (``choose_spans``): a few hundred bounds converted for ten thousand
+  one-page mappings side by side, no step per mapping after the scan.
 * One move walks at most ``MAX_MAPPINGS`` mappings and ``MAX_PAGES`` pagemap
   entries (``choose``). A worker past either has its mappings with the most
   bytes off the node walked first (numa_maps read then, even past the many

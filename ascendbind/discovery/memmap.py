@@ -33,7 +33,8 @@ numa_maps costs the kernel a page-table walk and a formatted line per mapping:
 for a worker of one-page mappings, about what moving its pages costs. A worker
 of many mappings (discovery/pages.py) is therefore read from ``maps`` alone:
 ``writable_anonymous`` finds its writable private anonymous mappings (heap,
-stacks, allocations) in one regular-expression scan, and where each of their
+stacks, allocations) in one regular-expression scan, neighbours side by side as
+runs, and where each of their
 movable pages is gets asked of the kernel (``move_pages(2)`` with no nodes, a
 chunk of pages a call). Its file-backed private mappings (a library's written
 data; private huge pages, whose page size ``maps`` does not print) then stay
@@ -52,8 +53,8 @@ from typing import NamedTuple
 from ..errors import ParseError
 from .numa_maps import OffNode, text_lines
 
-__all__ = ["Vma", "MoveRange", "parse_maps", "move_ranges", "writable_anonymous", "movable_pages", "KERNEL_MAPPINGS",
-           "PM_PRESENT", "PM_SWAPPED", "PM_FILE", "PM_EXCLUSIVE"]
+__all__ = ["Vma", "MoveRange", "parse_maps", "move_ranges", "writable_anonymous", "RUN_BLOCK", "movable_pages",
+           "KERNEL_MAPPINGS", "PM_PRESENT", "PM_SWAPPED", "PM_FILE", "PM_EXCLUSIVE"]
 
 PM_PRESENT = 1 << 63
 PM_SWAPPED = 1 << 62
