@@ -46,9 +46,10 @@ a system call (a pagemap read, a ``move_pages(2)``)    ``CALL`` (256 KiB)
 
 Each is set above what that work costs the daemon's CPU against a page moved.
 On the two-node guest (bench/memory_mappings.py) a worker of ten thousand
-one-page mappings costs 2.2 to 2.5 times the CPU of the same pages in one
-mapping: a one-page mapping costs about one and a half times what moving its
-page costs (its line of maps, formatted by the kernel, the most); natively a
+one-page mappings costs 1.3 to 2.5 times the CPU of the same pages in one
+mapping (the host's count of the guest: 1.9 times): what a one-page mapping
+adds is its line of maps, formatted by the kernel and scanned, and the kernel's
+dearer move of a page among many mappings; natively a
 pagemap entry costs about a fortieth of a 4 KiB page moved, a move_pages(2) call
 its drain of every CPU. A worker of one-page mappings is therefore paced as if
 each of its pages were some 72 KiB, and at any limit takes no more of the
