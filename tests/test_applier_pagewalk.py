@@ -15,8 +15,9 @@ import struct
 import pytest
 
 from ascendbind.applier.pagewalk import GAP_PAGES, Batch, Chosen, Cost, Walk, choose, choose_spans
-from ascendbind.discovery.parse.memmap import PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, MoveRange, movable_pages
-from ascendbind.discovery.gather.pages import PageMap
+from ascendbind.discovery.parse.memmap import (PM_EXCLUSIVE, PM_FILE, PM_PRESENT, PM_SWAPPED, RUN_BLOCK, MoveRange,
+                                               movable_pages)
+from ascendbind.discovery.gather.pages import BASE_PAGE, PageMap
 
 P = 4096
 GOOD = PM_PRESENT | PM_EXCLUSIVE
@@ -74,17 +75,30 @@ def test_past_the_page_cap_the_last_mapping_taken_is_cut_short_in_whole_pages():
 
 
 def test_a_worker_read_from_maps_alone_walks_neighbours_as_one_and_its_biggest_mappings_past_the_caps():
-    tiny = [(BASE + 2 * i * P, BASE + (2 * i + 1) * P) for i in range(100)]  # one page, one page apart
-    apart = (BASE + (400 + GAP_PAGES + 1) * P, BASE + (400 + GAP_PAGES + 9) * P)  # 8 pages, past the gap
+    tiny = [(BASE + 2 * i * P, BASE + (2 * i + 1) * P, 1) for i in range(100)]  # one page, one page apart
+    apart = (BASE + (400 + GAP_PAGES + 1) * P, BASE + (400 + GAP_PAGES + 9) * P, 1)  # 8 pages, past the gap
     got = choose_spans([*tiny, apart])
     assert got.ranges == (MoveRange(tiny[0][0], tiny[-1][1], P, 199 * P, 199 * P, True, 100),
-                          MoveRange(*apart, P, 8 * P, 8 * P, True, 1)) and not got.capped
+                          MoveRange(*apart[:2], P, 8 * P, 8 * P, True, 1)) and not got.capped
     capped = choose_spans([*tiny, apart], max_mappings=11, max_pages=1000)
     assert [r.mappings for r in capped.ranges] == [10, 1]  # the big one, and the first ten alike
     assert capped.left_mappings == 90 and capped.left_bytes == 90 * P
     cut = choose_spans([*tiny, apart], max_mappings=1000, max_pages=5)
     assert cut.ranges == (MoveRange(apart[0], apart[0] + 5 * P, P, 5 * P, 5 * P, True, 1),)
     assert cut.cut == 1 and cut.left_mappings == 100 and cut.left_bytes == 100 * P + 3 * P
+
+
+def test_runs_of_neighbours_count_every_mapping_they_hold_in_the_walk_and_against_the_cap():
+    # two runs of one-page mappings (memmap.writable_anonymous), each one 1 MiB block's; a run
+    # spans less than the gap a read spans, so runs are merged as their mappings were
+    assert RUN_BLOCK <= GAP_PAGES * BASE_PAGE
+    runs = [(BASE, BASE + 255 * P, 128), (BASE + 256 * P, BASE + 399 * P, 72)]
+    got = choose_spans(runs)
+    assert got.ranges == (MoveRange(BASE, BASE + 399 * P, P, 399 * P, 399 * P, True, 200),) and not got.capped
+    assert not choose_spans(runs, max_mappings=200).capped
+    capped = choose_spans(runs, max_mappings=150)
+    assert [r.mappings for r in capped.ranges] == [128] and capped.left_mappings == 72
+    assert capped.left_bytes == 143 * P
 
 
 def test_mappings_close_together_share_a_read_and_their_pages_one_batch(pagemap):

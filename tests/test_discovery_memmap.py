@@ -129,8 +129,32 @@ def test_a_worker_read_from_maps_alone_walks_its_writable_anonymous_mappings():
                    "7f0070001000-7f0070002000 r--p 00000000 00:00 0\n"
                    "7f0080000000-7f0080010000 rw-p 00000000 00:00 0                          [anon:arena]\n"
                    "zz-7f00 rw-p 0 00:00 0\n")
-    assert writable_anonymous(maps) == [(0x55d0c1000000, 0x55d0c2000000), (0x7f0000000000, 0x7f0040000000),
-                                        (0x7ffd00000000, 0x7ffd00021000), (0x7f0080000000, 0x7f0080010000)]
+    assert writable_anonymous(maps) == [(0x55d0c1000000, 0x55d0c2000000, 1), (0x7f0000000000, 0x7f0040000000, 1),
+                                        (0x7ffd00000000, 0x7ffd00021000, 1), (0x7f0080000000, 0x7f0080010000, 1)]
+
+
+def test_writable_anonymous_neighbours_in_one_mib_block_come_as_one_run_with_their_count():
+    P = 4096
+    base = 0x7f0000000000
+    # 200 one-page mappings one page apart: 128 of them end below the 1 MiB boundary at
+    # base + 0x100000, the other 72 lie past it
+    tiny = "".join(f"{base + 2 * i * P:x}-{base + (2 * i + 1) * P:x} rw-p 00000000 00:00 0 \n" for i in range(200))
+    low = ("00010000-00011000 r-xp 00000000 fd:01 3 /bin/w\n"
+           "00400000-00401000 rw-p 00000000 00:00 0\n"  # fewer digits: a run of their own
+           "00402000-00403000 rw-p 00000000 00:00 0                          [anon:a-b 00:00 0]\n")
+    high = ("7f00001ff000-7f0000201000 rw-p 00000000 00:00 0\n"  # across a boundary: alone
+            "7f0000300000-7f0000301000 rw-p 00000000 00:00 0\n"
+            "7f0000302000-7f0000303000 r--p 00000000 00:00 0\n"  # not writable: ends the run
+            "7f0000304000-7f0000305000 rw-p 00000000 00:00 0\n"
+            "7f0000306000-7f0000307000 rw-p 00001000 fd:01 12 /usr/lib/x.so\n"  # a file: ends it too
+            "7f0000308000-7f0000309000 rw-p 00000000 00:00 0")  # the last line, with no newline
+    got = writable_anonymous(low + tiny + high)
+    assert got == [(0x400000, 0x403000, 2), (base, base + 255 * P, 128), (base + 256 * P, base + 399 * P, 72),
+                   (0x7f00001ff000, 0x7f0000201000, 1), (0x7f0000300000, 0x7f0000301000, 1),
+                   (0x7f0000304000, 0x7f0000305000, 1), (0x7f0000308000, 0x7f0000309000, 1)]
+    # the same mappings as a scan line by line finds, each in exactly one run
+    rows = [v for v in parse_maps(low + tiny + high) if not v.path.startswith("/")]
+    assert sum(n for _s, _e, n in got) == len(rows) - 1 == 206  # all but the read-only one
 
 
 @pytest.mark.parametrize(("entry", "movable"), [

@@ -79,6 +79,20 @@ def test_a_numa_maps_longer_than_the_limit_is_refused_not_held():
             read_numa_residency(LiveHost(), w.pid, limit=200)
 
 
+def test_a_bounded_read_of_a_long_file_reads_it_whole_up_to_one_character_past_the_limit(tmp_path):
+    # a file of several read pieces, with characters of more than one byte: the bound counts
+    # characters, one past it is returned so the caller can tell the file is longer
+    text = "".join(f"{i:06x}-\u00e9\u4e2d anon=1 N1=1\n" for i in range(20000))
+    path = tmp_path / "maps"
+    path.write_text(text, encoding="utf-8")
+    host = LiveHost()
+    assert len(text.encode()) > 4 * (64 << 10)
+    assert host.read(str(path)) == text
+    assert host.read(str(path), limit=len(text)) == text
+    assert host.read(str(path), limit=len(text) - 1) == text  # all of it: one past the limit
+    assert host.read(str(path), limit=100000) == text[:100001]
+
+
 def test_the_ratio_is_of_bytes_so_remote_huge_pages_are_not_hidden():
     # the NPU0 worker's pool is on node 0; 3 GiB of its hugetlb memory sit on nodes 2-3
     res = read_numa_residency(SnapshotHost(HOST_950), 5151)

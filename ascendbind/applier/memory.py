@@ -17,7 +17,7 @@ take it from each other at every rerun, and a move of a worker's view of a
 (``numa_maps``), never moved.
 
 How: the private mappings with anonymous pages off the node come from ``maps``
-and ``numa_maps`` (``maps`` alone for a worker of many mappings: discovery/pages.py);
+and ``numa_maps`` (``maps`` alone for a worker of many mappings: discovery/gather/pages.py);
 pagemap names their pages present, anonymous and exclusive; ``move_pages(2)``
 moves those (asking first where they are, unless numa_maps saw a mapping wholly
 off the node) with ``MPOL_MF_MOVE``, never ``_ALL``, so the kernel itself refuses
@@ -206,7 +206,7 @@ class PageMove:
         return self._verdict()
 
     def _read(self, **how) -> MoveRanges | StepResult:
-        """What the move walks (discovery/pages.py), or the step's result when it cannot be read."""
+        """What the move walks (discovery/gather/pages.py), or the step's result when it cannot be read."""
         try:
             verify_identity(self.pid, self.start_time, self.proc_root)
             found = read_move_ranges(self.source, self.pid, self.node, start_time=self.start_time, **how)

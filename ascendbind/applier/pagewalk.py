@@ -16,9 +16,12 @@ and by system call, not by byte, so the walk keeps both few:
   than its pages: before it moves any it drains every CPU's per-CPU page lists
   and waits for an RCU grace period (``lru_cache_disable``), so ten thousand
   one-page calls make ten thousand rounds of interrupts to every CPU.
-* A worker read from ``maps`` alone (many mappings: discovery/pages.py) has
-  neighbouring mappings walked as one range (``choose_spans``): no step per
-  mapping after the scan of ``maps``.
+* A worker read from ``maps`` alone (many mappings: discovery/gather/pages.py) has its
+  neighbours come out of the scan of ``maps`` as runs (those listed one after
+  another in one 1 MiB block, with their count: memmap.py's
+  ``writable_anonymous``), and runs and mappings close together walked as one
+  range (``choose_spans``): a few hundred bounds converted for ten thousand
+  one-page mappings side by side, no step per mapping after the scan.
 * One move walks at most ``MAX_MAPPINGS`` mappings and ``MAX_PAGES`` pagemap
   entries (``choose``). A worker past either has its mappings with the most
   bytes off the node walked first (numa_maps read then, even past the many
@@ -43,9 +46,10 @@ a system call (a pagemap read, a ``move_pages(2)``)    ``CALL`` (256 KiB)
 
 Each is set above what that work costs the daemon's CPU against a page moved.
 On the two-node guest (bench/memory_mappings.py) a worker of ten thousand
-one-page mappings costs 2.2 to 2.5 times the CPU of the same pages in one
-mapping: a one-page mapping costs about one and a half times what moving its
-page costs (its line of maps, formatted by the kernel, the most); natively a
+one-page mappings costs 1.3 to 2.5 times the CPU of the same pages in one
+mapping (the host's count of the guest: 1.9 times): what a one-page mapping
+adds is its line of maps, formatted by the kernel and scanned, and the kernel's
+dearer move of a page among many mappings; natively a
 pagemap entry costs about a fortieth of a 4 KiB page moved, a move_pages(2) call
 its drain of every CPU. A worker of one-page mappings is therefore paced as if
 each of its pages were some 72 KiB, and at any limit takes no more of the
@@ -59,7 +63,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice, pairwise, repeat
+from itertools import accumulate, compress, islice, pairwise, repeat
 from operator import gt, itemgetter, neg, sub
 from typing import NamedTuple
 
@@ -113,16 +117,19 @@ class Chosen:
         return bool(self.left_mappings or self.cut)
 
 
-def _pick(weights: list[int], sizes: list[int], max_mappings: int, max_pages: int) -> tuple[list[int], int | None]:
+def _pick(weights: list[int], sizes: list[int], max_mappings: int, max_pages: int,
+          counts: Sequence[int] | None = None) -> tuple[list[int], int | None]:
     """The indices one move takes, in index order: the greatest weight first (of equal
-    weight, the smallest size), up to ``max_mappings`` of them and ``max_pages`` of size;
-    and the index of the last one taken when only part of it fits (None when all do).
-    Sorted by tuples built in C: a worker past the caps has some 100000 mappings."""
+    weight, the smallest size), up to ``max_mappings`` mappings (``counts``: how many each
+    index stands for; one each when None) and ``max_pages`` of size; and the index of the
+    last one taken when only part of it fits (None when all do). Sorted by tuples built in
+    C: a worker past the caps has some 100000 mappings."""
     order = sorted(zip(map(neg, weights), sizes, range(len(sizes))))
     keep: list[int] = []
-    room, part = max_pages, None
+    room, part, used = max_pages, None, 0
     for _w, size, i in order:
-        if len(keep) >= max_mappings or room <= 0:
+        used += 1 if counts is None else counts[i]
+        if used > max_mappings or room <= 0:
             break
         keep.append(i)
         if size > room:
@@ -160,36 +167,38 @@ def choose(ranges: Sequence[MoveRange], *, max_mappings: int = MAX_MAPPINGS, max
     return Chosen(tuple(out), len(ranges) - len(out), left_b, cut)
 
 
-def choose_spans(spans: Sequence[tuple[int, int]], *, max_mappings: int = MAX_MAPPINGS, max_pages: int = MAX_PAGES,
-                 base_page: int = BASE_PAGE) -> Chosen:
+def choose_spans(spans: Sequence[tuple[int, int, int]], *, max_mappings: int = MAX_MAPPINGS,
+                 max_pages: int = MAX_PAGES, base_page: int = BASE_PAGE) -> Chosen:
     """What one move walks of a worker read from ``maps`` alone (``spans``: its writable
-    anonymous mappings, [start, end) in address order; where their pages are is not
+    anonymous mappings, (start, end, mappings) in address order, a run of neighbours
+    as one: discovery/parse/memmap.py's ``writable_anonymous``; where their pages are is not
     known): the biggest first past the caps, and neighbours at most ``GAP_PAGES`` apart
     walked as one range (``mappings`` says how many each spans). Whatever lies between
     two neighbours is read with them; only pages pagemap calls present, anonymous and
     exclusive are ever moved, so that is the worker's own memory or nothing."""
     left_n = left_b = cut = 0
-    los, his = list(map(itemgetter(0), spans)), list(map(itemgetter(1), spans))
-    if len(spans) > max_mappings or (sum(his) - sum(los)) // base_page > max_pages:
-        sizes = [(hi - lo) // base_page for lo, hi in spans]
-        keep, part = _pick(sizes, sizes, max_mappings, max_pages)
-        left_n = len(spans) - len(keep)
+    los, his, counts = (list(map(itemgetter(k), spans)) for k in range(3))
+    if sum(counts) > max_mappings or (sum(his) - sum(los)) // base_page > max_pages:
+        sizes = [(hi - lo) // base_page for lo, hi, _n in spans]
+        keep, part = _pick(sizes, sizes, max_mappings, max_pages, counts)
+        left_n = sum(counts) - sum(counts[i] for i in keep)
         left_b = (sum(sizes) - sum(sizes[i] for i in keep)) * base_page
         chosen = [spans[i] for i in keep]
         if part is not None:
-            lo, hi = spans[part]
+            lo, hi, n = spans[part]
             room = max_pages - sum(sizes[i] for i in keep if i != part)
             left_b += hi - lo - room * base_page
-            chosen[keep.index(part)] = (lo, lo + room * base_page)
+            chosen[keep.index(part)] = (lo, lo + room * base_page, n)
             cut = 1
-        los, his = list(map(itemgetter(0), chosen)), list(map(itemgetter(1), chosen))
-    # a range starts at the first mapping and at each more than the gap past the one before:
-    # the gaps are compared in C, and the loop below runs once a range, not once a mapping
+        los, his, counts = (list(map(itemgetter(k), chosen)) for k in range(3))
+    # a range starts at the first span and at each more than the gap past the one before:
+    # the gaps are compared in C, and the loop below runs once a range, not once a span
     n = len(los)
     apart = map(gt, map(sub, islice(los, 1, None), his), repeat(GAP_PAGES * base_page))
     firsts = [0, *compress(range(1, n), apart), n] if n else []
-    out = [MoveRange(los[a], his[b - 1], base_page, his[b - 1] - los[a], his[b - 1] - los[a], True, b - a)
-           for a, b in pairwise(firsts)]
+    upto = [0, *accumulate(counts)]
+    out = [MoveRange(los[a], his[b - 1], base_page, his[b - 1] - los[a], his[b - 1] - los[a], True,
+                     upto[b] - upto[a]) for a, b in pairwise(firsts)]
     return Chosen(tuple(out), left_n, left_b, cut)
 
 

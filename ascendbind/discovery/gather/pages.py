@@ -40,13 +40,14 @@ _ENTRY = 8  # bytes per pagemap entry
 class MoveRanges:
     """What a move to one node would walk: the mappings numa_maps found with anonymous
     pages off the node (``ranges``, and the worker's ``residency`` they were read from),
-    or, for a worker of many mappings, its writable anonymous ones (``spans``, [start,
-    end) each; ``residency`` None); and how many mappings the worker has."""
+    or, for a worker of many mappings, its writable anonymous ones (``spans``: (start,
+    end, mappings) each, neighbours in runs: memmap.py's ``writable_anonymous``;
+    ``residency`` None); and how many mappings the worker has."""
 
     ranges: tuple[MoveRange, ...]
     residency: NumaResidency | None
     mappings: int = 0
-    spans: tuple[tuple[int, int], ...] | None = None
+    spans: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def coarse(self) -> bool:

@@ -31,9 +31,10 @@ steps, not one parse per line.
 
 numa_maps costs the kernel a page-table walk and a formatted line per mapping:
 for a worker of one-page mappings, about what moving its pages costs. A worker
-of many mappings (discovery/pages.py) is therefore read from ``maps`` alone:
+of many mappings (discovery/gather/pages.py) is therefore read from ``maps`` alone:
 ``writable_anonymous`` finds its writable private anonymous mappings (heap,
-stacks, allocations) in one regular-expression scan, and where each of their
+stacks, allocations) in one regular-expression scan, neighbours side by side as
+runs, and where each of their
 movable pages is gets asked of the kernel (``move_pages(2)`` with no nodes, a
 chunk of pages a call). Its file-backed private mappings (a library's written
 data; private huge pages, whose page size ``maps`` does not print) then stay
@@ -45,14 +46,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import repeat
+from operator import add
 from typing import NamedTuple
 
 from ...errors import ParseError
 from .numa_maps import OffNode, text_lines
 
-__all__ = ["Vma", "MoveRange", "parse_maps", "move_ranges", "writable_anonymous", "movable_pages", "KERNEL_MAPPINGS",
-           "PM_PRESENT", "PM_SWAPPED", "PM_FILE", "PM_EXCLUSIVE"]
+__all__ = ["Vma", "MoveRange", "parse_maps", "move_ranges", "writable_anonymous", "RUN_BLOCK", "movable_pages",
+           "KERNEL_MAPPINGS", "PM_PRESENT", "PM_SWAPPED", "PM_FILE", "PM_EXCLUSIVE"]
 
 PM_PRESENT = 1 << 63
 PM_SWAPPED = 1 << 62
@@ -142,17 +144,44 @@ def move_ranges(maps: str, off_node: Mapping[str, OffNode], source: str = "maps"
 
 
 # a writable private anonymous mapping: no file (device 00:00, inode 0), no path or a
-# bracketed name ([heap], [stack], [anon:<name>]); the kernel's own are never writable
-_WRITABLE_ANON = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) .w.p [0-9a-f]+ 00:00 0 *(?:\[[^\n]*)?$", re.M)
+# bracketed name ([heap], [stack], [anon:<name>]); the kernel's own are never writable.
+# The rest of its line after the range:
+_ANON_TAIL = r" .w.p [0-9a-f]+ 00:00 0 *(?:\[[^\n]*)?\n"
+# A run: such lines one after another whose bounds differ in the last five hex digits
+# alone (``p``: the digits before them), so all lie in one 1 MiB-aligned block: its
+# first start, the repeats (each the end of one line, its tail, the start of the next)
+# and its last end; else one such line on its own (``a``-``b``)
+_WRITABLE_ANON_RUN = re.compile(
+    r"^(?:(?P<p>[0-9a-f]+?)(?P<s>[0-9a-f]{5})-"
+    r"(?P<more>(?:(?P=p)[0-9a-f]{5}" + _ANON_TAIL + r"(?P=p)[0-9a-f]{5}-)*)"
+    r"(?P=p)(?P<e>[0-9a-f]{5})" + _ANON_TAIL +
+    r"|(?P<a>[0-9a-f]+)-(?P<b>[0-9a-f]+)" + _ANON_TAIL + r")", re.M)
+RUN_BLOCK = 1 << 20  # the block a run lies in (five hex digits)
 
 
-def writable_anonymous(maps: str) -> list[tuple[int, int]]:
-    """[start, end) of each writable private anonymous mapping of a ``maps`` text, in its
-    (address) order: where a worker's heap, stacks and allocations are, found in one
-    scan of the text with no step per line in Python (a worker of tens of thousands of
-    mappings). A row that does not read as the kernel prints it is not one of them."""
-    bounds = list(map(int, chain.from_iterable(_WRITABLE_ANON.findall(maps)), repeat(16)))
-    return list(zip(bounds[::2], bounds[1::2]))
+def writable_anonymous(maps: str) -> list[tuple[int, int, int]]:
+    """(start, end, mappings) of the writable private anonymous mappings of a ``maps``
+    text, in its (address) order: where a worker's heap, stacks and allocations are.
+    Mappings listed one after another within one ``RUN_BLOCK``-aligned block come as one
+    [start of the first, end of the last), with how many they are; any other as itself.
+
+    A worker of tens of thousands of one-page mappings makes them side by side, a few
+    hundred to the block: one scan of the text, with the runs told by comparing digits
+    in the regular expression, leaves a few hundred bounds to convert, and every step
+    after the scan is done in C. A row that does not read as the kernel prints it is
+    not one of them."""
+    if maps and not maps.endswith("\n"):
+        maps += "\n"
+    rows = _WRITABLE_ANON_RUN.findall(maps)
+    if not rows:
+        return []
+    ps, ss, more, es, as_, bs = zip(*rows)
+    # a run has p, s, e (a and b empty), a line on its own a and b (the others empty)
+    starts = map(int, map(add, map(add, ps, ss), as_), repeat(16))
+    ends = map(int, map(add, map(add, ps, es), bs), repeat(16))
+    # each repeat holds one line's end: one newline
+    counts = map(add, map(str.count, more, repeat("\n")), repeat(1))
+    return list(zip(starts, ends, counts))
 
 
 def movable_pages(entries: Sequence[int], first: int, step: int, stride: int = 1) -> list[int]:

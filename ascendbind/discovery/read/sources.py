@@ -119,6 +119,24 @@ def command_file_name(argv: Sequence[str]) -> str:
     return "_".join(argv) + ".txt"
 
 
+_READ_PIECE = 1 << 16
+
+
+def _read_bounded(fh, n: int) -> str:
+    """At most ``n`` characters of ``fh``, read a piece at a time. One ``read(n)`` asks
+    the buffer for ``n`` bytes at every chunk (a fresh buffer of that size, mapped and
+    unmapped: a 32 MiB bound costs an mmap, a munmap and a mremap for each page of
+    /proc text, since the kernel hands a seq_file out a page a read)."""
+    pieces = []
+    while n > 0:
+        piece = fh.read(min(n, _READ_PIECE))
+        if not piece:
+            break
+        pieces.append(piece)
+        n -= len(piece)
+    return "".join(pieces)
+
+
 class LiveHost:
     """The machine we run on."""
 
