@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
 
@@ -137,12 +138,19 @@ def _kib_by_node(line: str) -> dict[int, int]:
             if k[:1] == "N" and k[1:].isdigit() and v.isdigit()}
 
 
+def _line(p: subprocess.Popen, daemon, what: str) -> str:
+    """The command's next line, within SLOW seconds (a hang is a failure with the daemon's log)."""
+    if not select.select([p.stdout], [], [], SLOW)[0]:
+        raise AssertionError(f"no {what} line from the command in {SLOW:g} s; daemon log: {daemon.log()[-2000:]}")
+    return p.stdout.readline()
+
+
 def test_run_places_a_commands_memory_on_its_pools_node_from_the_first_page(daemon):
     argv = [sys.executable, "-m", "ascendbind.cli", "run", "--npu", "5", "--", sys.executable, "-S", MEMWORKER,
             "--private-mib", "0"]
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=daemon.env, cwd=ROOT)
     try:
-        assert p.stdout.readline().startswith("ready "), daemon.log()[-2000:]
+        assert _line(p, daemon, "ready").startswith("ready "), daemon.log()[-2000:]
         (w,) = daemon.client.workers()["workers"]
         pool_node = w["plan"]["npus"]["5"]["numa_nodes"]
         assert pool_node == [1]
@@ -151,7 +159,7 @@ def test_run_places_a_commands_memory_on_its_pools_node_from_the_first_page(daem
                         in ("done", "skipped", "failed"), SLOW)
         p.stdin.write("alloc 512\n")
         p.stdin.flush()
-        region = json.loads(p.stdout.readline().partition(" ")[2])
+        region = json.loads(_line(p, daemon, "alloc").partition(" ")[2])
         with open(f"/proc/{w['pid']}/numa_maps") as fh:
             line = next(ln for ln in fh if int(ln.split()[0], 16) == region["start"])
         kib = _kib_by_node(line)
