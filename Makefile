@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-numa test-arm64 test-arm64-suite test-systemd test-stress run lint bench clean install-service install-completion
+.PHONY: install test test-numa test-isolation-guest test-arm64 test-arm64-suite test-systemd test-stress run lint bench clean install-service install-completion
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ test: install
 # machine's kernel (make test runs them too, through tests/test_numa_guest.py)
 test-numa: install
 	$(BIN)/python -m tests.numa_guest
+
+# isolation under stress-ng --cpu 8 in the 2-node guest (IRQ counts, the neighbour's threads, every
+# restore): some 10 minutes of emulation, so by hand rather than in make test
+test-isolation-guest: install
+	$(BIN)/python -m tests.numa_guest --topology 2node --timeout 3000 -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/numa/test_isolation_guest.py
 
 # the target architecture: Debian's arm64 kernel under qemu-system-aarch64 with a Kunpeng 920's
 # four NUMA nodes and an arm64 userland (tests/arm64_guest.py; `make test ARM64_GUEST=1` runs it

@@ -52,7 +52,7 @@ class Topology:
 TOPOLOGIES = {
     "2node": Topology("2node", ("2G,cpus=0-3", "2G,cpus=4-7"),
                       tests=("tests/numa/test_memory_placement.py", "tests/numa/test_memory_mappings.py",
-                             "tests/numa/test_isolation_host_guest.py", "tests/numa/test_isolation_guest.py",
+                             "tests/numa/test_isolation_host_guest.py",
                              "tests/numa/test_pool_cgroup_v2.py")),
     # node 0's nearest neighbour is node 2 (12), not node 1 (30): "closest" and "next" differ
     "4node": Topology("4node", ("1G,cpus=0-1", "1G,cpus=2-3", "1G,cpus=4-5", "1G,cpus=6-7"),

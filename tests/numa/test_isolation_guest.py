@@ -16,6 +16,9 @@ bind, release and stop; it runs through each 30 s interrupt window, and at
 ``host`` while its threads are checked off the worker's CPUs. A stopped task is
 moved like a running one: its mask is what is checked.
 
+Some ten minutes of emulation, more than the suite's guest run can give it beside the
+arm64 guest within CI's budget: it runs by hand, ``make test-isolation-guest``.
+
 At ``host`` this test process names itself ``guest_test`` and is exempt
 (``isolation_exempt``): the level would move it too, and what it starts would
 inherit the narrowed mask instead of being moved.
