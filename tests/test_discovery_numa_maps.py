@@ -93,6 +93,26 @@ def test_a_bounded_read_of_a_long_file_reads_it_whole_up_to_one_character_past_t
     assert host.read(str(path), limit=100000) == text[:100001]
 
 
+def test_a_bounded_read_holds_about_the_file_not_the_bound(tmp_path):
+    # a /proc read bounded at 32 MiB must not ask for 32 MiB: a text read(n) hands n to its
+    # buffer at every chunk, and a seq_file (maps of a worker of tiny mappings) comes a page a
+    # read, so each page cost a fresh mapping of the bound's size
+    import tracemalloc
+
+    text = "".join(f"{i:08x}-{i + 1:08x} rw-p 00000000 00:00 0\n" for i in range(8000))
+    path = tmp_path / "maps"
+    path.write_text(text, encoding="ascii")
+    host = LiveHost()
+    tracemalloc.start()
+    try:
+        got = host.read(str(path), limit=32 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == text
+    assert peak < 8 * len(text), f"{peak} bytes held to read {len(text)}"
+
+
 def test_the_ratio_is_of_bytes_so_remote_huge_pages_are_not_hidden():
     # the NPU0 worker's pool is on node 0; 3 GiB of its hugetlb memory sit on nodes 2-3
     res = read_numa_residency(SnapshotHost(HOST_950), 5151)

@@ -212,7 +212,7 @@ class LiveHost:
     def _read(self, path: str, limit: int | None) -> str | None:
         try:
             with open(self.host_path(path), encoding="utf-8", errors="replace") as fh:
-                return fh.read(-1 if limit is None else limit + 1)
+                return fh.read() if limit is None else _read_bounded(fh, limit + 1)
         except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError, IsADirectoryError):
             return None
         except OSError:
@@ -385,6 +385,6 @@ class SnapshotHost:
     def _read_file(path: str, limit: int | None = None) -> str | None:
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
-                return fh.read(-1 if limit is None else limit + 1)
+                return fh.read() if limit is None else _read_bounded(fh, limit + 1)
         except OSError:
             return None
