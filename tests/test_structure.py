@@ -495,3 +495,29 @@ def test_the_folder_count_catches_a_crowded_folder(tmp_path):
     assert crowded(pkg) == {}
     (pkg / "room" / "one_more.py").write_text("")
     assert crowded(pkg) == {"pkg/room": MAX_MODULES + 1}
+
+
+def unused_private(text: str) -> list[str]:
+    """The module-private top-level functions and classes of a module's ``text`` that
+    nothing in it names again: left behind, or (as a merge once did to the bounded
+    read's 64 KiB pieces) kept while their one use was lost."""
+    out = []
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and node.name.startswith("_") and not node.name.startswith("__"):
+            if len(re.findall(rf"\b{re.escape(node.name)}\b", text)) < 2:
+                out.append(node.name)
+    return out
+
+
+def test_no_module_keeps_a_private_function_it_never_uses():
+    bad = {str(p.relative_to(PKG.parent)): names for p in sorted(PKG.rglob("*.py"))
+           if (names := unused_private(p.read_text()))}
+    assert not bad, bad
+
+
+def test_the_unused_check_catches_a_helper_whose_use_was_lost():
+    kept = "def _pieces(fh):\n    return fh.read(4)\n\n\ndef read(fh):\n    return _pieces(fh)\n"
+    lost = "def _pieces(fh):\n    return fh.read(4)\n\n\ndef read(fh):\n    return fh.read()\n"
+    assert unused_private(kept) == []
+    assert unused_private(lost) == ["_pieces"]
