@@ -9,6 +9,7 @@ numa_maps on this machine, read through the same HostSource as the daemon.
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 
@@ -97,8 +98,6 @@ def test_a_bounded_read_holds_about_the_file_not_the_bound(tmp_path):
     # a /proc read bounded at 32 MiB must not ask for 32 MiB: a text read(n) hands n to its
     # buffer at every chunk, and a seq_file (maps of a worker of tiny mappings) comes a page a
     # read, so each page cost a fresh mapping of the bound's size
-    import tracemalloc
-
     text = "".join(f"{i:08x}-{i + 1:08x} rw-p 00000000 00:00 0\n" for i in range(8000))
     path = tmp_path / "maps"
     path.write_text(text, encoding="ascii")

@@ -122,19 +122,27 @@ def command_file_name(argv: Sequence[str]) -> str:
 _READ_PIECE = 1 << 16
 
 
-def _read_bounded(fh, n: int) -> str:
-    """At most ``n`` characters of ``fh``, read a piece at a time. One ``read(n)`` asks
-    the buffer for ``n`` bytes at every chunk (a fresh buffer of that size, mapped and
-    unmapped: a 32 MiB bound costs an mmap, a munmap and a mremap for each page of
+def read_text(path: str, limit: int | None = None) -> str | None:
+    """The text at ``path`` (undecodable bytes replaced), or None when it cannot be read
+    (absent, not a file, not permitted, or ESRCH while a task exits under us). With
+    ``limit``, at most ``limit + 1`` characters, read a piece at a time: one ``read(n)``
+    asks the buffer for ``n`` bytes at every chunk (a fresh buffer of that size, mapped
+    and unmapped: a 32 MiB bound costs an mmap, a munmap and a mremap for each page of
     /proc text, since the kernel hands a seq_file out a page a read)."""
-    pieces = []
-    while n > 0:
-        piece = fh.read(min(n, _READ_PIECE))
-        if not piece:
-            break
-        pieces.append(piece)
-        n -= len(piece)
-    return "".join(pieces)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            if limit is None:
+                return fh.read()
+            pieces, n = [], limit + 1
+            while n > 0:
+                piece = fh.read(min(n, _READ_PIECE))
+                if not piece:
+                    break
+                pieces.append(piece)
+                n -= len(piece)
+            return "".join(pieces)
+    except OSError:
+        return None
 
 
 class LiveHost:
@@ -210,14 +218,7 @@ class LiveHost:
         return self._read(path, limit)
 
     def _read(self, path: str, limit: int | None) -> str | None:
-        try:
-            with open(self.host_path(path), encoding="utf-8", errors="replace") as fh:
-                return fh.read() if limit is None else _read_bounded(fh, limit + 1)
-        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError, IsADirectoryError):
-            return None
-        except OSError:
-            # e.g. ESRCH while a task exits under us
-            return None
+        return read_text(self.host_path(path), limit)
 
     @staticmethod
     def _proc_file(path: str) -> tuple[str, str]:
@@ -356,13 +357,13 @@ class SnapshotHost:
         self.recorded_pid: int | None = self.meta.get("pid")
 
     def run(self, argv: Sequence[str]) -> str | None:
-        return self._read_file(os.path.join(self.directory, "cmd", command_file_name(argv)))
+        return read_text(os.path.join(self.directory, "cmd", command_file_name(argv)))
 
     def host_path(self, path: str) -> str:
         return os.path.join(self.directory, path.lstrip("/"))
 
     def read(self, path: str, limit: int | None = None) -> str | None:
-        return self._read_file(self.host_path(path), limit)
+        return read_text(self.host_path(path), limit)
 
     def listdir(self, path: str) -> list[str] | None:
         try:
@@ -380,11 +381,3 @@ class SnapshotHost:
 
         text = self.read(path)
         return None if text is None else [n for n in parse_char_devices(text, path) if n.major == major]
-
-    @staticmethod
-    def _read_file(path: str, limit: int | None = None) -> str | None:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                return fh.read() if limit is None else _read_bounded(fh, limit + 1)
-        except OSError:
-            return None
