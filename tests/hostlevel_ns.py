@@ -7,9 +7,10 @@ moves every process it can see, which must only ever be this namespace's.
 Before anything starts, two host-wide files are taken out of reach in this
 namespace's private mounts: ``/proc/irq`` is remounted read-only (the IRQ part
 of the level is skipped, ``irq_not_writable``; tests/test_isolation_daemon.py
-covers it on real IRQs) and ``/sys/devices/virtual/workqueue`` is covered with a
-directory whose ``cpumask`` is a plain file holding the real mask's text (the
-real one is changed only in the QEMU guest).
+covers it on real IRQs), ``/sys/devices/virtual/workqueue`` is covered with a
+directory whose ``cpumask`` is a plain file holding the real mask's text, and
+``/proc/sys/kernel/watchdog_cpumask`` with a plain file holding its text (the
+real ones are changed only in the QEMU guest).
 
 Driven over stdin/stdout, one JSON object a line each way (``{"op": ...}`` in,
 the answer or ``{"error": ...}`` out):
@@ -28,7 +29,8 @@ the answer or ``{"error": ...}`` out):
   (its ``spawn``) or None at the deadline;
 * ``starts`` (``cpus``, ``count``): the seconds from each of ``count`` forks of a
   short ``sleep`` until it is off ``cpus`` (the bench's figure);
-* ``wq``: the covered workqueue ``cpumask``'s text; ``hide_cgroups``: an empty tmpfs over
+* ``wq``: the covered workqueue ``cpumask``'s text; ``watchdog``: the covered
+  ``watchdog_cpumask``'s text; ``hide_cgroups``: an empty tmpfs over
   ``/sys/fs/cgroup`` (no cpuset readable); ``exit``.
 """
 
@@ -49,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.daemon_harness import DaemonProc, base_env, free_port  # noqa: E402
 
 WQ = "/sys/devices/virtual/workqueue"
+WATCHDOG = "/proc/sys/kernel/watchdog_cpumask"
 
 # a process of the host: named, with threads, acting on its own affinity when asked
 CHILD = r"""
@@ -113,6 +116,12 @@ def cover_host_wide_files(tmp: str) -> None:
     with open(os.path.join(fake, "cpumask"), "w") as fh:
         fh.write(real)
     subprocess.run(["mount", "--bind", fake, WQ], check=True)
+    if os.path.exists(WATCHDOG):  # a kernel built without the lockup detector has none
+        with open(WATCHDOG) as fh:
+            real = fh.read()
+        with open(os.path.join(tmp, "watchdog_cpumask"), "w") as fh:
+            fh.write(real)
+        subprocess.run(["mount", "--bind", os.path.join(tmp, "watchdog_cpumask"), WATCHDOG], check=True)
 
 
 class Harness:
@@ -257,6 +266,10 @@ class Harness:
 
     def op_wq(self) -> dict:
         with open(f"{WQ}/cpumask") as fh:
+            return {"text": fh.read().strip()}
+
+    def op_watchdog(self) -> dict:
+        with open(WATCHDOG) as fh:
             return {"text": fh.read().strip()}
 
     def close(self) -> None:

@@ -231,7 +231,7 @@ def test_irqs_moves_every_other_irq_off_the_bound_cpus_and_release_puts_each_bac
         status, _ = d.curl("POST", "/v1/release", {"pid": w.pid})
         assert status == 200
         assert changed(masks) == {}, "release must put every mask back byte for byte"
-        assert isolation(d)["changed"] == {"irq": 0, "default": 0, "workqueue": 0, "workqueues": 0, "task": 0}
+        assert isolation(d)["changed"] == {"irq": 0, "default": 0, "workqueue": 0, "workqueues": 0, "watchdog": 0, "task": 0}
         assert set(thread_cpus(d.pid).values()) == {STARTED_ON}
 
 

@@ -2,7 +2,8 @@
 
 The daemon moves every process it can see, so it only ever runs as a child of
 tests/hostlevel_ns.py, init of a fresh pid namespace with ``/proc/irq`` read-only
-and the unbound workqueues' ``cpumask`` covered by a plain file (both host-wide).
+and the unbound workqueues' ``cpumask`` and ``/proc/sys/kernel/watchdog_cpumask`` covered by plain
+files (all host-wide).
 Outside the connector's initial namespace the daemon finds new tasks by listing
 ``/proc`` (the *sweep* mode); events mode runs in the QEMU guest
 (tests/numa/test_isolation_host_guest.py).
@@ -113,7 +114,7 @@ def moved(ns: Namespace, pid: int, protected: str) -> dict[str, str]:
 
 def test_host_moves_other_tasks_started_before_and_after_the_bind_and_release_puts_each_back(ns):
     daemon = ns.daemon(env={"ASCENDBIND_ISOLATION": "host", "ASCENDBIND_ISOLATION_EXEMPT": "keep_*"})["pid"]
-    wq_before = ns.wq()["text"]
+    wq_before, watchdog_before = ns.wq()["text"], ns.watchdog()["text"]
     before = ns.spawn(comm="neigh_before", threads=3)["pid"]
     exempt = ns.spawn(comm="keep_tool", threads=1)["pid"]
     worker = ns.spawn(comm="worker", threads=2)["pid"]
@@ -144,8 +145,10 @@ def test_host_moves_other_tasks_started_before_and_after_the_bind_and_release_pu
     assert only(ns.masks(pid=daemon)) == {format_cpulist(housekeeping)}
     # the unbound workqueues follow; everything changed is in the state file with its original
     assert parse_mask(ns.wq()["text"]) == parse_mask(wq_before) - protected
+    assert parse_cpulist(ns.watchdog()["text"]) == parse_cpulist(watchdog_before) - protected  # the watchdog too
     record = ns.state()["isolation"]["masks"]
     assert record["workqueues"]["original"] == wq_before
+    assert record["watchdog"]["original"] == watchdog_before
     tids = {f"task:{tid}:" for tid in start[before]}
     saved = {k: v for k, v in record.items() if any(k.startswith(t) for t in tids)}
     assert len(saved) == 4 and {v["original"] for v in saved.values()} == {format_cpulist(STARTED_ON)}
@@ -162,6 +165,7 @@ def test_host_moves_other_tasks_started_before_and_after_the_bind_and_release_pu
     # every mask back as it was, read back
     assert only(ns.masks(pid=before)) == {format_cpulist(STARTED_ON)} and len(ns.masks(pid=before)) == 5
     assert set(start[before]) < set(ns.masks(pid=before)) and ns.wq()["text"] == wq_before
+    assert ns.watchdog()["text"] == watchdog_before
     assert only(ns.masks(pid=grandchild)) == {format_cpulist(STARTED_ON)}
     assert only(ns.masks(pid=after)) == {format_cpulist(STARTED_ON)}
     assert ns.masks(pid=exempt) == start[exempt] and ns.masks(pid=1) == start[1]

@@ -303,10 +303,36 @@ def test_status_json_shape(tree):
     iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     out = iso.to_json(cfg)
     assert out["protected"] == "8-11" and out["housekeeping"] == "0-1,6-7"
-    assert out["changed"] == {"irq": 4, "default": 1, "workqueue": 1, "workqueues": 0, "task": 0}
+    assert out["changed"] == {"irq": 4, "default": 1, "workqueue": 1, "workqueues": 0, "watchdog": 0, "task": 0}
     assert out["tasks"] is None and out["skipped_total"] == 0  # the host level's report: only at host
     assert {g["class"] for g in out["cpus"]} == {"housekeeping", "protected", "other"}
     assert out["last_change"]["written"] == 6 and out["skipped"] == [] and out["daemon_threads"] is None
+
+
+def test_host_takes_the_protected_cpus_out_of_the_watchdog_mask_and_puts_the_text_back(tree):
+    # the soft-lockup detector's CPUs, a cpu list in the fixture tree (the real file is host-wide:
+    # tests/numa/test_isolation_host_guest.py changes it in the guest only)
+    watchdog = tree[0] / "sys" / "kernel" / "watchdog_cpumask"
+    watchdog.parent.mkdir(parents=True)
+    watchdog.write_text("0-11\n")
+    cfg = config(tree).replace(isolation="host")
+    iso = Isolation()
+    on_disk = []
+    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: on_disk.append(iso.state_json()))
+    assert watchdog.read_text().strip() == "0-7"  # the protected 8-11 are gone
+    assert on_disk and on_disk[0]["masks"]["watchdog"] == {"original": "0-11", "ours": ["0-7"]}
+    assert iso.to_json(cfg)["changed"]["watchdog"] == 1
+    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    assert watchdog.read_text() == "0-11" and iso.record.empty  # the text read before, byte for byte
+    # at irqs it is left as it is
+    iso.follow(two_npu_host(), [binding(cfg.replace(isolation="irqs"))], cfg.replace(isolation="irqs"), lambda: None)
+    assert watchdog.read_text() == "0-11" and "watchdog" not in iso.record.masks
+    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    # an operator who changes it while it is narrowed keeps the change: nothing is written back
+    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    watchdog.write_text("0-3\n")
+    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    assert watchdog.read_text() == "0-3\n" and iso.record.empty
 
 
 def test_host_narrows_the_unbound_workqueues_mask_records_it_first_and_puts_it_back(tree):

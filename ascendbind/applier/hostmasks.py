@@ -1,6 +1,7 @@
 """Kernel mask files isolation writes: an IRQ's ``smp_affinity``, the default mask
-of new IRQs (``/proc/irq/default_smp_affinity``) and an unbound workqueue's
-``cpumask``.
+of new IRQs (``/proc/irq/default_smp_affinity``), an unbound workqueue's
+``cpumask`` (hex masks) and the soft-lockup watchdog's ``watchdog_cpumask`` (a
+cpu list).
 
 The same discipline as the IRQ step (irq.py): ``os.open``/``os.write``, because
 procfs and sysfs report a refused value at write(2) and buffered I/O would
@@ -19,6 +20,8 @@ from __future__ import annotations
 import errno
 import os
 
+from collections.abc import Callable
+
 from ..values.cpulist import parse_mask
 from ..values.decisions import MaskWrite
 from ..discovery.read.procdir import read_once
@@ -34,15 +37,17 @@ def _read(path: str) -> str | None:
     return None if text is None else text.strip()
 
 
-def _same(a: str | None, b: str) -> bool:
+def _same(a: str | None, b: str, parse: Callable[[str], frozenset[int]]) -> bool:
     try:
-        return a is not None and parse_mask(a) == parse_mask(b)
+        return a is not None and parse(a) == parse(b)
     except ValueError:
         return False
 
 
-def write_mask_file(key: str, path: str, text: str, *, exact: bool = False) -> MaskWrite:
-    """Write the hex mask ``text`` to ``path`` and read it back (``key`` names it in the result)."""
+def write_mask_file(key: str, path: str, text: str, *, exact: bool = False,
+                    parse: Callable[[str], frozenset[int]] = parse_mask) -> MaskWrite:
+    """Write the mask ``text`` to ``path`` and read it back (``key`` names it in the result;
+    ``parse`` reads the file's format: a hex mask, or a cpu list)."""
     previous = _read(path)
     if previous is None:
         return MaskWrite(key, "gone", None, None, f"{path} is gone or unreadable")
@@ -57,6 +62,6 @@ def write_mask_file(key: str, path: str, text: str, *, exact: bool = False) -> M
         status = "unchangeable" if exc.errno in _UNCHANGEABLE else "gone" if exc.errno in _GONE else "failed"
         return MaskWrite(key, status, previous, _read(path), exc.strerror or str(exc))
     now = _read(path)
-    if (now == text) if exact else _same(now, text):
+    if (now == text) if exact else _same(now, text, parse):
         return MaskWrite(key, "ok", previous, now)
     return MaskWrite(key, "failed", previous, now, f"wrote {text}, read back {now!r}")

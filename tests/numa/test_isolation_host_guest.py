@@ -1,9 +1,10 @@
-"""``isolation = host`` on the 2node guest's own kernel: the real unbound-workqueue mask
-and process events.
+"""``isolation = host`` on the 2node guest's own kernel: the real unbound-workqueue and
+soft-lockup watchdog masks, and process events.
 
 The guest is disposable, so here the daemon acts on the host-wide settings it may
 only ever touch in a guest: ``/sys/devices/virtual/workqueue/cpumask`` (the mask the
-kernel's unbound work shares), and, running as root in the initial namespaces, it
+kernel's unbound work shares), ``/proc/sys/kernel/watchdog_cpumask`` (the CPUs the
+soft-lockup detector's stopper task visits), and, running as root in the initial namespaces, it
 learns of new processes from the kernel's process connector (events mode, where
 the pid-namespace tests on the host run the sweep). Two fixture NPUs, one per node
 (``0-3;4-7``); a worker bound on NPU 1 protects its main, ACL and release CPUs.
@@ -30,6 +31,7 @@ from tests.workers import cpus_allowed_of, start_worker
 
 SLOW = 600.0  # seconds: Python in the guest runs tens of times slower than on a host
 WQ = "/sys/devices/virtual/workqueue/cpumask"
+WATCHDOG = "/proc/sys/kernel/watchdog_cpumask"
 ALL = frozenset(range(8))
 
 
@@ -61,8 +63,13 @@ def daemon(tmp_path_factory):
         _name_self(own)
 
 
+def watchdog() -> str:
+    with open(WATCHDOG) as fh:
+        return fh.read()
+
+
 def test_host_moves_tasks_started_before_and_after_and_the_workqueue_mask_and_puts_them_back(daemon):
-    before_wq = wq()
+    before_wq, before_watchdog = wq(), watchdog()
     sleepers: list[subprocess.Popen] = []
 
     def sleeper() -> int:
@@ -79,6 +86,7 @@ def test_host_moves_tasks_started_before_and_after_and_the_workqueue_mask_and_pu
             assert iso["level"] == "host" and protected, iso
             assert allowed(early) == ALL - protected
             assert not int(wq(), 16) & sum(1 << c for c in protected), wq()
+            assert frozenset(int(c) for c in _cpus(watchdog().strip())) == ALL - protected, watchdog()
             # this process, exempt, keeps its mask; what it starts after the bind is found by a
             # process event (its exec) and moved, within a deadline poll
             assert allowed(w.pid) != ALL and cpus_allowed_of(os.getpid(), os.getpid()) == ALL
@@ -95,6 +103,7 @@ def test_host_moves_tasks_started_before_and_after_and_the_workqueue_mask_and_pu
             daemon.client.release(pid=w.pid)
         assert all(allowed(p.pid) == ALL for p in sleepers)
         assert wq() == before_wq, "the workqueue mask must come back byte for byte"
+        assert watchdog() == before_watchdog, "the watchdog's CPUs must come back byte for byte"
     finally:
         for p in sleepers:
             p.kill()

@@ -14,8 +14,8 @@ the bound workers' plans it plans the level (planner/isolate/isolation.py), then
   protected CPUs as well as those it bans already (``irqbalance = ban`` or
   ``stop``; ``warn`` only reports it: banned.py); what each wants is wanted.py's;
 * ``host``: also every other userspace thread (hosttasks.py: which are never
-  moved, and the mask less the protected CPUs for the rest) and the unbound
-  workqueues' shared mask. ``adopt`` does the same for the processes the
+  moved, and the mask less the protected CPUs for the rest), the unbound
+  workqueues' shared mask and the soft-lockup watchdog's CPUs. ``adopt`` does the same for the processes the
   watcher (taskwatch.py) names as they start; a thread that inherited a mask
   isolation wrote is recorded with its parent's original, so it goes back too.
 
@@ -51,13 +51,13 @@ from ...errors import ConfigError, PlanImpossible
 from ...values.model import Binding, HostFacts, PlanIssue
 from ...planner.isolate.isolation import IsolationPlan, plan_isolation
 from ...values.reasons import Reason
-from ..state.isolationrecord import IsolationRecord, SavedMask, key_kind, mask_key
+from ..state.isolationrecord import KINDS, IsolationRecord, SavedMask, key_kind, mask_key
 from .banned import follow_irqbalance
 from .hosttasks import HostTasks, before_isolation, task_keys_of
 from .masks import SKIP_REASONS, Mask, mask_of
 from .rules import Act, mask_act
 from .selfmask import DaemonThreads
-from .wanted import irq_wanted, workqueues_wanted
+from .wanted import host_wide_wanted, irq_wanted
 
 __all__ = ["Isolation"]
 
@@ -293,7 +293,7 @@ class Isolation:
             # a task refused for good that exited is forgotten with it
             self._refused = {k: v for k, v in self._refused.items() if key_kind(k) != "task" or k in _swept
                              or k in self.record.masks}
-            out.update(workqueues_wanted(iso, config, self.record.masks, self._refused))
+            out.update(host_wide_wanted(iso, config, self.record.masks, self._refused))
         if irqs:
             out.update(irq_wanted(iso, host, config, pinned, self.record.masks, self._refused))
         return out
@@ -397,7 +397,7 @@ class Isolation:
         out.update(
             waiting=self.waiting,
             daemon_threads=None if self.threads is None else self.threads.to_json(),
-            changed={k: kinds.get(k, 0) for k in ("irq", "default", "workqueue", "workqueues", "task")},
+            changed={k: kinds.get(k, 0) for k in KINDS},
             # bounded: at host thousands of tasks may be refused (a cpuset without a housekeeping CPU)
             skipped=[{"what": k, **v} for k, v in sorted(self.skipped.items())[:MAX_LISTED]],
             skipped_total=len(self.skipped),

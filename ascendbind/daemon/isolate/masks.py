@@ -3,7 +3,7 @@
 ``mask_of(key, config)`` gives the four for a record key (isolationrecord.py):
 an IRQ's ``smp_affinity``, the default for new IRQs, a workqueue's ``cpumask``
 and the one unbound workqueues share are hex masks written as files
-(applier/hostmasks.py); a thread's affinity is a cpu list set with ``sched_setaffinity`` (applier/taskmask.py),
+(applier/hostmasks.py), the soft-lockup watchdog's CPUs a cpu list in a file; a thread's affinity is a cpu list set with ``sched_setaffinity`` (applier/taskmask.py),
 and reads as gone once its pid names a task with another start time.
 """
 
@@ -18,7 +18,8 @@ from ...values.config import Config
 from ...values.cpulist import format_cpulist, format_mask, parse_cpulist, parse_mask
 from ...values.decisions import MaskWrite
 from ...discovery.gather.hostwork import (default_affinity_path, read_default_affinity, read_unbound_workqueues,
-                                   read_workqueue_mask, unbound_workqueues_path, workqueue_mask_path)
+                                          read_watchdog_mask, read_workqueue_mask, unbound_workqueues_path,
+                                          watchdog_mask_path, workqueue_mask_path)
 from ...discovery.gather.irqhost import irq_mask_path, read_irq_mask
 from ...discovery.gather.process import stat_of
 from ...values.reasons import Reason
@@ -59,6 +60,11 @@ def mask_of(key: str, config: Config) -> Mask:
         path = unbound_workqueues_path(sys_)
         return Mask(lambda: read_unbound_workqueues(sys_), lambda text, exact: write_mask_file(key, path, text, exact=exact),
                     hex_cpus, _hex_text)
+    if kind == "watchdog":
+        path = watchdog_mask_path(proc)
+        return Mask(lambda: read_watchdog_mask(proc),
+                    lambda text, exact: write_mask_file(key, path, text, exact=exact, parse=parse_cpulist),
+                    list_cpus, lambda cpus, _current: format_cpulist(cpus))
     if kind in ("irq", "default", "workqueue"):
         path = (irq_mask_path(int(rest), proc) if kind == "irq" else default_affinity_path(proc) if kind == "default"
                 else workqueue_mask_path(rest, sys_))
@@ -87,6 +93,7 @@ SKIP_REASONS = {"irq": (Reason.IRQ_UNCHANGEABLE, Reason.IRQ_WRITE_FAILED),
                 "default": (Reason.IRQ_UNCHANGEABLE, Reason.IRQ_WRITE_FAILED),
                 "workqueue": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED),
                 "workqueues": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED),
+                "watchdog": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED),
                 "task": (Reason.MASK_UNCHANGEABLE, Reason.MASK_WRITE_FAILED)}
 
 

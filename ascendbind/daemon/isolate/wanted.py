@@ -13,16 +13,16 @@ from ...applier.taskmask import task_cpus
 from ...values.config import Config
 from ...values.cpulist import format_cpulist
 from ...discovery.gather.hostwork import (irq_names, irq_numbers, kernel_threads, read_default_affinity,
-                                   read_unbound_workqueues, read_workqueue_mask)
+                                          read_unbound_workqueues, read_watchdog_mask, read_workqueue_mask)
 from ...discovery.gather.irqhost import read_irq_mask
 from ...values.model import HostFacts
 from ...planner.isolate.driverwork import driver_cpus, sq_send_wq_name, sq_task_device
 from ...planner.isolate.isolation import IsolationPlan, narrowed
 from ..state.isolationrecord import SavedMask, mask_key
-from .masks import hex_cpus
+from .masks import hex_cpus, list_cpus
 from .rules import irq_target
 
-__all__ = ["irq_wanted", "workqueues_wanted"]
+__all__ = ["irq_wanted", "host_wide_wanted"]
 
 
 def irq_wanted(iso: IsolationPlan, host: HostFacts, config: Config, pinned: frozenset[int],
@@ -64,12 +64,17 @@ def irq_wanted(iso: IsolationPlan, host: HostFacts, config: Config, pinned: froz
     return out
 
 
-def workqueues_wanted(iso: IsolationPlan, config: Config, saved: Mapping[str, SavedMask],
-                      refused: Collection[str]) -> dict[str, tuple[str, frozenset[int]]]:
-    """The ``host`` level's wish for the mask the kernel's unbound workqueues share."""
-    current = read_unbound_workqueues(config.sys_root)
-    mine = saved.get("workqueues")
-    if current is None or "workqueues" in refused:
-        return {}
-    cpus = hex_cpus(mine.original if mine is not None else current)
-    return {} if cpus is None else {"workqueues": (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))}
+def host_wide_wanted(iso: IsolationPlan, config: Config, saved: Mapping[str, SavedMask],
+                     refused: Collection[str]) -> dict[str, tuple[str, frozenset[int]]]:
+    """The ``host`` level's wish for the two host-wide masks of the kernel's own work: the
+    one the unbound workqueues share, and the CPUs the soft-lockup watchdog checks."""
+    out: dict[str, tuple[str, frozenset[int]]] = {}
+    for key, current, parse in (("workqueues", read_unbound_workqueues(config.sys_root), hex_cpus),
+                                ("watchdog", read_watchdog_mask(config.proc_root), list_cpus)):
+        if current is None or key in refused:
+            continue
+        mine = saved.get(key)
+        cpus = parse(mine.original if mine is not None else current)
+        if cpus is not None:
+            out[key] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
+    return out

@@ -9,6 +9,8 @@ is:
 * ``workqueue:<name>``: ``/sys/devices/virtual/workqueue/<name>/cpumask`` (hex);
 * ``workqueues``: ``/sys/devices/virtual/workqueue/cpumask``, the mask every
   unbound workqueue without a sysfs mask of its own follows (hex);
+* ``watchdog``: ``/proc/sys/kernel/watchdog_cpumask``, the CPUs the
+  soft-lockup detector checks (cpu list);
 * ``task:<tid>:<start time>``: one thread's affinity (cpu list text): an NPU
   driver thread's, or at ``host`` any other userspace thread's. The start time
   tells a reused id apart: a thread that exited has nothing to put back.
@@ -39,14 +41,14 @@ from ...values.frozen import frozen_map
 
 __all__ = ["SavedMask", "SavedBan", "IsolationRecord", "mask_key", "key_kind", "KINDS"]
 
-KINDS = ("irq", "default", "workqueue", "workqueues", "task")
-_KEY = re.compile(r"irq:[0-9]{1,7}|default|workqueues|workqueue:[A-Za-z0-9_.:-]{1,64}|task:[0-9]{1,10}:[0-9]{1,20}")
+KINDS = ("irq", "default", "workqueue", "workqueues", "watchdog", "task")
+_KEY = re.compile(r"irq:[0-9]{1,7}|default|workqueues|watchdog|workqueue:[A-Za-z0-9_.:-]{1,64}|task:[0-9]{1,10}:[0-9]{1,20}")
 _TEXT = re.compile(r"[0-9a-fA-F,\-]{0,8192}")
 MAX_OURS = 16  # texts kept per mask: more than any sequence of saves between two successful writes
 
 
 def mask_key(kind: str, *parts: object) -> str:
-    """``irq:24``, ``default``, ``workqueues``, ``workqueue:dev0_sq_send_wq``, ``task:812:4711``."""
+    """``irq:24``, ``default``, ``workqueues``, ``watchdog``, ``workqueue:dev0_sq_send_wq``, ``task:812:4711``."""
     key = ":".join([kind, *map(str, parts)])
     if kind not in KINDS or not _KEY.fullmatch(key):
         raise ValueError(f"not an isolation mask key: {key!r}")

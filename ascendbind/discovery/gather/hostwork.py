@@ -1,6 +1,6 @@
 """What isolation reads of the host: every IRQ and its mask, the default mask of new
-IRQs, workqueue masks, the NPU driver's kernel threads, the CPUs the kernel keeps
-isolated, and the daemon's own threads.
+IRQs, workqueue masks, the soft-lockup watchdog's CPUs, the NPU driver's kernel
+threads, the CPUs the kernel keeps isolated, and the daemon's own threads.
 
 Discovery reads; the applier writes through the paths named here
 (``default_affinity_path``, ``workqueue_mask_path``; an IRQ's mask is
@@ -15,6 +15,10 @@ Kernel facts these rely on:
 * An unbound workqueue created with ``WQ_SYSFS`` has
   ``/sys/devices/virtual/workqueue/<name>/cpumask``; the kernel's own unbound
   workqueues share ``/sys/devices/virtual/workqueue/cpumask``.
+* ``/proc/sys/kernel/watchdog_cpumask`` (a cpu list) names the CPUs the
+  soft-lockup detector checks: on each, a timer queues a stopper task every
+  ``2 * watchdog_thresh / 5`` seconds (4 s by default), which preempts whatever
+  runs there; the kernel leaves ``nohz_full`` CPUs out of it by default.
 * A kernel thread has ``PF_KTHREAD`` in field 9 of its stat; its pid names it
   until it exits, and its start time tells a reused pid apart.
 """
@@ -34,7 +38,8 @@ from ..parse.sysfs import parse_cpulist_file
 
 __all__ = ["irq_numbers", "irq_names", "default_affinity_path", "read_default_affinity", "workqueue_mask_path",
            "read_workqueue_mask", "KernelThread", "kernel_threads", "kernel_isolated_cpus", "own_threads",
-           "WORKQUEUE_DIR", "unbound_workqueues_path", "read_unbound_workqueues"]
+           "WORKQUEUE_DIR", "unbound_workqueues_path", "read_unbound_workqueues", "watchdog_mask_path",
+           "read_watchdog_mask"]
 
 WORKQUEUE_DIR = "/sys/devices/virtual/workqueue"
 
@@ -87,6 +92,18 @@ def unbound_workqueues_path(sys_root: str = "/sys") -> str:
 
 def read_unbound_workqueues(sys_root: str = "/sys") -> str | None:
     text = read_once(unbound_workqueues_path(sys_root), 4096)
+    return None if text is None else text.strip()
+
+
+def watchdog_mask_path(proc_root: str = "/proc") -> str:
+    """The CPUs the soft-lockup watchdog checks (a cpu list): on each, a stopper task runs
+    every few seconds and preempts whatever runs there."""
+    return f"{proc_root}/sys/kernel/watchdog_cpumask"
+
+
+def read_watchdog_mask(proc_root: str = "/proc") -> str | None:
+    """Its text (None: a kernel built without the lockup detector)."""
+    text = read_once(watchdog_mask_path(proc_root), 4096)
     return None if text is None else text.strip()
 
 

@@ -27,11 +27,11 @@ less the protected CPUs, or the housekeeping set when nothing would be left.
 The driver's per-device work (its kernel threads, workqueues and mailbox IRQs,
 driverwork.py) goes to its NPU's IRQ CPUs instead.
 
-``host`` adds the other userspace tasks and the unbound workqueues' shared
-mask. ``task_target`` is the one rule for a task: its mask less the protected
+``host`` adds the other userspace tasks, the unbound workqueues' shared
+mask and the soft-lockup watchdog's CPUs. ``task_target`` is the one rule for a task: its mask less the protected
 CPUs, and nothing (left where it is, and reported) when that leaves no CPU:
-such a task was pinned there by its owner. The workqueues' mask follows
-``narrowed``, like an IRQ's.
+such a task was pinned there by its owner. The workqueues' and the watchdog's
+masks follow ``narrowed``, like an IRQ's.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ class IsolationPlan:
 
     @property
     def moves_tasks(self) -> bool:
-        """Whether this level changes other tasks' affinity and the unbound workqueues'
-        mask: ``host`` with something bound and somewhere to move to."""
+        """Whether this level changes other tasks' affinity, the unbound workqueues'
+        mask and the watchdog's: ``host`` with something bound and somewhere to move to."""
         return self.level == "host" and bool(self.protected) and bool(self.housekeeping)
 
     def to_json(self) -> dict:
@@ -226,9 +226,10 @@ _WHAT = {
     "host": {
         "protected": "no thread of the daemon, no tool it runs; no IRQ but its NPU's pinned SQ/CQ; no other "
                      "userspace task (each loses these CPUs, one started later within 100 ms) but the bound "
-                     "workers, their children, pid 1, kubelet's pods and the exempt; no unbound workqueue",
+                     "workers, their children, pid 1, kubelet's pods and the exempt; no unbound workqueue, no "
+                     "soft-lockup watchdog check",
         "housekeeping": "the daemon's threads and the tools it runs; the IRQs that would have no CPU left; the "
-                        "other tasks and the unbound workqueues keep the CPUs they had here",
+                        "other tasks, the unbound workqueues and the watchdog keep the CPUs they had here",
         "other": "unchanged (an IRQ or a task allowed here keeps it)",
     },
 }
