@@ -55,8 +55,12 @@ def _need_real_irqs() -> None:
 # ---------------------------------------------------------------- the host's masks
 
 
+WATCHDOG = "/proc/sys/kernel/watchdog_cpumask"
+
+
 def host_masks() -> dict[str, str]:
-    """Every IRQ's mask, the default for new IRQs and every workqueue mask, as text."""
+    """Every IRQ's mask, the default for new IRQs, every workqueue mask and the soft-lockup
+    watchdog's CPUs, as text."""
     out = {}
     for name in os.listdir("/proc/irq"):
         if name.isdigit():
@@ -67,13 +71,15 @@ def host_masks() -> dict[str, str]:
     for path in [wq / "cpumask", *wq.glob("*/cpumask")]:
         with contextlib.suppress(OSError):
             out[f"wq:{path.relative_to(wq)}"] = path.read_text().strip()
+    with contextlib.suppress(OSError):
+        out["watchdog"] = Path(WATCHDOG).read_text().strip()
     return out
 
 
 def _path(key: str) -> str:
     kind, _, rest = key.partition(":")
     return {"irq": f"/proc/irq/{rest}/smp_affinity", "default": "/proc/irq/default_smp_affinity",
-            "wq": f"/sys/devices/virtual/workqueue/{rest}"}[kind]
+            "wq": f"/sys/devices/virtual/workqueue/{rest}", "watchdog": WATCHDOG}[kind]
 
 
 def put_back(saved: dict[str, str]) -> None:

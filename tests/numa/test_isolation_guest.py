@@ -7,7 +7,8 @@ shows: every IRQ mask in /proc/irq, the per-CPU counts of /proc/interrupts while
 the guest's own devices are kept busy, the daemon's threads' masks in
 /proc/<pid>/task/*/status. Release, stop and ``kill -9`` plus a restart each put
 every mask back byte for byte. At ``host`` the neighbour's threads, those of a
-neighbour started after the bind too, leave those CPUs and come back on release.
+neighbour started after the bind too, and the soft-lockup watchdog's checks leave
+those CPUs and come back on release.
 
 Under emulation a Python step on a saturated vCPU takes minutes, so the neighbour
 runs only while something is measured under it: it is started before the daemon
@@ -277,6 +278,8 @@ def test_host_under_a_neighbour_moves_its_threads_and_a_late_ones_off_the_worker
         assert iso["level"] == "host" and protected <= frozenset(range(4)), iso
         assert_off_the_protected_cpus(iso)
         assert set(thread_cpus(d.pid).values()) == {parse_cpulist(iso["housekeeping"])}
+        # the soft-lockup watchdog's stopper task leaves them too
+        assert parse_cpulist(changed(masks)["watchdog"][1]) == STARTED_ON - protected, changed(masks)
         # the neighbour's threads, and those of one started after the bind, leave the worker's CPUs
         assert wait_for(lambda: not any(c & protected for c in task_cpus(neighbour).values()), SLOW), \
             task_cpus(neighbour)
