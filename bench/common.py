@@ -56,10 +56,11 @@ def write_json(path: str | None, payload: dict) -> None:
         json.dump(payload, fh, indent=1)
 
 
-def results_from_guest(argv: Callable[[str], list[str]], result: str, *, timeout: float = 3600) -> dict | None:
+def results_from_guest(argv: Callable[[str], list[str]], result: str, *, timeout: float = 3600,
+                       on_line: Callable | None = None) -> dict | None:
     """Boot the two-node guest (tests/numa_guest.py), run ``argv(out)`` there (``out``: the
     directory the guest may write) and return the JSON it left in ``out/result``; None, with
-    why on stderr, when the guest cannot boot or wrote none."""
+    why on stderr, when the guest cannot boot or wrote none. ``on_line``: run_in_guest's."""
     from tests.numa_guest import TOPOLOGIES, run_in_guest, why_not
 
     why = why_not()
@@ -68,7 +69,7 @@ def results_from_guest(argv: Callable[[str], list[str]], result: str, *, timeout
         return None
     with tempfile.TemporaryDirectory(prefix="bench-guest-") as out:
         os.chmod(out, 0o755)
-        proc = run_in_guest(TOPOLOGIES["2node"], argv(out), out_dir=out, timeout=timeout)
+        proc = run_in_guest(TOPOLOGIES["2node"], argv(out), out_dir=out, timeout=timeout, on_line=on_line)
         path = os.path.join(out, result)
         if not os.path.exists(path):
             sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])

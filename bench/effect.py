@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from ascendbind.values.cpulist import format_cpulist  # noqa: E402
 from bench.common import results_from_guest, write_json  # noqa: E402
-from bench.effect_parts import (ROLE_THREADS, ROLES, StandInProc, fmt_ratio, latency_summary,  # noqa: E402,F401
-                                log_histogram, migration_cut, percentile, pin_all, ratio)
+from bench.effect_parts import (MARK, ROLE_THREADS, ROLES, StandInProc, VcpuDelay, fmt_ratio,  # noqa: E402,F401
+                                latency_summary, log_histogram, migration_cut, percentile, pin_all, ratio)
 from bench.neighbour import Neighbour  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for  # noqa: E402
 from tests.workers import cpus_allowed_of  # noqa: E402
@@ -150,7 +150,11 @@ def _measure(arm: str, args, daemon: DaemonProc, w: StandInProc, tmp: str, tag: 
     exported0 = exported(daemon, w.pid) if arm in LEVELS else None
     before = w.counters()
     path = os.path.join(tmp, f"{tag}.bin")
+    if args.in_guest:  # for the watcher of the emulator's threads outside (VcpuDelay)
+        print(f"{MARK} {tag} start", flush=True)
     _, steps, wall = w.ask(f"run {args.seconds / args.rounds} {path}").split()
+    if args.in_guest:
+        print(f"{MARK} {tag} end", flush=True)
     after = w.counters()
     if exported0 is not None:  # what the daemon exports for the same threads over the same run
         exported1 = exported(daemon, w.pid)
@@ -357,6 +361,7 @@ def report(res: dict, args) -> None:
         print(f"role threads (main, acl_thread, release_thread) bound by the daemon migrate {100 * cut:.1f} % less "
               f"than unbound (goal >= {100 * GOAL_MIGRATION_CUT:.0f} %: {verdict})")
     print(f"p99 step latency bound / unbound = {fmt_ratio(rat['daemon']['p99'])}; below 1 is faster")
+    emulator_waits(res)
     for arm, r in res.get("ratios_to_bound", {}).items():
         nv, rd = r["role_nonvoluntary"], r["role_run_delay"]
         line = (f"{arm} / bound alone, role threads: involuntary switches {fmt_ratio(nv)}, run delay {fmt_ratio(rd)}, "
@@ -365,6 +370,23 @@ def report(res: dict, args) -> None:
             ok = nv is not None and rd is not None and nv <= GOAL_HOST_SHARE and rd <= GOAL_HOST_SHARE
             line += f" (goal <= {GOAL_HOST_SHARE:.2f}x both: {'met' if ok else 'MISSED'})"
         print(line)
+
+
+def emulator_waits(res: dict) -> None:
+    """Beside the role threads' run delay in the guest, the run-queue wait of the vCPUs
+    they run on, on the host running the emulator (VcpuDelay)."""
+    plan = res["plan"]
+    roles = sorted(set(plan["main"]) | set(plan["acl"]) | set(plan["release"]))
+    for arm, e in (res.get("emulator") or {}).items():
+        if arm not in res["arms"]:
+            continue
+        waits = {int(c): v for c, v in e["run_delay_ms_per_s"].items()}
+        mine = sum(waits.get(c, 0.0) for c in roles)
+        rest = [v for c, v in waits.items() if c not in roles]
+        guest = role_sum(res["arms"][arm], "run_delay_ms_per_s")
+        print(f"emulator, {arm}: vCPUs {format_cpulist(roles)} waited {mine:.1f} ms/s on this host's run queues "
+              f"(the other vCPUs {sum(rest) / max(len(rest), 1):.1f} ms/s each); the role threads' run delay "
+              f"in the guest {guest:.1f} ms/s")
 
 
 def in_the_guest(args) -> dict | None:
@@ -379,7 +401,11 @@ def in_the_guest(args) -> dict | None:
             cmd += ["--neighbour-procs", str(args.neighbour_procs)]
         return cmd
 
-    return results_from_guest(argv, "effect.json")
+    vcpus = VcpuDelay()
+    res = results_from_guest(argv, "effect.json", on_line=vcpus.on_line)
+    if res is not None:
+        res["emulator"] = vcpus.result()
+    return res
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,3 +148,83 @@ def pin_all(pid: int, cpus: frozenset[int]) -> None:
             raise RuntimeError(f"thread {name} of {pid} kept {os.sched_getaffinity(int(name))}, not {cpus}")
 
 
+
+
+# ---------------------------------------------------------------- the emulator's side
+
+MARK = "@@effect-arm"  # the in-guest bench's line before and after each measured run
+
+
+class VcpuDelay:
+    """What the host running the guest's emulator shows of each vCPU while an arm runs.
+
+    Under software emulation every vCPU is a thread of QEMU on this host (named ``CPU
+    N/TCG`` with ``-name debug-threads=on``); its run-queue wait here is time the guest
+    cannot see as lost: a task the guest woke on that vCPU waits meanwhile, and the
+    guest books it as that task's run delay. The in-guest bench prints ``MARK <tag>
+    start|end`` around each measured run; each line as it arrives (``on_line``) reads
+    every vCPU thread's schedstat, and the waits between a start and its end add up per
+    arm (the tag's part before ``-<round>``)."""
+
+    def __init__(self) -> None:
+        self.qemu: int | None = None
+        self.threads: dict[int, int] = {}  # vCPU -> thread id
+        self.open: dict[str, tuple[float, dict[int, int]]] = {}
+        self.arms: dict[str, dict] = {}
+
+    def on_line(self, proc: subprocess.Popen, line: str) -> None:
+        words = line.split()
+        if len(words) != 3 or words[0] != MARK or words[2] not in ("start", "end"):
+            return
+        if not self.threads:
+            self._find(proc.pid)
+        now, waits = time.monotonic(), self._waits()
+        tag = words[1]
+        if words[2] == "start":
+            self.open[tag] = (now, waits)
+            return
+        if tag not in self.open:
+            return
+        t0, before = self.open.pop(tag)
+        arm = self.arms.setdefault(tag.rsplit("-", 1)[0], {"wall_s": 0.0, "wait_ns": {}})
+        arm["wall_s"] += now - t0
+        for cpu, ns in waits.items():
+            if cpu in before:
+                arm["wait_ns"][cpu] = arm["wait_ns"].get(cpu, 0) + ns - before[cpu]
+
+    def result(self) -> dict[str, dict]:
+        """arm -> {"wall_s", "run_delay_ms_per_s": {vCPU: ms of wait a second}}."""
+        return {arm: {"wall_s": round(a["wall_s"], 3),
+                      "run_delay_ms_per_s": {str(c): round(ns / 1e6 / a["wall_s"], 3)
+                                             for c, ns in sorted(a["wait_ns"].items())}}
+                for arm, a in self.arms.items() if a["wall_s"] > 0}
+
+    def _find(self, session: int) -> None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.getsid(int(name)) != session:
+                    continue
+                with open(f"/proc/{name}/comm") as fh:
+                    if not fh.read().startswith("qemu-system"):
+                        continue
+                for tid in os.listdir(f"/proc/{name}/task"):
+                    with open(f"/proc/{name}/task/{tid}/comm") as fh:
+                        comm = fh.read().strip()
+                    if comm.startswith("CPU ") and comm.endswith("/TCG"):
+                        self.threads[int(comm[4:-4])] = int(tid)
+                self.qemu = int(name)
+                return
+            except (OSError, ValueError):
+                continue
+
+    def _waits(self) -> dict[int, int]:
+        out = {}
+        for cpu, tid in self.threads.items():
+            try:
+                with open(f"/proc/{self.qemu}/task/{tid}/schedstat") as fh:
+                    out[cpu] = int(fh.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+        return out

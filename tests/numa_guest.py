@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +95,9 @@ def why_not() -> str | None:
 
 def vng_argv(topology: Topology, command: str, rwdir: str) -> list[str]:
     argv = [_vng() or "vng", "--disable-kvm", "--force-9p", "--run", kernel_image() or "",
-            "--cpus", str(topology.cpus), "--memory", topology.memory, "--rwdir", rwdir, "--cwd", ROOT]
+            "--cpus", str(topology.cpus), "--memory", topology.memory, "--rwdir", rwdir, "--cwd", ROOT,
+            # QEMU names its threads ("CPU 3/TCG"): a bench can read each vCPU's own schedstat
+            "--qemu-opts=-name virtme-ng,debug-threads=on"]
     for node in topology.numa:
         argv += ["--numa", node]
     for d in topology.distances:
@@ -103,9 +106,12 @@ def vng_argv(topology: Topology, command: str, rwdir: str) -> list[str]:
 
 
 def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeout: float = 1200.0,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+                 env: dict[str, str] | None = None,
+                 on_line: Callable[[subprocess.Popen, str], None] | None = None) -> subprocess.CompletedProcess:
     """Boot ``topology`` and run ``command`` (argv) in the checkout, with ``env`` and
-    ``NUMA_GUEST_TOPOLOGY=<name>`` set; ``out_dir`` is writable from the guest."""
+    ``NUMA_GUEST_TOPOLOGY=<name>`` set; ``out_dir`` is writable from the guest.
+    ``on_line`` is called with the vng process and each line of the command's stdout
+    as the guest prints it (a bench marking its phases for a watcher outside)."""
     exports = {GUEST_ENV: topology.name, "NUMA_GUEST_OUT": out_dir, "PYTHONDONTWRITEBYTECODE": "1",
                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **(env or {})}
     # vng runs the command through the guest's shell: quote every word
@@ -117,7 +123,7 @@ def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeou
     with _RUNNING_LOCK:
         _RUNNING.add(proc)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = _communicate(proc, timeout, on_line)
     except subprocess.TimeoutExpired:
         _kill(proc)
         out, err = proc.communicate()
@@ -129,6 +135,28 @@ def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeou
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _communicate(proc: subprocess.Popen, timeout: float,
+                 on_line: Callable[[subprocess.Popen, str], None] | None) -> tuple[str, str]:
+    if on_line is None:
+        return proc.communicate(timeout=timeout)
+    lines: list[str] = []
+    err: list[str] = []
+
+    def read_out() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            on_line(proc, line)
+
+    readers = [threading.Thread(target=read_out, daemon=True),
+               threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
+    for t in readers:
+        t.start()
+    proc.wait(timeout)  # TimeoutExpired: the caller kills the guest, which ends both readers
+    for t in readers:
+        t.join()
+    return "".join(lines), "".join(err)
 
 
 _RUNNING: set[subprocess.Popen] = set()

@@ -185,3 +185,61 @@ def test_make_bench_keeps_the_sections_written_by_hand_where_they_were():
     assert set(headings) == {line for line in page.splitlines() if line.startswith("## ")} | {
         "## Memory placement on a two-node kernel"}
     assert report.keep_written_by_hand(page, "") == page
+
+
+# a stand-in for the emulator: a process named like QEMU with two threads named like its vCPUs,
+# "CPU 0/TCG" spinning on CPU 0 beside a second spinner there (so it waits on the run queue half
+# the time), "CPU 1/TCG" asleep; it says "ready" once every thread is named and placed
+_EMULATOR = r"""
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None)
+libc.prctl(15, b"qemu-system-x86", 0, 0, 0)
+named = threading.Barrier(4)
+def thread(name, spin):
+    libc.prctl(15, name, 0, 0, 0)
+    if spin:
+        os.sched_setaffinity(0, {0})
+    named.wait()
+    while spin:
+        pass
+    sys.stdin.read()
+threading.Thread(target=thread, args=(b"CPU 0/TCG", True), daemon=True).start()
+threading.Thread(target=thread, args=(b"CPU 1/TCG", False), daemon=True).start()
+threading.Thread(target=thread, args=(b"contender", True), daemon=True).start()
+named.wait()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_emulators_vcpu_threads_are_found_by_name_and_their_waits_added_up_per_arm():
+    import subprocess
+    import sys
+
+    from bench.effect_parts import MARK, VcpuDelay
+
+    # the vng process's session: here, a session whose leader is the emulator itself
+    proc = subprocess.Popen([sys.executable, "-c", _EMULATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        v = VcpuDelay()
+        v.on_line(proc, "some other line of the bench\n")
+        assert v.threads == {}  # only a mark makes it look
+        for tag in ("host-0", "host-1", "daemon-0"):
+            v.on_line(proc, f"{MARK} {tag} start\n")
+            # CPU 0's two spinners take turns: wait until "CPU 0/TCG" has waited since the start
+            assert wait_for(lambda: v._waits()[0] > v.open[tag][1][0], 30, 0.01)
+            v.on_line(proc, f"{MARK} {tag} end\n")
+        v.on_line(proc, f"{MARK} never-0 end\n")  # an end without its start is not counted
+        v.on_line(proc, f"{MARK} host-2 start later\n")  # nor a line that is not a mark
+        assert v.qemu == proc.pid and set(v.threads) == {0, 1}
+        for cpu, tid in v.threads.items():
+            assert _comm(proc.pid, tid) == f"CPU {cpu}/TCG"
+        out = v.result()
+        assert set(out) == {"host", "daemon"} and out["host"]["wall_s"] > 0
+        assert out["host"]["run_delay_ms_per_s"]["0"] > 0 and out["daemon"]["run_delay_ms_per_s"]["0"] > 0
+        assert out["host"]["run_delay_ms_per_s"]["1"] == 0  # asleep throughout: never on a run queue
+    finally:
+        proc.kill()
+        proc.wait()
