@@ -3,7 +3,7 @@ and, on a two-node kernel, bound with the rest of the host fenced off.
 
     .venv/bin/python bench/effect.py [--seconds 30] [--rounds 3] [--helpers 4]
         [--neighbour auto|stress-ng|spin|none] [--neighbour-procs N] [--guest] [--json PATH]
-        [--release-every N] [--plots PREFIX] [--from-json PATH]
+        [--release-every N] [--trace] [--plots PREFIX] [--from-json PATH]
 
 The stand-in (bench/stand_in.py) has the real worker's shape: a main thread
 handing small steps to an ``acl_thread`` over a pipe and waiting for each, a
@@ -38,6 +38,13 @@ delay (bench/effect_parts.py) per second; per arm: step latency p50 / p99 /
 p99.9 and steps per second; then the ratios of each arm to unbound and, in
 the guest, of each isolation arm to ``daemon`` (bound alone).
 
+In the guest it also reads, on this host, how long each vCPU's QEMU thread
+waited for one of this host's cores while each arm ran (``VcpuDelay``): a task
+the guest wakes on a vCPU waits meanwhile, and the guest books it as that
+task's run delay. ``--trace`` records the guest kernel's scheduler events on the
+worker's CPUs during each bound arm and says what preempted the role threads
+and what their wake-ups waited for (bench/effect_trace.py).
+
 On the fixture host the NPU's pool is every online CPU, so ``pool`` equals
 ``unbound`` there; ``--host-npu-smi`` uses the host's own npu-smi instead, where
 a pool is the NPU's NUMA-local CPUs. Software emulation makes every guest figure
@@ -63,6 +70,7 @@ from ascendbind.values.cpulist import format_cpulist  # noqa: E402
 from bench.common import results_from_guest, write_json  # noqa: E402
 from bench.effect_parts import (MARK, ROLE_THREADS, ROLES, StandInProc, VcpuDelay, fmt_ratio,  # noqa: E402,F401
                                 latency_summary, log_histogram, migration_cut, percentile, pin_all, ratio)
+from bench.effect_trace import SchedTrace, attribute, merge  # noqa: E402
 from bench.neighbour import Neighbour  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for  # noqa: E402
 from tests.workers import cpus_allowed_of  # noqa: E402
@@ -150,11 +158,18 @@ def _measure(arm: str, args, daemon: DaemonProc, w: StandInProc, tmp: str, tag: 
     exported0 = exported(daemon, w.pid) if arm in LEVELS else None
     before = w.counters()
     path = os.path.join(tmp, f"{tag}.bin")
+    trace = None
+    if args.in_guest and args.trace and arm in LEVELS:  # the scheduler on the CPUs the role threads may use
+        trace = SchedTrace(set().union(*(cpus_allowed_of(w.pid, t) for r in ROLE_THREADS for t in w.tids[r])))
+        trace.start()
     if args.in_guest:  # for the watcher of the emulator's threads outside (VcpuDelay)
         print(f"{MARK} {tag} start", flush=True)
     _, steps, wall = w.ask(f"run {args.seconds / args.rounds} {path}").split()
     if args.in_guest:
         print(f"{MARK} {tag} end", flush=True)
+    if trace is not None:
+        roles = {t: r for r in ROLE_THREADS for t in w.tids[r]}
+        acc["trace"] = merge(acc.get("trace"), attribute(trace.stop(), roles))
     after = w.counters()
     if exported0 is not None:  # what the daemon exports for the same threads over the same run
         exported1 = exported(daemon, w.pid)
@@ -201,6 +216,7 @@ def arm_result(arm: str, acc: dict, n_helpers: int) -> dict:
         "bind_ms": acc["bind_ms"],
         # the daemon's own figures for the same threads, against the bench's readings (1.0: agree)
         "exported": exported_result(acc.get("exported", (0, 0, 0, 0)), wall),
+        "trace": acc.get("trace"),  # with --trace: what preempted the role threads (effect_trace.py)
     }
 
 
@@ -362,6 +378,7 @@ def report(res: dict, args) -> None:
               f"than unbound (goal >= {100 * GOAL_MIGRATION_CUT:.0f} %: {verdict})")
     print(f"p99 step latency bound / unbound = {fmt_ratio(rat['daemon']['p99'])}; below 1 is faster")
     emulator_waits(res)
+    traced(res)
     for arm, r in res.get("ratios_to_bound", {}).items():
         nv, rd = r["role_nonvoluntary"], r["role_run_delay"]
         line = (f"{arm} / bound alone, role threads: involuntary switches {fmt_ratio(nv)}, run delay {fmt_ratio(rd)}, "
@@ -389,6 +406,28 @@ def emulator_waits(res: dict) -> None:
               f"in the guest {guest:.1f} ms/s")
 
 
+def traced(res: dict) -> None:
+    """With --trace: per bound arm, what preempted the role threads, what their wake-ups
+    waited for, and what else ran on their CPUs."""
+    for arm, r in res["arms"].items():
+        t = r.get("trace")
+        if not t:
+            continue
+        by = ", ".join(f"{k} {v}" for k, v in t["preempted_by"].items()) or "nothing"
+        soft = ", ".join(f"{k} {v}" for k, v in t["ksoftirqd_ran"].items()) or "nothing"
+        print(f"trace, {arm}: role threads preempted by {by}; ksoftirqd ran {soft}")
+        n = sum(w["count"] for w in t["wakeups"].values())
+        wait = sum(w["wait_s"] for w in t["wakeups"].values())
+        soft_s = sum(w["in_softirq_s"] for w in t["wakeups"].values())
+        if n:
+            print(f"trace, {arm}: {n} wake-ups of role threads, {1e6 * wait / n:.1f} us each from wake-up to "
+                  f"running, {100 * soft_s / wait if wait else 0:.1f} % of it in softirqs on that CPU")
+        others = sorted(t["others"].items(), key=lambda kv: -kv[1]["ran_s"])[:6]
+        print(f"trace, {arm}: others on those CPUs (switched in, ran s): "
+              + (", ".join(f"{k} {v['switched_in']} / {v['ran_s']:.3f}" for k, v in others) or "none")
+              + "; work items: " + (", ".join(f"{k} {v}" for k, v in list(t["work_items"].items())[:5]) or "none"))
+
+
 def in_the_guest(args) -> dict | None:
     """Boot the two-node guest and run this bench there; its JSON comes back through the
     guest's writable directory."""
@@ -396,7 +435,7 @@ def in_the_guest(args) -> dict | None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--in-guest", "--json", os.path.join(out, "effect.json"),
                "--seconds", str(args.seconds), "--rounds", str(args.rounds), "--helpers", str(args.helpers),
                "--work", str(args.work), "--warm", str(args.warm), "--neighbour", args.neighbour,
-               "--release-every", str(args.release_every)]
+               "--release-every", str(args.release_every)] + (["--trace"] if args.trace else [])
         if args.neighbour_procs is not None:
             cmd += ["--neighbour-procs", str(args.neighbour_procs)]
         return cmd
@@ -426,12 +465,17 @@ def main(argv=None) -> int:
     ap.add_argument("--guest", action="store_true",
                     help="run in the two-node QEMU guest, with the isolation arms (irqs, host)")
     ap.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--trace", action="store_true",
+                    help="with --guest: trace the scheduler on the worker's CPUs while each bound arm runs, and say "
+                         "what preempted the role threads and what their wake-ups waited for (bench/effect_trace.py)")
     ap.add_argument("--json", help="also write the results as JSON to this path ('-': stdout)")
     ap.add_argument("--plots", metavar="PREFIX",
                     help="also draw the latency and per-thread plots to PREFIX_latency.png, PREFIX_threads.png "
                          "(needs matplotlib: pip install -e '.[bench]')")
     ap.add_argument("--from-json", metavar="PATH", help="report and draw a saved run instead of measuring")
     args = ap.parse_args(argv)
+    if args.trace and not (args.guest or args.in_guest):
+        ap.error("--trace needs --guest: tracing is host-wide, so it runs in the disposable guest only")
     if args.seconds <= 0 or args.rounds < 1 or args.helpers < 0 or args.work < 0 or args.release_every < 0:
         ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0, --release-every >= 0")
     if args.from_json:

@@ -243,3 +243,59 @@ def test_the_emulators_vcpu_threads_are_found_by_name_and_their_waits_added_up_p
     finally:
         proc.kill()
         proc.wait()
+
+
+# a trace as the 6.1 kernel prints it: role threads 810 (main, CPU 1) and 812 (acl_thread, CPU 3)
+_TRACE = """\
+# tracer: nop
+          <idle>-0       [003] d..2.   100.000000: sched_wakeup: comm=acl_thread pid=812 prio=120 target_cpu=003
+          <idle>-0       [003] ..s1.   100.000010: softirq_entry: vec=7 [action=SCHED]
+          <idle>-0       [003] ..s1.   100.000050: softirq_exit: vec=7 [action=SCHED]
+          <idle>-0       [003] d..2.   100.000100: sched_switch: prev_comm=swapper/3 prev_pid=0 prev_prio=120 \
+prev_state=R ==> next_comm=acl_thread next_pid=812 next_prio=120
+      acl_thread-812     [003] d..2.   100.000200: sched_switch: prev_comm=acl_thread prev_pid=812 prev_prio=120 \
+prev_state=R ==> next_comm=ksoftirqd/3 next_pid=30 next_prio=120
+     ksoftirqd/3-30      [003] ..s1.   100.000210: softirq_entry: vec=7 [action=SCHED]
+     ksoftirqd/3-30      [003] ..s1.   100.000290: softirq_exit: vec=7 [action=SCHED]
+     ksoftirqd/3-30      [003] d..2.   100.000300: sched_switch: prev_comm=ksoftirqd/3 prev_pid=30 prev_prio=120 \
+prev_state=S ==> next_comm=acl_thread next_pid=812 next_prio=120
+      acl_thread-812     [003] d..2.   100.000400: sched_switch: prev_comm=acl_thread prev_pid=812 prev_prio=120 \
+prev_state=S ==> next_comm=swapper/3 next_pid=0 next_prio=120
+      acl_thread-812     [003] d..3.   100.000390: sched_wakeup: comm=stand_in_main pid=810 prio=120 target_cpu=001
+          <idle>-0       [001] d..2.   100.000590: sched_switch: prev_comm=swapper/1 prev_pid=0 prev_prio=120 \
+prev_state=R ==> next_comm=stand_in_main next_pid=810 next_prio=120
+   stand_in_main-810     [001] d..2.   100.001000: sched_switch: prev_comm=stand_in_main prev_pid=810 prev_prio=120 \
+prev_state=R+ ==> next_comm=kworker/1:1 next_pid=44 next_prio=120
+     kworker/1:1-44      [001] .....   100.001010: workqueue_execute_start: work struct 00000000c0ffee00: \
+function vmstat_update
+     kworker/1:1-44      [001] d..2.   100.001100: sched_switch: prev_comm=kworker/1:1 prev_pid=44 prev_prio=120 \
+prev_state=I ==> next_comm=stand_in_main next_pid=810 next_prio=120
+not a trace line at all
+"""
+
+
+def test_a_trace_says_who_preempted_the_role_threads_and_what_their_wake_ups_waited_for():
+    from bench.effect_trace import attribute, merge
+
+    lines = _TRACE.replace("\\\n", "").splitlines(keepends=True)
+    out = attribute(lines, {810: "main", 812: "acl"})
+    # acl_thread runnable, switched out for ksoftirqd; main (R+) for a kworker
+    assert out["preempted_by"] == {"ksoftirqd": 1, "kworker": 1}
+    assert out["ksoftirqd_ran"] == {"SCHED": 1}
+    # acl woken at .000000, ran at .000100, 40 us of it in a softirq on CPU 3; main 200 us, none
+    assert out["wakeups"]["acl"] == {"count": 1, "wait_s": 0.0001, "in_softirq_s": 0.00004}
+    assert out["wakeups"]["main"] == {"count": 1, "wait_s": 0.0002, "in_softirq_s": 0.0}
+    assert out["others"] == {"ksoftirqd": {"switched_in": 1, "ran_s": 0.0001},
+                             "kworker": {"switched_in": 1, "ran_s": 0.0001}}
+    assert out["work_items"] == {"vmstat_update": 1}
+    twice = merge(merge(None, out), out)
+    assert twice["preempted_by"] == {"ksoftirqd": 2, "kworker": 2} and twice["wakeups"]["acl"]["count"] == 2
+    assert twice["others"]["kworker"] == {"switched_in": 2, "ran_s": 0.0002}
+
+
+def test_trace_is_refused_outside_the_guest():
+    from bench.effect import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--trace", "--seconds", "1"])
+    assert e.value.code == 2
