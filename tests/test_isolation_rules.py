@@ -163,6 +163,8 @@ def test_plan_explain_at_host_says_what_the_level_does_to_other_tasks_cpu_by_cpu
     assert code == 0 and f"isolation host: housekeeping CPUs {pairs(0, 24, 8)} (auto), protected CPUs 122-143" in out
     assert "no other userspace task" in out and "no unbound workqueue" in out and "pid 1" in out
     assert "no soft-lockup watchdog check" in out
+    assert "left to the kernel: unless it isolates CPUs 122-143 from boot (isolcpus=domain,managed_irq,122-143 " \
+           "nohz_full=122-143)" in out
     assert "CPU 122-141  protected     NPU 3 main" in out
     facts, plans, cfg = fixture_plans("a2-8x910b3", [3], isolation="host")
     iso = plan_isolation(facts, plans, cfg)

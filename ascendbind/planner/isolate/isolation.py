@@ -267,6 +267,11 @@ def explain_isolation(iso: IsolationPlan) -> str:
         lines += [f"  {cls} CPUs: {what}" for cls, what in _WHAT[level].items() if any(g[1] == cls for g in groups)]
         width = max(len(c) for c, _, _ in groups)
         lines += [f"  CPU {cpus:<{width}}  {cls:<12}  {role}" for cpus, cls, role in groups]
+        if level == "host":
+            cpus = format_cpulist(iso.protected)
+            lines.append(f"  left to the kernel: unless it isolates CPUs {cpus} from boot (isolcpus=domain,managed_irq,"
+                         f"{cpus} nohz_full={cpus}), its load balancing and per-CPU work (ksoftirqd, per-CPU "
+                         f"kworkers such as the vmstat update) still run there")
     lines += [f"  warning: {w}" for w in iso.warnings]
     if iso.error is not None:
         verdict = "a bind is refused" if iso.level != "off" else "the daemon's threads stay where they started"
