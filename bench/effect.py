@@ -134,6 +134,9 @@ def run_arm(arm: str, args, daemon: DaemonProc, pool: frozenset[int], tmp: str, 
         if arm in LEVELS:
             with neighbour.paused():
                 daemon.client.release(pid=w.pid)
+                if "trace_lines" in acc:
+                    roles = {t: r for r in ROLE_THREADS for t in w.tids[r]}
+                    acc["trace"] = merge(acc.get("trace"), attribute(acc.pop("trace_lines"), roles))
     finally:
         with neighbour.paused():
             w.close()
@@ -167,9 +170,8 @@ def _measure(arm: str, args, daemon: DaemonProc, w: StandInProc, tmp: str, tag: 
     _, steps, wall = w.ask(f"run {args.seconds / args.rounds} {path}").split()
     if args.in_guest:
         print(f"{MARK} {tag} end", flush=True)
-    if trace is not None:
-        roles = {t: r for r in ROLE_THREADS for t in w.tids[r]}
-        acc["trace"] = merge(acc.get("trace"), attribute(trace.stop(), roles))
+    if trace is not None:  # read once the neighbour is paused: Python on a saturated vCPU crawls
+        acc["trace_lines"] = trace.stop()
     after = w.counters()
     if exported0 is not None:  # what the daemon exports for the same threads over the same run
         exported1 = exported(daemon, w.pid)
