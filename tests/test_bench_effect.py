@@ -226,6 +226,16 @@ def test_the_emulators_vcpu_threads_are_found_by_name_and_their_waits_added_up_p
         v = VcpuDelay()
         v.on_line(proc, "some other line of the bench\n")
         assert v.threads == {}  # only a mark makes it look
+        asleep = next(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if _comm(proc.pid, int(t)) == "CPU 1/TCG")
+
+        def in_its_read(tid: int) -> bool:
+            # asleep, and not on a futex (the GIL, the barrier): in the read of a pipe nobody writes
+            with open(f"/proc/{proc.pid}/task/{tid}/stat") as fh:
+                state = fh.read().rpartition(")")[2].split()[0]
+            with open(f"/proc/{proc.pid}/task/{tid}/wchan") as fh:
+                return state == "S" and not fh.read().startswith("futex")
+
+        assert wait_for(lambda: in_its_read(asleep), 30, 0.01)  # from here on it never runs
         for tag in ("host-0", "host-1", "daemon-0"):
             v.on_line(proc, f"{MARK} {tag} start\n")
             # CPU 0's two spinners take turns: wait until "CPU 0/TCG" has waited since the start
