@@ -66,7 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ascendbind.values.cpulist import format_cpulist  # noqa: E402
+from ascendbind.values.cpulist import format_cpulist, parse_cpulist  # noqa: E402
 from bench.common import results_from_guest, write_json  # noqa: E402
 from bench.effect_parts import (MARK, ROLE_THREADS, ROLES, StandInProc, VcpuDelay, fmt_ratio,  # noqa: E402,F401
                                 latency_summary, log_histogram, migration_cut, percentile, pin_all, ratio)
@@ -396,6 +396,8 @@ def emulator_waits(res: dict) -> None:
     they run on, on the host running the emulator (VcpuDelay)."""
     plan = res["plan"]
     roles = sorted(set(plan["main"]) | set(plan["acl"]) | set(plan["release"]))
+    if res["params"].get("favour_vcpus"):
+        print(f"emulator: vCPUs {res['params']['favour_vcpus']} ran at nice -10 on this host in every arm")
     for arm, e in (res.get("emulator") or {}).items():
         if arm not in res["arms"]:
             continue
@@ -442,10 +444,11 @@ def in_the_guest(args) -> dict | None:
             cmd += ["--neighbour-procs", str(args.neighbour_procs)]
         return cmd
 
-    vcpus = VcpuDelay()
+    vcpus = VcpuDelay(favour=parse_cpulist(args.favour_vcpus) if args.favour_vcpus else frozenset())
     res = results_from_guest(argv, "effect.json", on_line=vcpus.on_line)
     if res is not None:
         res["emulator"] = vcpus.result()
+        res["params"]["favour_vcpus"] = args.favour_vcpus
     return res
 
 
@@ -467,6 +470,9 @@ def main(argv=None) -> int:
     ap.add_argument("--guest", action="store_true",
                     help="run in the two-node QEMU guest, with the isolation arms (irqs, host)")
     ap.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--favour-vcpus", metavar="CPULIST",
+                    help="with --guest: run these vCPUs' QEMU threads at nice -10 on this host in every arm (an "
+                         "experiment: the worker's vCPUs get something like cores of their own)")
     ap.add_argument("--trace", action="store_true",
                     help="with --guest: trace the scheduler on the worker's CPUs while each bound arm runs, and say "
                          "what preempted the role threads and what their wake-ups waited for (bench/effect_trace.py)")
@@ -478,6 +484,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.trace and not (args.guest or args.in_guest):
         ap.error("--trace needs --guest: tracing is host-wide, so it runs in the disposable guest only")
+    if args.favour_vcpus and not args.guest:
+        ap.error("--favour-vcpus needs --guest")
+    if args.favour_vcpus:
+        try:
+            parse_cpulist(args.favour_vcpus)
+        except ValueError as exc:
+            ap.error(f"--favour-vcpus: {exc}")
     if args.seconds <= 0 or args.rounds < 1 or args.helpers < 0 or args.work < 0 or args.release_every < 0:
         ap.error("need --seconds > 0, --rounds >= 1, --helpers >= 0, --work >= 0, --release-every >= 0")
     if args.from_json:

@@ -164,9 +164,12 @@ class VcpuDelay:
     guest books it as that task's run delay. The in-guest bench prints ``MARK <tag>
     start|end`` around each measured run; each line as it arrives (``on_line``) reads
     every vCPU thread's schedstat, and the waits between a start and its end add up per
-    arm (the tag's part before ``-<round>``)."""
+    arm (the tag's part before ``-<round>``). ``favour``: vCPUs whose threads run at a
+    higher priority here (``nice``) from the first mark on, in every arm alike: an
+    experiment that lends those vCPUs something like cores of their own."""
 
-    def __init__(self) -> None:
+    def __init__(self, favour: frozenset[int] = frozenset(), nice: int = -10) -> None:
+        self.favour, self.nice = favour, nice  # vCPUs whose threads get ``nice`` here, once found
         self.qemu: int | None = None
         self.threads: dict[int, int] = {}  # vCPU -> thread id
         self.open: dict[str, tuple[float, dict[int, int]]] = {}
@@ -178,6 +181,8 @@ class VcpuDelay:
             return
         if not self.threads:
             self._find(proc.pid)
+            for cpu in self.favour & set(self.threads):
+                os.setpriority(os.PRIO_PROCESS, self.threads[cpu], self.nice)
         now, waits = time.monotonic(), self._waits()
         tag = words[1]
         if words[2] == "start":

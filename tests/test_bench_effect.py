@@ -223,7 +223,7 @@ def test_the_emulators_vcpu_threads_are_found_by_name_and_their_waits_added_up_p
                             text=True, start_new_session=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        v = VcpuDelay()
+        v = VcpuDelay(favour=frozenset({1, 7}))  # no vCPU 7 here: favoured where it exists
         v.on_line(proc, "some other line of the bench\n")
         assert v.threads == {}  # only a mark makes it look
         asleep = next(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if _comm(proc.pid, int(t)) == "CPU 1/TCG")
@@ -246,6 +246,8 @@ def test_the_emulators_vcpu_threads_are_found_by_name_and_their_waits_added_up_p
         assert v.qemu == proc.pid and set(v.threads) == {0, 1}
         for cpu, tid in v.threads.items():
             assert _comm(proc.pid, tid) == f"CPU {cpu}/TCG"
+        assert os.getpriority(os.PRIO_PROCESS, v.threads[1]) == -10  # favoured at the first mark
+        assert os.getpriority(os.PRIO_PROCESS, v.threads[0]) == 0
         out = v.result()
         assert set(out) == {"host", "daemon"} and out["host"]["wall_s"] > 0
         assert out["host"]["run_delay_ms_per_s"]["0"] > 0 and out["daemon"]["run_delay_ms_per_s"]["0"] > 0
@@ -303,9 +305,10 @@ def test_a_trace_says_who_preempted_the_role_threads_and_what_their_wake_ups_wai
     assert twice["others"]["kworker"] == {"switched_in": 2, "ran_s": 0.0002}
 
 
-def test_trace_is_refused_outside_the_guest():
+@pytest.mark.parametrize("argv", [["--trace"], ["--favour-vcpus", "0-3"], ["--guest", "--favour-vcpus", "3-x"]])
+def test_guest_only_options_are_refused_outside_the_guest_or_malformed(argv):
     from bench.effect import main
 
     with pytest.raises(SystemExit) as e:
-        main(["--trace", "--seconds", "1"])
+        main([*argv, "--seconds", "1"])
     assert e.value.code == 2
