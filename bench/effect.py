@@ -419,7 +419,8 @@ def traced(res: dict) -> None:
             continue
         by = ", ".join(f"{k} {v}" for k, v in t["preempted_by"].items()) or "nothing"
         soft = ", ".join(f"{k} {v}" for k, v in t["ksoftirqd_ran"].items()) or "nothing"
-        print(f"trace, {arm}: role threads preempted by {by}; ksoftirqd ran {soft}")
+        print(f"trace, {arm}: role threads preempted by {by}; ksoftirqd ran {soft}"
+              + (f" ({t['events_lost']} events lost: the buffer overflowed)" if t.get("events_lost") else ""))
         n = sum(w["count"] for w in t["wakeups"].values())
         wait = sum(w["wait_s"] for w in t["wakeups"].values())
         soft_s = sum(w["in_softirq_s"] for w in t["wakeups"].values())

@@ -13,7 +13,9 @@ given, ``sched_switch``, ``sched_wakeup``, ``softirq_entry``/``softirq_exit`` an
 * *wake-ups*: for each wake-up of a role thread, the time until it ran, and how
   much of that the CPU spent in softirqs meanwhile;
 * *others*: every other task that ran on those CPUs, how often and how long;
-* *work items*: the workqueue functions the kernel's workers ran there.
+* *work items*: the workqueue functions the kernel's workers ran there;
+* *events lost*: what the kernel wrote but its buffer no longer held (the
+  figures above then undercount).
 """
 
 from __future__ import annotations
@@ -81,7 +83,12 @@ def attribute(lines: Iterable[str], roles: Mapping[int, str]) -> dict:
     woken: dict[int, tuple[float, int, float]] = {}  # tid -> (woken at, cpu, softirq s since)
     running: dict[int, tuple[str, int, float]] = {}  # cpu -> (comm, pid, since)
     in_softirq: dict[int, float] = {}  # cpu -> softirq entered at
+    kept = written = 0
     for line in lines:
+        if line.startswith("# entries-in-buffer/entries-written:"):  # fewer kept: the buffer overflowed
+            counts = line.split(":", 1)[1].split()[0].split("/")
+            kept, written = kept + int(counts[0]), written + int(counts[1])
+            continue
         m = _LINE.match(line)
         if m is None:
             continue
@@ -125,7 +132,8 @@ def attribute(lines: Iterable[str], roles: Mapping[int, str]) -> dict:
                         for r, (n, s, sq) in sorted(wakes.items())},
             "others": {k: {"switched_in": others_n[k], "ran_s": round(others_s[k], 6)}
                        for k in sorted(set(others_n) | set(others_s), key=lambda k: -others_n[k])},
-            "work_items": dict(work.most_common())}
+            "work_items": dict(work.most_common()),
+            "events_lost": written - kept}
 
 
 def merge(a: dict | None, b: dict) -> dict:
