@@ -16,6 +16,7 @@ import sys
 
 from .client import Client, run_bound
 from .values.config import CHOICES, DEFAULT_SOCKET
+from .planner.isolate.isolation import left_to_kernel
 from .values.cpulist import format_cpulist
 from .errors import StepFailed, UsageError
 from .render import compact_json, table
@@ -304,6 +305,8 @@ def _isolation_lines(iso: dict | None) -> list[str]:
     out = [f"isolation: {iso['level']}  housekeeping {iso.get('housekeeping') or '-'} "
            f"({iso.get('housekeeping_cpus')})  protected {iso.get('protected') or '-'}  changed: {changed}"]
     out += [f"  CPU {g['cpus']:<12} {g['class']:<12}  {g['role']}" for g in iso.get("cpus") or () if iso.get("protected")]
+    if iso["level"] == "host" and iso.get("protected"):
+        out.append(f"  {left_to_kernel(iso['protected'])}")
     threads = iso.get("daemon_threads")
     if threads:
         out.append(f"  daemon threads on CPUs {threads['cpus']} (started on {threads['started_on']}): {threads['note']}")

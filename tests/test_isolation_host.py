@@ -160,6 +160,7 @@ def test_host_moves_other_tasks_started_before_and_after_the_bind_and_release_pu
     text = ns.cli(args=["status"])
     assert text["rc"] == 0, text["stderr"]
     assert "isolation: host" in text["stdout"] and "other tasks: new ones found by sweep" in text["stdout"]
+    assert f"left to the kernel: unless it isolates CPUs {iso['protected']} from boot" in text["stdout"]
     assert "never moved: pid 1 1, daemon" in text["stdout"] and "exempt 1" in text["stdout"]
     release(ns, worker)
     # every mask back as it was, read back

@@ -46,7 +46,7 @@ from ...values.model import HostFacts, Mode, Plan, PlanIssue, WorkerFacts
 from ..plan import make_plan
 
 __all__ = ["IsolationPlan", "plan_isolation", "host_plan", "protected_roles", "narrowed", "task_target",
-           "explain_isolation", "NO_HOUSEKEEPING"]
+           "explain_isolation", "left_to_kernel", "NO_HOUSEKEEPING"]
 
 NO_HOUSEKEEPING = "no_housekeeping_cpus"
 _ROLES = ("main", "acl", "release")
@@ -254,6 +254,14 @@ def _groups(iso: IsolationPlan) -> list[tuple[str, str, str]]:
     return [(format_cpulist(cpus), cls, role) for cpus, cls, role in out]
 
 
+def left_to_kernel(cpus: str) -> str:
+    """What ``host`` cannot move off the protected CPUs ``cpus`` (a cpu list), and the boot
+    parameters that would."""
+    return (f"left to the kernel: unless it isolates CPUs {cpus} from boot (isolcpus=domain,managed_irq,{cpus} "
+            f"nohz_full={cpus}), its load balancing and per-CPU work (ksoftirqd, per-CPU kworkers such as the "
+            f"vmstat update) still run there")
+
+
 def explain_isolation(iso: IsolationPlan) -> str:
     """The ``plan --explain`` / ``status`` text: the level, the sets, and CPU by CPU what it does."""
     level = iso.level if iso.level in _WHAT else "irqs"
@@ -268,10 +276,7 @@ def explain_isolation(iso: IsolationPlan) -> str:
         width = max(len(c) for c, _, _ in groups)
         lines += [f"  CPU {cpus:<{width}}  {cls:<12}  {role}" for cpus, cls, role in groups]
         if level == "host":
-            cpus = format_cpulist(iso.protected)
-            lines.append(f"  left to the kernel: unless it isolates CPUs {cpus} from boot (isolcpus=domain,managed_irq,"
-                         f"{cpus} nohz_full={cpus}), its load balancing and per-CPU work (ksoftirqd, per-CPU "
-                         f"kworkers such as the vmstat update) still run there")
+            lines.append(f"  {left_to_kernel(format_cpulist(iso.protected))}")
     lines += [f"  warning: {w}" for w in iso.warnings]
     if iso.error is not None:
         verdict = "a bind is refused" if iso.level != "off" else "the daemon's threads stay where they started"
