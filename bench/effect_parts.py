@@ -148,8 +148,6 @@ def pin_all(pid: int, cpus: frozenset[int]) -> None:
             raise RuntimeError(f"thread {name} of {pid} kept {os.sched_getaffinity(int(name))}, not {cpus}")
 
 
-
-
 # ---------------------------------------------------------------- the emulator's side
 
 MARK = "@@effect-arm"  # the in-guest bench's line before and after each measured run

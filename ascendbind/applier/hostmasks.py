@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import os
-
 from collections.abc import Callable
 
 from ..values.cpulist import parse_mask

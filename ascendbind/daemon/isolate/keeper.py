@@ -15,8 +15,8 @@ the bound workers' plans it plans the level (planner/isolate/isolation.py), then
   ``stop``; ``warn`` only reports it: banned.py); what each wants is wanted.py's;
 * ``host``: also every other userspace thread (hosttasks.py: which are never
   moved, and the mask less the protected CPUs for the rest), the unbound
-  workqueues' shared mask and the soft-lockup watchdog's CPUs. ``adopt`` does the same for the processes the
-  watcher (taskwatch.py) names as they start; a thread that inherited a mask
+  workqueues' shared mask and the soft-lockup watchdog's CPUs. ``adopt`` does
+  the same for the processes the watcher (taskwatch.py) names as they start; a thread that inherited a mask
   isolation wrote is recorded with its parent's original, so it goes back too.
 
 Each mask is weighed by rules.py. Every change is added to the record and the

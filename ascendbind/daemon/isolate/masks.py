@@ -3,8 +3,10 @@
 ``mask_of(key, config)`` gives the four for a record key (isolationrecord.py):
 an IRQ's ``smp_affinity``, the default for new IRQs, a workqueue's ``cpumask``
 and the one unbound workqueues share are hex masks written as files
-(applier/hostmasks.py), the soft-lockup watchdog's CPUs a cpu list in a file; a thread's affinity is a cpu list set with ``sched_setaffinity`` (applier/taskmask.py),
-and reads as gone once its pid names a task with another start time.
+(applier/hostmasks.py), the soft-lockup watchdog's CPUs a cpu list in a file; a
+thread's affinity is a cpu list set with ``sched_setaffinity``
+(applier/taskmask.py), and reads as gone once its pid names a task with another
+start time.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def _hex_text(cpus: frozenset[int], current: str) -> str:
     return format_mask(cpus, min_groups=len(current.split(",")))
 
 
+def _list_text(cpus: frozenset[int], _current: str) -> str:
+    return format_cpulist(cpus)
+
+
 def mask_of(key: str, config: Config) -> Mask:
     """How to read, write and compare the mask a record key names."""
     kind, _, rest = key.partition(":")
@@ -64,7 +70,7 @@ def mask_of(key: str, config: Config) -> Mask:
         path = watchdog_mask_path(proc)
         return Mask(lambda: read_watchdog_mask(proc),
                     lambda text, exact: write_mask_file(key, path, text, exact=exact, parse=parse_cpulist),
-                    list_cpus, lambda cpus, _current: format_cpulist(cpus))
+                    list_cpus, _list_text)
     if kind in ("irq", "default", "workqueue"):
         path = (irq_mask_path(int(rest), proc) if kind == "irq" else default_affinity_path(proc) if kind == "default"
                 else workqueue_mask_path(rest, sys_))
@@ -85,7 +91,7 @@ def mask_of(key: str, config: Config) -> Mask:
             return MaskWrite(key, "gone", None, None, f"task {pid} started at {start} is gone")
         return set_task_cpus(key, int(pid), parse_cpulist(text))
 
-    return Mask(read_task, write_task, list_cpus, lambda cpus, _current: format_cpulist(cpus))
+    return Mask(read_task, write_task, list_cpus, _list_text)
 
 
 # kind -> (the reason of a value the kernel refuses, the reason of any other failed write)

@@ -7,7 +7,7 @@ CPUs the other no longer needs.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from ...applier.taskmask import task_cpus
 from ...values.config import Config
@@ -25,6 +25,13 @@ from .rules import irq_target
 __all__ = ["irq_wanted", "host_wide_wanted"]
 
 
+def _original(saved: Mapping[str, SavedMask], key: str, current: str,
+              parse: Callable[[str], frozenset[int] | None]) -> frozenset[int] | None:
+    """The CPUs of the mask ``key`` as the host had it: the record's original, else its text now."""
+    mine = saved.get(key)
+    return parse(mine.original if mine is not None else current)
+
+
 def irq_wanted(iso: IsolationPlan, host: HostFacts, config: Config, pinned: frozenset[int],
                saved: Mapping[str, SavedMask], refused: Collection[str]) -> dict[str, tuple[str, frozenset[int]]]:
     """key -> (text now, wanted CPUs) of each mask the ``irqs`` level sets: every IRQ but
@@ -34,21 +41,16 @@ def irq_wanted(iso: IsolationPlan, host: HostFacts, config: Config, pinned: froz
     drivers = driver_cpus(host, iso)
     names = irq_names(proc) if drivers else {}
     out: dict[str, tuple[str, frozenset[int]]] = {}
-
-    def base(key: str, current: str, parse) -> frozenset[int] | None:
-        mine = saved.get(key)
-        return parse(mine.original) if mine is not None else parse(current)
-
     for irq in irq_numbers(proc):
         key = mask_key("irq", irq)
         current = read_irq_mask(irq, proc_root=proc)
         if irq in pinned or key in refused or current is None:
             continue
-        cpus = base(key, current, hex_cpus)
+        cpus = _original(saved, key, current, hex_cpus)
         if cpus is not None:
             out[key] = (current, irq_target(cpus, names.get(irq), iso, drivers))
     current = read_default_affinity(proc)
-    if current is not None and (cpus := base("default", current, hex_cpus)) is not None:
+    if current is not None and (cpus := _original(saved, "default", current, hex_cpus)) is not None:
         out["default"] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
     for t in kernel_threads(lambda comm: sq_task_device(comm) in drivers, proc) if drivers else ():
         key = mask_key("task", t.pid, t.start_time)
@@ -73,8 +75,7 @@ def host_wide_wanted(iso: IsolationPlan, config: Config, saved: Mapping[str, Sav
                                 ("watchdog", read_watchdog_mask(config.proc_root), list_cpus)):
         if current is None or key in refused:
             continue
-        mine = saved.get(key)
-        cpus = parse(mine.original if mine is not None else current)
+        cpus = _original(saved, key, current, parse)
         if cpus is not None:
             out[key] = (current, narrowed(cpus, iso.protected_cpus, iso.housekeeping))
     return out
