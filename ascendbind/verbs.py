@@ -16,7 +16,6 @@ import sys
 
 from .client import Client, run_bound
 from .values.config import CHOICES, DEFAULT_SOCKET
-from .planner.isolate.isolation import left_to_kernel
 from .values.cpulist import format_cpulist
 from .errors import StepFailed, UsageError
 from .render import compact_json, table
@@ -306,6 +305,8 @@ def _isolation_lines(iso: dict | None) -> list[str]:
            f"({iso.get('housekeeping_cpus')})  protected {iso.get('protected') or '-'}  changed: {changed}"]
     out += [f"  CPU {g['cpus']:<12} {g['class']:<12}  {g['role']}" for g in iso.get("cpus") or () if iso.get("protected")]
     if iso["level"] == "host" and iso.get("protected"):
+        from .planner.isolate.isolation import left_to_kernel  # the planner only where it says something
+
         out.append(f"  {left_to_kernel(iso['protected'])}")
     threads = iso.get("daemon_threads")
     if threads:
