@@ -124,9 +124,10 @@ def run_in_guest(topology: Topology, command: list[str], *, out_dir: str, timeou
         _RUNNING.add(proc)
     try:
         out, err = _communicate(proc, timeout, on_line)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         _kill(proc)
-        out, err = proc.communicate()
+        # streamed: the readers took the output (exc carries it); else communicate kept it for us
+        out, err = (exc.output, exc.stderr) if on_line is not None else proc.communicate()
         err += f"\n(the guest ran past {timeout:g} s and was killed)"
     except BaseException:
         _kill(proc)  # interrupted (Ctrl-C, SIGTERM): the guest goes too, not left running
@@ -153,7 +154,13 @@ def _communicate(proc: subprocess.Popen, timeout: float,
                threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
     for t in readers:
         t.start()
-    proc.wait(timeout)  # TimeoutExpired: the caller kills the guest, which ends both readers
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)  # its pipes close: both readers end with what the guest printed so far
+        for t in readers:
+            t.join()
+        raise subprocess.TimeoutExpired(proc.args, timeout, "".join(lines), "".join(err)) from None
     for t in readers:
         t.join()
     return "".join(lines), "".join(err)

@@ -315,3 +315,32 @@ def test_guest_only_options_are_refused_outside_the_guest_or_malformed(argv):
     with pytest.raises(SystemExit) as e:
         main([*argv, "--seconds", "1"])
     assert e.value.code == 2
+
+
+def _streamed(script: str):
+    import subprocess
+
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_a_guests_stdout_reaches_the_watcher_line_by_line_and_the_caller_whole():
+    from tests.numa_guest import _communicate
+
+    seen = []
+    proc = _streamed("echo a; echo b >&2; echo c")
+    out, err = _communicate(proc, 60, lambda p, line: seen.append((p.pid, line)))
+    assert (out, err) == ("a\nc\n", "b\n") and seen == [(proc.pid, "a\n"), (proc.pid, "c\n")]
+
+
+def test_a_streamed_guest_past_its_timeout_is_killed_and_what_it_printed_is_kept():
+    import subprocess
+
+    from tests.numa_guest import _communicate
+
+    seen = []
+    proc = _streamed("echo a; echo b >&2; exec sleep 600")
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        _communicate(proc, 5, lambda p, line: seen.append(line))
+    assert proc.poll() is not None  # killed, not left running
+    assert (e.value.output, e.value.stderr) == ("a\n", "b\n") and seen == ["a\n"]
