@@ -160,6 +160,7 @@ def _communicate(proc: subprocess.Popen, timeout: float,
         _kill(proc)  # its pipes close: both readers end with what the guest printed so far
         for t in readers:
             t.join()
+        proc.wait()  # the pipes close before the exit is reported: reap it, so returncode is set
         raise subprocess.TimeoutExpired(proc.args, timeout, "".join(lines), "".join(err)) from None
     for t in readers:
         t.join()
