@@ -14,13 +14,14 @@ checked the worker and right before the first affinity write; there the trial
 recycles a number the bind is about to write to:
 
 * ``pid``: the worker is killed and reaped, ``ns_last_pid`` is set to its pid
-  minus one, and a stranger is forked: it takes the worker's pid, and its
+  minus one, and a stranger is started: it takes the worker's pid, and its
   threads take the worker's thread ids.
 * ``tid``: one thread of the worker exits, and a stranger (one thread) is
-  forked onto that thread's id; the worker stays.
-* ``tick``: as ``pid``, but the worker is forked right after a clock tick
-  begins and the stranger within the same tick, so both have the same start
-  time in ``/proc/<pid>/stat`` (a trial where the tick ran out is retried).
+  started on that thread's id; the worker stays.
+* ``tick``: as ``pid``, but the worker (a bare ``sleep``) is started right
+  after a clock tick begins and the stranger within the same tick, so both have
+  the same start time in ``/proc/<pid>/stat`` (a trial where the tick ran out is
+  retried).
 * ``held``: the bind completes; then, still in the tick the worker was forked
   in, the worker is killed and a stranger with the same start time takes its
   pid; the daemon is asked whether its worker is alive, and then runs one
@@ -32,8 +33,9 @@ thread moved counts as *pinned*; a daemon that holds the worker's pid after a
 ``pid`` or ``tick`` recycle (or, for ``held``, still calls it alive or keeps it
 after the pass or the release) counts as *held*. ``undone`` is the daemon's count
 of writes it found on a stranger's thread and set back
-(``ascendbind_recycled_writes_total{result="undone"}``). Children are forked
-from this process (fast: a trial takes a few milliseconds) and never exec.
+(``ascendbind_recycled_writes_total{result="undone"}``). Children are started
+with posix_spawn (tests/recycle_child.py, or ``sleep``): a new process costs this
+one a fraction of a millisecond of the tick, where a fork of it costs milliseconds.
 
 Prints one line per kind, or with ``--json`` a JSON list of objects:
 ``{"kind": ..., "trials": N, "pinned": N, "held": N, "undone": N, "answers": {...}}``.
@@ -42,13 +44,12 @@ Prints one line per kind, or with ``--json`` a JSON list of objects:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,39 +67,46 @@ WORKER_THREADS = ("worker_0", "worker_1", "acl_thread", "release_thread")
 STRANGER_THREADS = ("s_0", "s_1", "s_2", "s_3", "s_4", "s_5")
 TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_PR_SET_NAME = 15
-
-
-def _name_self(name: str) -> None:
-    _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+CHILD = os.path.join(ROOT, "tests", "recycle_child.py")
+SLEEP = shutil.which("sleep") or "/bin/sleep"
 
 
 class Child:
-    """A forked process with named threads: ``births`` maps each tid to (name, the mask it
-    read at birth); ``stop(tid)`` ends one thread. Killed and reaped by ``close``."""
+    """A process spawned with named threads (tests/recycle_child.py): ``births`` maps each
+    tid to (name, the mask it read at birth); ``stop(tid)`` ends one thread. A ``bare`` one
+    is ``sleep``, one thread, whole the moment posix_spawn returns. Killed and reaped by
+    ``close``.
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        report_r, report_w = os.pipe()
-        cmd_r, cmd_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: only what was imported before the fork, then _exit
+    posix_spawn shares this process's memory until the exec, so a new process costs a
+    fraction of a millisecond however big this one is (a fork copied its page tables, and
+    its exit tore them down: milliseconds of the one clock tick a same-tick trial has). The
+    start time is the spawn's, before the new program runs."""
+
+    def __init__(self, names: tuple[str, ...], *, bare: bool = False) -> None:
+        self._cmd = self._report = None
+        if bare:
+            self.pid = os.posix_spawn(SLEEP, ["sleep", "100000"], os.environ)
+            self.births = {self.pid: (names[0], frozenset(os.sched_getaffinity(self.pid)))}
+        else:
+            report_r, report_w = os.pipe()
+            cmd_r, cmd_w = os.pipe()
             try:
-                os.close(report_r)
-                os.close(cmd_w)
-                _child(names, report_w, cmd_r)
+                for fd in (report_w, cmd_r):
+                    os.set_inheritable(fd, True)
+                self.pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", CHILD, str(report_w),
+                                                           str(cmd_r), *names], os.environ)
             finally:
-                os._exit(0)
-        os.close(report_w)
-        os.close(cmd_r)
-        self.pid, self._cmd, self._report = pid, cmd_w, os.fdopen(report_r)
+                os.close(report_w)
+                os.close(cmd_r)
+            self._cmd, self._report = cmd_w, os.fdopen(report_r)
         self.alive = True
-        line = self._report.readline()
-        if not line:
-            raise RuntimeError(f"child {pid} did not report its threads")
-        self.births = {int(t): (n, frozenset(m)) for t, (n, m) in json.loads(line).items()}
-        with open(f"/proc/{pid}/stat") as fh:
+        with open(f"/proc/{self.pid}/stat") as fh:
             self.start_time = int(fh.read().rpartition(")")[2].split()[19])
+        if not bare:
+            line = self._report.readline()
+            if not line:
+                raise RuntimeError(f"child {self.pid} did not report its threads")
+            self.births = {int(t): (n, frozenset(m)) for t, (n, m) in json.loads(line).items()}
 
     def stop(self, tid: int) -> None:
         os.write(self._cmd, f"{tid}\n".encode())
@@ -125,44 +133,9 @@ class Child:
 
     def close(self) -> None:
         self.kill()
-        os.close(self._cmd)
-        self._report.close()
-
-
-def _child(names: tuple[str, ...], report_w: int, cmd_r: int) -> None:
-    _name_self(names[0])
-    births = {os.getpid(): (names[0], sorted(os.sched_getaffinity(0)))}
-    gates: dict[int, tuple[threading.Event, threading.Thread]] = {}
-    lock = threading.Lock()
-    ready = threading.Semaphore(0)
-
-    def run(name: str, gate: threading.Event) -> None:
-        _name_self(name)
-        with lock:
-            births[threading.get_native_id()] = (name, sorted(os.sched_getaffinity(0)))
-        ready.release()
-        gate.wait()
-
-    # one at a time, so the thread ids follow the pid in order
-    for name in names[1:]:
-        gate = threading.Event()
-        t = threading.Thread(target=run, args=(name, gate), daemon=True)
-        t.start()
-        ready.acquire()
-        gates[t.native_id] = (gate, t)
-    os.write(report_w, (json.dumps(births) + "\n").encode())
-    with os.fdopen(cmd_r) as cmds:
-        for line in cmds:
-            gate, t = gates.pop(int(line))
-            gate.set()
-            t.join()
-            deadline = time.monotonic() + 10
-            while os.path.exists(f"/proc/self/task/{int(line)}") and time.monotonic() < deadline:
-                time.sleep(0.0005)  # the kernel releases a joined thread's id a moment after the join
-            os.write(report_w, b"ok\n")
-    # the harness closed the command pipe: wait to be killed
-    while True:
-        signal.pause()
+        if self._cmd is not None:
+            os.close(self._cmd)
+            self._report.close()
 
 
 def _next_pid_is(pid: int) -> None:
@@ -236,7 +209,8 @@ def run_trials(kind: str, trials: int, state_dir: str) -> dict:
         while out["trials"] < trials:
             if kind in ("tick", "held"):
                 _fresh_tick()
-            worker = Child(("rworker",) + (() if kind in ("tick", "held") else WORKER_THREADS))
+            # a same-tick worker must be whole at once: a bare one, with no threads to wait for
+            worker = Child(("rworker",), bare=True) if kind in ("tick", "held") else Child(("rworker",) + WORKER_THREADS)
             trial = Trial(kind, worker)
             hook.append(trial)
             try:
