@@ -22,7 +22,7 @@ recycles a number the bind is about to write to:
   after a clock tick begins and the stranger within the same tick, so both have
   the same start time in ``/proc/<pid>/stat`` (a trial where the tick ran out is
   retried).
-* ``held``: the bind completes; then, still in the tick the worker was forked
+* ``held``: the bind completes; then, still in the tick the worker was started
   in, the worker is killed and a stranger with the same start time takes its
   pid; the daemon is asked whether its worker is alive, and then runs one
   reconcile pass (even trials) or is asked to release the worker (odd ones).
@@ -172,8 +172,8 @@ class Trial:
 
 
 def _first_in_line() -> None:
-    """Run ahead of the host's other work (SCHED_FIFO, this process and what it forks): a
-    same-tick trial must fork, bind, kill and fork again within one clock tick, which a
+    """Run ahead of the host's other work (SCHED_FIFO, this process and what it starts): a
+    same-tick trial must start, bind, kill and start again within one clock tick, which a
     busy machine's time slices would otherwise stretch past it. The namespace ends with us."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
