@@ -415,9 +415,10 @@ class Daemon(Ownership):
         if body.get("all") is True:
             if not peer.is_root:
                 raise NotPermitted("only root may release every worker")
+            # one step under the lock: a worker another path drops meanwhile (the loop finding it
+            # exited, a named NPU contradicted) would otherwise turn the whole request into a 404
             with self.lock:
-                pids = sorted(self.held)
-            return {"released": [self.release_pid(p)["pid"] for p in pids]}
+                return {"released": [self.release_pid(p)["pid"] for p in sorted(self.held)]}
         if "all" in body and body["all"] is not False:
             raise UsageError(f"field 'all' must be true or false, got {body['all']!r}", code="bad_request")
         pid = _int_field(body, "pid", minimum=1) or peer.pid
