@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -215,11 +216,30 @@ def read_junit(path: str) -> JunitResult:
     return JunitResult(total["tests"], total["failures"], total["errors"], total["skipped"], failed)
 
 
-def pytest_in_guest(topology: Topology, *, out_dir: str, repeat: int = 1,
-                    timeout: float = 1200.0) -> tuple[list[JunitResult], subprocess.CompletedProcess]:
-    """Run ``topology``'s tests ``repeat`` times in one boot; one JUnit result per run."""
-    proc = run_in_guest(topology, [sys.executable, "-m", "tests.numa_guest", "--inside", "--topology",
-                                   topology.name, "--repeat", str(repeat)], out_dir=out_dir, timeout=timeout)
+# vng's answer when the guest ended without its command's exit status: a kernel panic, or an
+# init that died before the command ran
+GUEST_DIED = 255
+
+
+def pytest_in_guest(topology: Topology, *, out_dir: str, repeat: int = 1, timeout: float = 1200.0,
+                    runner: Callable[..., subprocess.CompletedProcess] | None = None,
+                    ) -> tuple[list[JunitResult], subprocess.CompletedProcess]:
+    """Run ``topology``'s tests ``repeat`` times in one boot; one JUnit result per run.
+
+    A guest that died before the tests began (exit 255, and no mark from ``_inside`` in
+    ``out_dir``) is booted once more within ``timeout``; the output says so. Once the tests
+    have begun, a death is theirs to report: never booted again. ``runner``: run_in_guest."""
+    runner = runner or run_in_guest
+    command = [sys.executable, "-m", "tests.numa_guest", "--inside", "--topology", topology.name,
+               "--repeat", str(repeat)]
+    t0 = time.monotonic()
+    proc = runner(topology, command, out_dir=out_dir, timeout=timeout)
+    left = timeout - (time.monotonic() - t0)
+    if proc.returncode == GUEST_DIED and not os.path.exists(_started_path(out_dir, topology)) and left > 60:
+        first = proc
+        proc = runner(topology, command, out_dir=out_dir, timeout=left)
+        proc.stderr = (f"(the first boot ended with exit {first.returncode} before the tests began; booted again. "
+                       f"Its output: {(first.stdout + first.stderr)[-2000:]!r})\n{proc.stderr}")
     results = []
     for i in range(repeat):
         path = _junit_path(out_dir, topology, i)
@@ -232,9 +252,16 @@ def _junit_path(out_dir: str, topology: Topology, i: int) -> str:
     return os.path.join(out_dir, f"junit-{topology.name}-{i}.xml")
 
 
+def _started_path(out_dir: str, topology: Topology) -> str:
+    return os.path.join(out_dir, f"started-{topology.name}")
+
+
 def _inside(topology: Topology, repeat: int) -> int:
-    """In the guest: pytest over the topology's tests, ``repeat`` times, JUnit to the rwdir."""
+    """In the guest: pytest over the topology's tests, ``repeat`` times, JUnit to the rwdir
+    (which first gets a mark: the guest booted and the tests began)."""
     out = os.environ["NUMA_GUEST_OUT"]
+    with open(_started_path(out, topology), "w"):
+        pass
     rc = 0
     for i in range(repeat):
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "--junitxml",
