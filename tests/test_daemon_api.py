@@ -95,8 +95,9 @@ def test_late_acl_thread_is_repinned_by_the_reconcile_loop(daemon):
         runs = metric_value(daemon.metrics_text(), "ascendbind_reconcile_runs_total")
         assert wait_for(lambda: metric_value(daemon.metrics_text(), "ascendbind_reconcile_runs_total") >= runs + 2, 10)
         tid = w.spawn("acl_thread")
-        # born from the main thread, it starts on the main CPUs (as the thread itself read them)
-        assert w.born_cpus(tid) == frozenset(plan.main)
+        # born from the main thread, it inherits the main CPUs; it reads its own mask when it first
+        # runs, which on a busy box can be after the daemon, told of the new thread, has moved it
+        assert w.born_cpus(tid) in (frozenset(plan.main), frozenset(plan.acl))
         assert wait_for(lambda: cpus_allowed_of(w.pid, tid) == frozenset(plan.acl), 5), daemon.log()[-2000:]
         worker = daemon.client.workers()["workers"][0]
         assert worker["late_threads_pinned"] >= 1
