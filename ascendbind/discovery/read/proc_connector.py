@@ -15,7 +15,8 @@ When the connector cannot be had, ``ProcEventSocket.open`` raises
 * ``namespace``: the connector lives in the initial network namespace only;
   from another one the subscription is refused (ECONNREFUSED);
 * ``no_ack``: no answer to the subscription (the kernel ignores requests from
-  a pid or user namespace other than the initial ones);
+  a pid or user namespace other than the initial ones; some kernels, 6.18 for
+  one, answer EPERM from a user namespace instead: ``permission``);
 * ``error``: anything else, with the errno in the message.
 
 Reading: ``read`` returns every datagram queued, up to ``limit`` (a worker
