@@ -16,7 +16,8 @@ Driven over stdin/stdout, one JSON object a line each way (``{"op": ...}`` in,
 the answer or ``{"error": ...}`` out):
 
 * ``daemon`` (``env``, ``config``: the config file's text): start ``ascendbind serve`` (fixture npu-smi, two NPUs
-  near CPU 0 and CPU 1); ``restart``, ``stop`` (``sig``), ``kill`` (-9), ``log``,
+  near the lowest two CPUs this process may use, ``NPU_CPUS``: CPU 0 and CPU 1 on most machines);
+  ``restart``, ``stop`` (``sig``), ``kill`` (-9), ``log``,
   ``status`` (``GET /v1/workers``), ``cli`` (``args``: an ascendbind verb against it), ``metrics`` (its text), ``curl`` (``method``, ``path``, ``body``),
   ``state`` (the state file), ``sighup`` (``config``: the text of the config file);
 * ``spawn`` (``comm``, ``threads``): a process named ``comm`` with that many more
@@ -51,6 +52,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.daemon_harness import DaemonProc, base_env, free_port  # noqa: E402
 
 WQ = "/sys/devices/virtual/workqueue"
+# the fixture npu-smi's two NPUs: NPU 0 near the lowest CPU this process may use, NPU 1 near the
+# next one (CPUs 0 and 1 on most machines; derived, so that a machine that gives the tests other
+# CPUs, or more of them, still has NPU 1's CPU among them). tests/test_isolation_host.py agrees.
+NPU_CPUS = tuple(sorted(os.sched_getaffinity(0))[:2])
 WATCHDOG = "/proc/sys/kernel/watchdog_cpumask"
 
 # a process of the host: named, with threads, acting on its own affinity when asked
@@ -138,8 +143,8 @@ class Harness:
         with open(self.config, "w") as fh:
             fh.write(config)
         full = base_env(os.path.join(self.tmp, "ascendbind.sock"), os.path.join(self.tmp, "state"), free_port(),
-                        ASCENDBIND_FAKE_NPUS="2", ASCENDBIND_FAKE_NPU_AFFINITY="0;1", ASCENDBIND_IRQBALANCE="warn",
-                        ASCENDBIND_CONFIG=self.config, **env)
+                        ASCENDBIND_FAKE_NPUS="2", ASCENDBIND_FAKE_NPU_AFFINITY=";".join(map(str, NPU_CPUS)),
+                        ASCENDBIND_IRQBALANCE="warn", ASCENDBIND_CONFIG=self.config, **env)
         self.daemon = DaemonProc(self.tmp, full)
         self.daemon.start()
         self.daemon.wait_discovered()

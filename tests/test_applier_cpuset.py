@@ -1,4 +1,8 @@
-"""A worker inside a real cpuset cgroup: the kernel narrows or refuses our masks, and we say so."""
+"""A worker inside a real cpuset cgroup: the kernel narrows or refuses our masks, and we say so.
+
+The cgroup is made on whichever hierarchy this machine has (tests/cpuset_cgroups.py): cgroup
+v1's cpuset one, or cgroup v2's unified one with the cpuset controller; the kernel's answers
+are the same on both."""
 
 from __future__ import annotations
 
@@ -10,43 +14,30 @@ import pytest
 from ascendbind.applier.affinity import bind_threads
 from ascendbind.values.model import Mode, NpuPlan
 from ascendbind.values.reasons import Outcome, Reason
+from tests import cpuset_cgroups
 from tests.workers import cpus_allowed_of, start_worker
 
-CPUSET_ROOT = "/sys/fs/cgroup/cpuset"
 CPUS = sorted(os.sched_getaffinity(0))
 
 pytestmark = [
     pytest.mark.skipif(len(CPUS) < 2, reason="narrowing needs 2 CPUs"),
-    pytest.mark.skipif(
-        not os.access(os.path.join(CPUSET_ROOT, "cgroup.procs"), os.W_OK),
-        reason=f"no writable cgroup v1 cpuset hierarchy at {CPUSET_ROOT}",
-    ),
+    pytest.mark.skipif(cpuset_cgroups.why_not() is not None, reason=str(cpuset_cgroups.why_not())),
 ]
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+@pytest.fixture(autouse=True)
+def _which_hierarchy(record_property):
+    record_property("cpuset_cgroup", cpuset_cgroups.VERSION)
+    print(f"\ncpuset cgroup: {cpuset_cgroups.VERSION} at {cpuset_cgroups.ROOT}")
 
 
 @contextlib.contextmanager
 def worker_in_cpuset(cpus: str):
     """A test worker moved into a fresh cpuset cgroup limited to ``cpus``; the
     worker is reaped and the cgroup removed whatever happens."""
-    path = os.path.join(CPUSET_ROOT, f"ascendbind-test-{os.getpid()}")
-    os.mkdir(path)
-    try:
-        with open(os.path.join(CPUSET_ROOT, "cpuset.mems")) as fh:
-            _write(os.path.join(path, "cpuset.mems"), fh.read().strip())
-        _write(os.path.join(path, "cpuset.cpus"), cpus)
-        with start_worker(plain=2, acl=1, release=1) as w:
-            _write(os.path.join(path, "cgroup.procs"), str(w.pid))
-            yield w
-    finally:
-        os.rmdir(path)
+    with cpuset_cgroups.cpuset_tree([], cpus) as path, start_worker(plain=2, acl=1, release=1) as w:
+        cpuset_cgroups.move(path, w.pid)
+        yield w
 
 
 def test_mask_outside_the_cpuset_is_refused_with_the_kept_cpus():

@@ -188,18 +188,20 @@ def test_make_bench_keeps_the_sections_written_by_hand_where_they_were():
 
 
 # a stand-in for the emulator: a process named like QEMU with two threads named like its vCPUs,
-# "CPU 0/TCG" spinning on CPU 0 beside a second spinner there (so it waits on the run queue half
-# the time), "CPU 1/TCG" asleep; it says "ready" once every thread is named and placed
+# "CPU 0/TCG" spinning on one host CPU (the lowest it may use: CPU 0 on most machines) beside a
+# second spinner there (so it waits on the run queue half the time), "CPU 1/TCG" asleep; it says
+# "ready" once every thread is named and placed
 _EMULATOR = r"""
 import ctypes, os, sys, threading
 libc = ctypes.CDLL(None)
 libc.prctl(15, b"qemu-system-x86", 0, 0, 0)
 named = threading.Barrier(4)
 never, _keep = os.pipe()  # a pipe of its own that nobody writes (sys.stdin has a lock a second reader waits on)
+one_cpu = {min(os.sched_getaffinity(0))}
 def thread(name, spin):
     libc.prctl(15, name, 0, 0, 0)
     if spin:
-        os.sched_setaffinity(0, {0})
+        os.sched_setaffinity(0, one_cpu)
     named.wait()
     while spin:
         pass

@@ -292,7 +292,6 @@ def test_auto_bind_binds_what_the_npu_smi_process_table_lists(tmp_path):
             d.stop()
 
 
-@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def _unix_listening(path: str) -> bool:
     """True once a Unix socket bound to ``path`` is listening (``__SO_ACCEPTCON`` in /proc/net/unix)."""
     with open("/proc/net/unix") as fh:
@@ -304,6 +303,7 @@ def _unix_listening(path: str) -> bool:
     return False
 
 
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def test_socket_activation_sd_notify_watchdog_and_journald_lines(tmp_path):
     sock_path = str(tmp_path / "activated.sock")
     notify_path = str(tmp_path / "notify")

@@ -401,13 +401,19 @@ def test_uvb_from_proc_when_ps_is_absent(tmp_path):
 
 
 def _cgroup_cpus_of(pid: int) -> frozenset[int]:
+    """The CPUs of ``pid``'s cpuset as the kernel keeps them: cgroup v1's cpuset hierarchy, or
+    on cgroup v2 its cgroup's ``cpuset.cpus.effective``, or where its parent does not enable the
+    cpuset controller (no such file) its nearest ancestor's that has one: the root's at the top."""
     from ascendbind.values.cpulist import parse_cpulist
 
     for line in open(f"/proc/{pid}/cgroup"):
         hid, ctrls, path = line.rstrip("\n").split(":", 2)
         if "cpuset" in ctrls.split(","):
             return parse_cpulist(open(f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.effective_cpus").read())
-    return parse_cpulist(open(f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective").read())
+    rel = path.rstrip("/")
+    while not os.path.exists(f"/sys/fs/cgroup{rel}/cpuset.cpus.effective") and rel:
+        rel = rel.rpartition("/")[0]
+    return parse_cpulist(open(f"/sys/fs/cgroup{rel}/cpuset.cpus.effective").read())
 
 
 def test_live_worker_facts(monkeypatch):

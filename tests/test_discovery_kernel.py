@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
@@ -38,7 +39,12 @@ def test_the_daemon_socket_listens_with_the_hosts_somaxconn(tmp_path):
     assert how == "created"
     try:
         # ss reports a listening socket's backlog in Send-Q
-        out = subprocess.run(["ss", "-xlH", "src", path], capture_output=True, text=True, timeout=30).stdout
+        ss = shutil.which("ss")
+        if ss is None:
+            from tests.deploy_tools import missing
+
+            missing("ss (Debian package iproute2)")
+        out = subprocess.run([ss, "-xlH", "src", path], capture_output=True, text=True, timeout=30).stdout
         fields = out.split()
         assert fields and int(fields[3]) == somaxconn(), out
     finally:

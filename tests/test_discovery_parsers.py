@@ -330,13 +330,22 @@ def test_lscpu_e_fixture_and_offline_rows_without_node_column():
     assert [(c.cpu, c.online, c.socket, c.core) for c in ugly[-2:]] == [(190, False, None, None), (191, False, None, None)]
 
 
+def _online_cpus() -> frozenset[int]:
+    """The kernel's online CPUs (what ``os.cpu_count()`` counts: sysconf's ONLN)."""
+    with open("/sys/devices/system/cpu/online") as fh:
+        return parse_cpulist_file(fh.read(), "/sys/devices/system/cpu/online")
+
+
 def test_lscpu_e_x86_with_mhz_column_and_this_machine():
     cpus = parse_lscpu_e(cmd("310p-4card", "lscpu_-e"))
     assert cpus[32].core == 0 and cpus[32].node == 0 and cpus[16].node == 1
     real = subprocess.run(["lscpu", "-e"], capture_output=True, text=True, env={"LC_ALL": "C", "PATH": os.environ["PATH"]})
     mine = parse_lscpu_e(real.stdout)
     assert os.sched_getaffinity(0) <= {c.cpu for c in mine if c.online}
-    assert len(mine) == os.cpu_count()
+    # a row per CPU the machine has: the online ones exactly, and any offline one as "no"
+    # (a machine may have CPUs offline, which os.cpu_count() leaves out)
+    assert {c.cpu for c in mine if c.online} == _online_cpus() and len(_online_cpus()) == os.cpu_count()
+    assert len(mine) >= os.cpu_count()
 
 
 @pytest.mark.parametrize(
@@ -366,7 +375,9 @@ def test_lscpu_summary_fixture_and_this_machine():
     ugly = parse_lscpu(cmd("malformed-a2", "lscpu"))
     assert ugly.online_cpus == frozenset(R(190)) and ugly.numa_cpus[7] == frozenset(R(168, 190))
     real = parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True, env={"LC_ALL": "C"}).stdout)
-    assert real.cpu_count == os.cpu_count() and real.threads_per_core >= 1
+    # "CPU(s)" counts offline CPUs too; os.cpu_count() only the online ones, which lscpu lists
+    assert real.online_cpus == _online_cpus() and real.cpu_count >= os.cpu_count() == len(real.online_cpus)
+    assert real.threads_per_core >= 1
 
 
 def _arm64_guest(name: str) -> str:

@@ -1,14 +1,14 @@
 """Isolation on this machine's real IRQs and a real ``ascendbind serve``.
 
-The fixture npu-smi describes this machine as two NPUs (affinity CPU 0 and CPU 1,
-``small_pool = share``): a worker bound on NPU 1 protects NPU 1's main, ACL and
-release CPUs, and NPU 0's IRQ CPU is housekeeping. At ``irqs`` every IRQ whose mask
-the kernel lets us write must leave the protected CPUs, and release, stop, ``kill -9``
-plus a restart and SIGHUP to ``off`` must put every mask back byte for byte; at
-``off`` nothing on the host may change. The daemon's own threads (read from
-``/proc/<daemon>/task/*/status``) and a tool it runs keep off the protected CPUs
-at every level. ``host`` moves other processes: it is tested in a pid namespace
-of its own (tests/test_isolation_host.py), never here.
+The fixture npu-smi describes this machine as two NPUs (affinity CPU 0 and CPU 1, the
+lowest two CPUs the test may use; ``small_pool = share``): a worker bound on NPU 1
+protects NPU 1's main, ACL and release CPUs, and NPU 0's IRQ CPU is housekeeping. At
+``irqs`` every IRQ whose mask the kernel lets us write must leave the protected CPUs,
+and release, stop, ``kill -9`` plus a restart and SIGHUP to ``off`` must put every mask
+back byte for byte; at ``off`` nothing on the host may change. The daemon's own threads
+(read from ``/proc/<daemon>/task/*/status``) and a tool it runs keep off the protected
+CPUs at every level. ``host`` moves other processes: it is tested in a pid namespace of
+its own (tests/test_isolation_host.py), never here.
 
 irqbalance is ``warn`` here: other test sessions on this machine may run an
 irqbalance of their own, which a daemon at ``ban`` would tell about our CPUs
@@ -38,6 +38,8 @@ from tests.workers import cpus_allowed_of, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 STARTED_ON = frozenset(os.sched_getaffinity(0))
+# the two NPUs' CPUs: the lowest two this test may use (CPU 0 and CPU 1 on most machines)
+NPU_CPUS = ";".join(map(str, sorted(STARTED_ON)[:2]))
 
 
 def _need_real_irqs() -> None:
@@ -117,7 +119,8 @@ def changed(before: dict[str, str]) -> dict[str, tuple[str, str]]:
 @contextlib.contextmanager
 def daemon(**env: str):
     directory = tempfile.mkdtemp(prefix="ascendbind-iso-", dir="/tmp")
-    env = {"ASCENDBIND_FAKE_NPUS": "2", "ASCENDBIND_FAKE_NPU_AFFINITY": "0;1", "ASCENDBIND_IRQBALANCE": "warn", **env}
+    env = {"ASCENDBIND_FAKE_NPUS": "2", "ASCENDBIND_FAKE_NPU_AFFINITY": NPU_CPUS, "ASCENDBIND_IRQBALANCE": "warn",
+           **env}
     full = base_env(os.path.join(directory, "ascendbind.sock"), os.path.join(directory, "state"), free_port(), **env)
     d = DaemonProc(directory, full)
     try:

@@ -8,9 +8,10 @@ Outside the connector's initial namespace the daemon finds new tasks by listing
 ``/proc`` (the *sweep* mode); events mode runs in the QEMU guest
 (tests/numa/test_isolation_host_guest.py).
 
-The fixture npu-smi describes two NPUs near CPU 0 and CPU 1: a worker bound on
-NPU 1 protects CPU 1, CPU 0 is housekeeping. Every mask is read back from
-``/proc/<pid>/task/*/status`` (``Cpus_allowed_list``) inside the namespace.
+The fixture npu-smi describes two NPUs near CPU 0 and CPU 1 (the lowest two CPUs the
+tests may use; ``NPU1_CPU`` is the second): a worker bound on NPU 1 protects CPU 1, CPU 0
+is housekeeping. Every mask is read back from ``/proc/<pid>/task/*/status``
+(``Cpus_allowed_list``) inside the namespace.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from tests.golden import ROOT
 
 HARNESS = os.path.join(ROOT, "tests", "hostlevel_ns.py")
 STARTED_ON = frozenset(os.sched_getaffinity(0))
+# the harness's NPU 1 is near the second-lowest CPU the tests may use (its NPU_CPUS, which it
+# derives the same way from the affinity it inherits from us): CPU 1 on most machines, and never
+# "the last CPU" but on a machine of exactly two
+NPU1_CPU = sorted(STARTED_ON)[1] if len(STARTED_ON) >= 2 else None
 
 
 class Namespace:
@@ -178,21 +183,21 @@ def test_a_task_narrowed_by_its_owner_is_reported_and_never_fought_over(ns):
     inside = ns.spawn(comm="pinned_inside", threads=1)["pid"]
     later = ns.spawn(comm="narrows_later", threads=1)["pid"]
     worker = ns.spawn(comm="worker", threads=1)["pid"]
-    last = str(max(STARTED_ON))  # NPU 1's CPU: protected once the worker is bound on it
-    ns.pin(pid=inside, cpus=last)
+    npu1_cpu = str(NPU1_CPU)  # NPU 1's CPU: protected once the worker is bound on it
+    ns.pin(pid=inside, cpus=npu1_cpu)
     bind(ns, worker)
     iso = ns.iso()
-    assert iso["protected"] == last, iso
+    assert iso["protected"] == npu1_cpu, iso
     # pinned inside the protected CPUs by its owner: left there, and said
-    assert only(ns.masks(pid=inside)) == {last}
+    assert only(ns.masks(pid=inside)) == {npu1_cpu}
     assert iso["tasks"]["pinned_inside"] == 2 and {p["reason"] for p in iso["tasks"]["pinned"]} == {
         "task_pinned_inside"}
     # moved, then its owner puts it back on the protected CPU: the next full sweep leaves it
-    moved(ns, later, last)
-    ns.pin(pid=later, cpus=last)
+    moved(ns, later, npu1_cpu)
+    ns.pin(pid=later, cpus=npu1_cpu)
     since = time.time()
     assert wait_for(lambda: (ns.iso()["tasks"]["swept_at"] or 0) > since, 30), "no full sweep within 30 s"
-    assert only(ns.masks(pid=later)) == {last}
+    assert only(ns.masks(pid=later)) == {npu1_cpu}
     iso = ns.iso()
     assert iso["tasks"]["left_to_owner"] == 2
     assert {e["reason"] for e in iso["left_to_owner"]} == {"changed_by_owner"}
@@ -200,7 +205,7 @@ def test_a_task_narrowed_by_its_owner_is_reported_and_never_fought_over(ns):
     assert metric_value(text, "ascendbind_isolation_tasks", state="left_to_owner") == 2
     assert metric_value(text, "ascendbind_isolation_tasks", state="pinned_inside") == 2
     release(ns, worker)
-    assert only(ns.masks(pid=later)) == {last} and only(ns.masks(pid=inside)) == {last}
+    assert only(ns.masks(pid=later)) == {npu1_cpu} and only(ns.masks(pid=inside)) == {npu1_cpu}
     assert "changed by its owner meanwhile" in ns.log()["log"]
 
 

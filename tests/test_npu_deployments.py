@@ -7,8 +7,10 @@ bare host, or in their own mount and pid namespace with a private /dev of
 (tests/containers.py), with the environment the Ascend docker runtime, the device
 plugin or HAMi give a container. npu-smi is the fixture one, replaying a host of 8
 NPUs whose process table each test writes: the worker on its NPU, on another, or
-absent. NPU 3's CPU affinity is CPU 0 and NPU 5's CPU 1 (the others: both), so the
-NPU a worker got shows in the masks read back from /proc. Each test checks the NPU,
+absent. NPU 3's CPU affinity is CPU 0 and NPU 5's CPU 1 (the others: every CPU), so the
+NPU a worker got shows in the masks read back from /proc. CPU 0 and CPU 1 stand for the
+lowest two CPUs the tests may use (``FIRST``, ``SECOND``), as another machine may give them
+other CPUs. Each test checks the NPU,
 the rule the daemon says picked it, and every thread's mask, or the refusal.
 """
 
@@ -35,6 +37,9 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two NP
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = [str(ROOT / "tests" / "vllm_standin.py")]
 MAJOR = npu_major()
+# the two CPUs the NPUs of interest sit near: the lowest two this test may use (CPU 0 and CPU 1
+# on most machines); with one CPU the module is skipped, and the names still resolve
+FIRST, SECOND = (sorted(os.sched_getaffinity(0)) * 2)[:2]
 
 
 def affinities(own: dict[int, int]) -> str:
@@ -43,10 +48,10 @@ def affinities(own: dict[int, int]) -> str:
     return ";".join(str(own[n]) if n in own else every for n in range(8))
 
 
-A2 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_NPU_AFFINITY": affinities({3: 0, 5: 1})}
+A2 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_NPU_AFFINITY": affinities({3: FIRST, 5: SECOND})}
 A950 = {"ASCENDBIND_FAKE_NPUS": "8", "ASCENDBIND_FAKE_CHIP": "950PR", "ASCENDBIND_FAKE_PHY_IDS": "4,5,6,7,0,1,2,3",
-        "ASCENDBIND_FAKE_NPU_AFFINITY": affinities({2: 1, 5: 0})}
-CPU_OF = {3: 0, 5: 1, 2: 1}  # an A2's NPU 3 and 5, a 950's NPU 2 (and 5: 0)
+        "ASCENDBIND_FAKE_NPU_AFFINITY": affinities({2: SECOND, 5: FIRST})}
+CPU_OF = {3: FIRST, 5: SECOND, 2: SECOND}  # an A2's NPU 3 and 5, a 950's NPU 2 (and 5: FIRST)
 DEVICE_PLUGIN = {"ASCEND_VISIBLE_DEVICES": "5", "ASCEND_RUNTIME_OPTIONS": ""}
 
 
@@ -147,7 +152,7 @@ def test_bare_host_absent_from_the_table_the_index_decides(a2, tmp_path):
 def test_a_worker_whose_main_thread_pinned_itself_is_planned_from_its_cpuset(a2):
     # libgomp with OMP_PROC_BIND pins the calling thread before any binder runs
     with contained_worker(bare=True) as w:
-        w.narrow_main({1})
+        w.narrow_main({SECOND})
         answer = a2.daemon.client.bind(pid=w.pid, npu=3)
         assert answer["plan"]["allowed_cpus"] == sorted(os.sched_getaffinity(0))
         assert_bound(a2, w.pid, 3, "request")
@@ -253,7 +258,7 @@ def test_ascend950_pod_is_bound_by_its_nodes_minor_not_its_name(a950, tmp_path):
 def test_ascend950_bare_host_device_index_is_the_logic_id(a950, tmp_path):
     with plugin(a950, tmp_path) as w:
         drive(w, 5)
-        assert_bound(a950, w.pid, 5, "device_index", cpu_of={5: 0})
+        assert_bound(a950, w.pid, 5, "device_index", cpu_of={5: FIRST})
 
 
 # ------------------------------------------------------------ status, explain, and a snapshot of a case

@@ -1,8 +1,9 @@
 """pool_source on this host: a real worker in a pod-shaped cpuset cgroup, bound by a real daemon.
 
-The worker lives in ``/sys/fs/cgroup/cpuset/ascendbind-test-<pid>/kubepods/pod<uid>/<id>``
-(cgroup v1) limited to the host's last CPU, the shape kubelet's cgroupfs driver
-gives a Guaranteed pod's container; kubelet's checkpoint is a file in a
+The worker lives in ``ascendbind-test-<pid>/kubepods/pod<uid>/<id>`` limited to the host's
+last CPU, the shape kubelet's cgroupfs driver gives a Guaranteed pod's container, on
+whichever hierarchy this machine has (tests/cpuset_cgroups.py): cgroup v1's cpuset one
+(``/sys/fs/cgroup/cpuset``) or cgroup v2's unified one; kubelet's checkpoint is a file in a
 temporary ``kubelet_root``. The daemon runs the fixture npu-smi with two NPUs
 whose affinity is every CPU: the placement rules share the worker's one CPU
 between NPU 0 and the hidden NPU 1 and leave NPU 0 nothing, while the worker's
@@ -21,56 +22,37 @@ import tempfile
 
 import pytest
 
+from tests import cpuset_cgroups
 from tests.daemon_harness import running_daemon
 from tests.workers import cpus_allowed_of, start_worker
 
-CPUSET_ROOT = "/sys/fs/cgroup/cpuset"
 CPUS = sorted(os.sched_getaffinity(0))
 UID = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9"
 CONTAINER = "e1" * 32
 
+# in CI (CI set) a machine without either is a failure, not a skip
 pytestmark = [
     pytest.mark.skipif(len(CPUS) < 2 and not os.environ.get("CI"), reason="a cpuset narrower than the host needs 2 CPUs"),
-    pytest.mark.skipif(not os.access(os.path.join(CPUSET_ROOT, "cgroup.procs"), os.W_OK)
-                       and not os.environ.get("CI"),
-                       reason=f"no writable cgroup v1 cpuset hierarchy at {CPUSET_ROOT}"),
+    pytest.mark.skipif(cpuset_cgroups.why_not() is not None and not os.environ.get("CI"),
+                       reason=str(cpuset_cgroups.why_not())),
 ]
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+@pytest.fixture(autouse=True)
+def _which_hierarchy(record_property):
+    record_property("cpuset_cgroup", cpuset_cgroups.VERSION)
+    print(f"\ncpuset cgroup: {cpuset_cgroups.VERSION} at {cpuset_cgroups.ROOT}")
 
 
-@contextlib.contextmanager
 def pod_cgroup(cpus: str):
-    """A cgroup v1 cpuset tree shaped like a pod's container, limited to ``cpus``; removed afterwards."""
-    top = os.path.join(CPUSET_ROOT, f"ascendbind-test-{os.getpid()}")
-    levels = [top, os.path.join(top, "kubepods"), os.path.join(top, "kubepods", f"pod{UID}"),
-              os.path.join(top, "kubepods", f"pod{UID}", CONTAINER)]
-    with open(os.path.join(CPUSET_ROOT, "cpuset.mems")) as fh:
-        mems = fh.read().strip()
-    made: list[str] = []
-    try:
-        for path in levels:
-            os.mkdir(path)
-            made.append(path)
-            # a new v1 cpuset starts empty: it takes no task before it has CPUs and memory nodes
-            _write(os.path.join(path, "cpuset.mems"), mems)
-            _write(os.path.join(path, "cpuset.cpus"), cpus)
-        yield levels[-1]
-    finally:
-        for path in reversed(made):
-            os.rmdir(path)
+    """A cpuset tree shaped like a pod's container, limited to ``cpus``; removed afterwards."""
+    return cpuset_cgroups.cpuset_tree(["kubepods", f"pod{UID}", CONTAINER], cpus)
 
 
 @contextlib.contextmanager
 def pod_worker(cgroup: str):
     with start_worker(plain=2, acl=1, release=1) as w:
-        _write(os.path.join(cgroup, "cgroup.procs"), str(w.pid))  # every thread moves with the process
+        cpuset_cgroups.move(cgroup, w.pid)  # every thread moves with the process
         yield w
 
 
@@ -155,7 +137,7 @@ def test_a_snapshot_records_the_checkpoint_and_plans_as_the_host_does(node, tmp_
         files = record_snapshot(str(tmp_path / "snap"), w.pid, Config(npu_smi=str(FIXTURE_BIN / "npu-smi"),
                                                                      kubelet_root=kubelet))
     assert "var/lib/kubelet/cpu_manager_state" in files
-    assert any(f.endswith("/cpuset.effective_cpus") and f"pod{UID}/{CONTAINER}" in f for f in files)
+    assert any(f.endswith(f"/{cpuset_cgroups.EFFECTIVE}") and f"pod{UID}/{CONTAINER}" in f for f in files)
     code, plan, err = run_plan(str(tmp_path / "snap"), ["--pid", str(w.pid), "--npu", "0", "--small-pool", "share"])
     assert code == 0, err
     assert plan["npus"]["0"]["pool"] == [CPUS[-1]] and plan["pool_source"]["source"] == "cpuset"

@@ -31,10 +31,11 @@ from .daemon_harness import DaemonProc, base_env, free_port, metric_value, wait_
 from .hostile_workers import rewritten_environ_worker, unserved_fuse_dev
 
 MAJOR = npu_major()
-# 8 NPUs: NPU 3 near CPU 0 (a pool of its own), the others near every CPU of this machine
+# 8 NPUs: NPU 3 near CPU 0 (the lowest CPU the tests may use: a pool of its own), the others near
+# every CPU of this machine
 NPUS = {"ASCENDBIND_FAKE_NPUS": "8",
-        "ASCENDBIND_FAKE_NPU_AFFINITY": ";".join("0" if n == 3 else format_cpulist(os.sched_getaffinity(0))
-                                                 for n in range(8))}
+        "ASCENDBIND_FAKE_NPU_AFFINITY": ";".join(str(min(os.sched_getaffinity(0))) if n == 3
+                                                 else format_cpulist(os.sched_getaffinity(0)) for n in range(8))}
 
 
 def start_daemon(directory: Path) -> DaemonProc:

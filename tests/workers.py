@@ -149,11 +149,12 @@ for line in sys.stdin:
 
 
 # A child that keeps undoing any binding, as an in-process binder does: prints
-# "ready", then resets its own mask to every CPU five times a second.
+# "ready", then resets its own mask to every CPU it may use (its mask at start, before any
+# bind: on a machine whose CPUs are not numbered 0..n-1 too) five times a second.
 SELF_BINDER = r"""
 import os, sys, time
+allcpus = os.sched_getaffinity(0)
 sys.stdout.write("ready\n"); sys.stdout.flush()
-allcpus = set(range(os.cpu_count()))
 while True:
     os.sched_setaffinity(0, allcpus)   # an in-process binder that keeps undoing ours
     time.sleep(0.2)
