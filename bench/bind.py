@@ -37,7 +37,10 @@ contenders, alternated within each round so drift hits them all alike:
                   sched_getaffinity, re-list until stable, one poll of a pidfd)
                   with no ascendbind code.
 
-Prints the median of each and the ratios. Goals: daemon / bare <= 1.5,
+Prints the median of each and the ratios, and where the daemon's binds spent their
+time, phase by phase (``ascendbind_bind_phase_seconds_total``: the caller's
+credentials, the worker's identity, the rest of its observation, the plan, the
+steps, the record, the answer). Goals: daemon / bare <= 1.5,
 reference / daemon and reference / apply_plan >= 10 (also against the floor),
 bind_threads / bare <= 1.5. ``bare`` is the in-process floor: no binder, in or
 out of process, can set the masks faster. Then the reconcile pass's cost per
@@ -69,6 +72,7 @@ from ascendbind.discovery.read.pin import open_pin  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
 from ascendbind.daemon.core import Daemon  # noqa: E402
+from ascendbind.daemon.api.metrics import BIND_PHASES  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
@@ -211,6 +215,11 @@ class DaemonContender:
         return (metric_value(text, "ascendbind_bind_duration_seconds_count") or 0.0,
                 metric_value(text, "ascendbind_bind_duration_seconds_sum") or 0.0)
 
+    def server_phases(self) -> dict[str, float]:
+        """Seconds the daemon's binds spent so far in each phase (ascendbind_bind_phase_seconds_total)."""
+        text = self.proc.metrics_text()
+        return {p: metric_value(text, "ascendbind_bind_phase_seconds_total", phase=p) or 0.0 for p in BIND_PHASES}
+
     def close(self, pid: int) -> None:
         if self.bound:
             self.proc.client.release(pid=pid)
@@ -219,7 +228,7 @@ class DaemonContender:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=25, help="rounds (each contender once per round); >= 20")
+    ap.add_argument("--runs", type=int, default=50, help="rounds (each contender once per round); >= 50 for the ratios")
     ap.add_argument("--threads", type=int, default=200)
     ap.add_argument("--no-daemon", action="store_true", help="leave out the daemon contender")
     ap.add_argument("--reconcile-workers", type=int, default=2,
@@ -291,6 +300,7 @@ def main(argv=None) -> int:
             cpus: dict[str, list[float]] = {k: [] for k in contenders}
             names = list(contenders)
             server0 = daemon.server_totals() if daemon is not None else (0.0, 0.0)
+            phases0 = daemon.server_phases() if daemon is not None else {}
             for i in range(args.runs):
                 order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
                 for name in order:
@@ -308,9 +318,11 @@ def main(argv=None) -> int:
             pin.close()
             no_state.close(pid)
             server_ms = None
+            phases_ms: dict[str, float] = {}
             if daemon is not None:
                 n, total = (b - a for a, b in zip(server0, daemon.server_totals()))
                 server_ms = total / n * 1e3 if n else None
+                phases_ms = {p: (v - phases0[p]) / n * 1e3 for p, v in daemon.server_phases().items()} if n else {}
                 daemon.close(pid)
                 daemon = None
     finally:
@@ -357,6 +369,12 @@ def main(argv=None) -> int:
     if server_ms is not None:
         print(f"daemon: {server_ms:.2f} ms mean inside the daemon per bind (ascendbind_bind_duration_seconds: "
               f"observation, plan, the four steps, the state file); the rest is socket, HTTP and client")
+    if phases_ms:
+        whole = sum(phases_ms.values())
+        print(f"the daemon's bind by phase (mean ms per bind over {args.runs} binds, from accept to the answer "
+              f"sent: {whole:.3f} ms; the client's side and the socket's transit are the rest of the median):")
+        for phase, ms in phases_ms.items():
+            print(f"  {phase:<9} {ms:7.3f} ms  {ms / whole * 100 if whole else 0:5.1f} %")
     if "daemon" in cpu_med:
         r_cpu = cpu_med["daemon"] / cpu_med["bare"]
         print(f"daemon CPU / bare CPU        = {r_cpu:7.2f}x          (client and daemon CPU per bind, "
@@ -374,6 +392,7 @@ def main(argv=None) -> int:
         "median_cpu_ms": {k: v * 1e3 for k, v in cpu_med.items()},
         "times_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
         "daemon_server_mean_ms": server_ms,
+        "daemon_phase_mean_ms": phases_ms,
         "reconcile": reconcile,
     })
     return 0

@@ -303,6 +303,35 @@ def test_metrics_parse_with_prometheus_client_and_use_fixed_labels(daemon):
     assert status == 200 and "ascendbind_bind_requests_total" in sock_text
 
 
+def _phases(daemon) -> dict[str, float]:
+    from ascendbind.daemon.api.metrics import BIND_PHASES
+
+    text = daemon.metrics_text()
+    return {p: metric_value(text, "ascendbind_bind_phase_seconds_total", phase=p) for p in BIND_PHASES}
+
+
+def test_a_bind_is_timed_phase_by_phase_from_accept_to_the_answer_sent(daemon):
+    before = _phases(daemon)
+    assert None not in before.values(), before  # every phase's series exists from the start
+    with start_worker(plain=3, acl=1, release=1) as w:
+        t0 = time.monotonic()
+        status, body = daemon.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+        elapsed = time.monotonic() - t0
+        assert status == 200, body
+        # the phases are added once the answer is sent, which the client may read first
+        assert wait_for(lambda: _phases(daemon)["answer"] > before["answer"], 10), _phases(daemon)
+        after = _phases(daemon)
+        spent = {p: after[p] - before[p] for p in before}
+        assert all(v > 0 for v in spent.values()), spent
+        # every phase lies between the client's connect and its reading the answer
+        assert sum(spent.values()) <= elapsed, (spent, elapsed)
+        # a refused bind (no such process) is not a bind's time: nothing is added
+        status, body = daemon.curl("POST", "/v1/bind", {"pid": 2 ** 22, "npu": 0})  # above any pid_max - 1
+        assert status == 404, body
+        assert _phases(daemon) == after
+        daemon.curl("POST", "/v1/release", {"pid": w.pid})
+
+
 def test_uevent_triggers_a_debounced_rediscovery(daemon):
     uevent = "/sys/devices/system/cpu/cpu0/uevent"
     if not daemon.client.health()["hotplug"].startswith("kernel") or not os.access(uevent, os.W_OK):

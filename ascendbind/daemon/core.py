@@ -71,7 +71,7 @@ from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover
 from .watch.npucheck import NpuChecker
 from .api.contention import Contention
-from .api.metrics import Metrics
+from .api.metrics import BindClock, Metrics
 from .watch.observe import role_cpus
 from .ownership import Ownership
 from .state.state import StateFile
@@ -160,25 +160,33 @@ class Daemon(Ownership):
 
     # ---------------------------------------------------------- bind
 
-    def observe(self, peer: Peer, pid: int, *, pin: bool = False) -> ProcessView:
+    def observe(self, peer: Peer, pid: int, *, pin: bool = False, clock: BindClock | None = None) -> ProcessView:
         """The request's one observation of ``pid``, authorized for ``peer`` as soon as its
         identity is read (a refused caller has the daemon read nothing more of it); with
         ``pin``, holding it (``view.pin``, the caller's to close). ProcessGone ``pid_gone``
-        when it is absent, a zombie, or has no readable stat."""
+        when it is absent, a zombie, or has no readable stat. ``clock``: a bind's, marked
+        ``identity`` once the caller is authorized and ``worker`` once the rest is read."""
         def vet(identity: ProcessIdentity) -> None:
             require_live(identity, pid)
             authorize(peer, identity, daemon_pid=self.pid, proc_root=self.config.proc_root)
+            if clock is not None:
+                clock.mark("identity")
 
-        return observe_process(self.hosts.source, pid, vet=vet, pin=pin)
+        view = observe_process(self.hosts.source, pid, vet=vet, pin=pin)
+        if clock is not None:
+            clock.mark("worker")
+        return view
 
-    def bind_request(self, peer: Peer, body: Any) -> dict[str, Any]:
-        """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total."""
+    def bind_request(self, peer: Peer, body: Any, *, clock: BindClock | None = None) -> dict[str, Any]:
+        """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total.
+        ``clock``: marked at each phase of the bind (the caller adds it to the metrics once it
+        has answered)."""
         t0 = time.monotonic()
         try:
             pid, request, policy = parse_bind_request(body)
-            view = self.observe(peer, pid or peer.pid, pin=True)
+            view = self.observe(peer, pid or peer.pid, pin=True, clock=clock)
             with view.pin or contextlib.nullcontext():
-                result = self.bind_process(view, request, policy)
+                result = self.bind_process(view, request, policy, clock=clock)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -256,7 +264,7 @@ class Daemon(Ownership):
         return worker
 
     def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
-                     policy: PlanAsk | str | None) -> dict[str, Any]:
+                     policy: PlanAsk | str | None, *, clock: BindClock | None = None) -> dict[str, Any]:
         """Bind the process ``target`` names (authorized by the caller) to the NPUs the rule
         picks for ``request`` (NPU ids, a device index, or nothing: the evidence decides).
         Auto-bind enters here too. ``target`` is the request's observation of the process,
@@ -267,11 +275,13 @@ class Daemon(Ownership):
         refuse_non_worker(identity, self.pid)
         view = self._view_of(target, pin=True)
         with (view.pin if view is not target else None) or contextlib.nullcontext():
-            return self._bind_view(view, TargetRequest.of(request), policy)
+            return self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock())
 
-    def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None) -> dict[str, Any]:
+    def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None,
+                   clock: BindClock) -> dict[str, Any]:
         pid = view.pid
         config, host, worker, failure = self._facts_of(view, request, policy)
+        clock.mark("worker")
         decision = self._targets(host, worker, request, failure)
         targets = decision.npus
         fresh = host.processes if not request.names_npus and failure is None else None
@@ -291,6 +301,7 @@ class Daemon(Ownership):
                     self.metrics.alignment_failure(reason or "other")
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
+            clock.mark("plan")
             self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
             with recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
@@ -300,6 +311,7 @@ class Daemon(Ownership):
                     self._gone_while_binding(applied, prev)
             if any(b.status == "failed" for b in applied.binding.irqs):
                 self.hosts.forget_irqs()
+            clock.mark("apply")
             gone = {h.binding.pid for h in (*replaced, *evicted)}
             sharers = [h for other, h in self.held.items()
                        if other != pid and other not in gone and set(h.binding.npus) & set(targets)]
@@ -328,6 +340,7 @@ class Daemon(Ownership):
             if prev is not None:
                 prev.close()
             self.save()
+        clock.mark("record")
         self.metrics.step_results(binding.steps)
         if request.names_npus:
             self.npu_check.submit(pid, binding.start_time, binding.npus, request, host, worker)

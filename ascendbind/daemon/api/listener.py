@@ -89,7 +89,7 @@ class Conn:
     """One admitted connection as the loop and the worker see it."""
 
     __slots__ = ("sock", "peer", "key", "is_root", "id", "reader", "opened", "line_deadline", "deadline",
-                 "lingering", "drained", "continued", "released")
+                 "lingering", "drained", "continued", "released", "identified_in", "after_send")
 
     def __init__(self, sock: socket.socket, peer, key, is_root: bool, limits: Limits, now: float) -> None:
         self.sock, self.peer, self.key, self.is_root = sock, peer, key, is_root
@@ -102,6 +102,9 @@ class Conn:
         self.drained = 0
         self.continued = False
         self.released = False
+        self.identified_in = 0.0  # seconds identify() took at accept (SO_PEERCRED)
+        # set by the handler: called once its answer is sent (a bind's clock stops there)
+        self.after_send: Callable[[], None] | None = None
 
 
 # handle(conn, request) -> Response, run on a worker; refused(conn or None, error) counts/logs
@@ -233,10 +236,12 @@ class Listener:
                 s.close()
 
     def _take(self, s: socket.socket) -> None:
+        t0 = time.perf_counter()
         try:
             peer, key, is_root = self.identify(s)
         except OSError:
             peer, key, is_root = None, None, False
+        identified_in = time.perf_counter() - t0
         if not self._admit(key, is_root):
             _send_now(s, _BUSY_BYTES)
             s.close()
@@ -244,6 +249,7 @@ class Listener:
             return
         s.setblocking(False)
         conn = Conn(s, peer, key, is_root, self.limits, time.monotonic())
+        conn.identified_in = identified_in
         self._conns[s.fileno()] = conn
         self._sel.register(s, selectors.EVENT_READ, conn)
         # a client writes its request right after connect(): it is usually here already,
@@ -327,6 +333,8 @@ class Listener:
             data = render_response(resp, request_id=conn.id, head_only=request.method == "HEAD")
             conn.sock.settimeout(self.limits.write_timeout)
             conn.sock.sendall(data)
+            if conn.after_send is not None:
+                conn.after_send()
         except OSError:
             pass  # the client went away or stopped reading: nothing left to tell it
         finally:

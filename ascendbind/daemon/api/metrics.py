@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import time
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
@@ -20,7 +21,7 @@ from ... import __version__
 from ...discovery.read.deadline import READ_FILES, READERS, Readers
 from ...planner import ALIGNMENT_FAILURE_REASONS
 
-__all__ = ["Metrics", "OUTCOMES", "CULPRITS",
+__all__ = ["Metrics", "BindClock", "BIND_PHASES", "OUTCOMES", "CULPRITS",
            "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "MOVE_OUTCOMES",
            "RECONCILE_MODES", "LISTING_REASONS"]
 
@@ -51,8 +52,31 @@ LISTENERS = ("api", "metrics")
 RECONCILE_MODES = ("events", "listing")
 LISTING_REASONS = ("off", "unsupported", "permission", "namespace", "no_ack", "overflow", "error")
 
+# where a bind's time goes, in order: the caller's credentials (SO_PEERCRED, at accept), the
+# worker's identity (pin, stat, status, authorization), the rest of its observation and its facts
+# (cgroup, cpuset, environ, threads), the plan (targets, claim, planner), the writes (the four
+# steps), the record (held table, state file), the answer (JSON, sent)
+BIND_PHASES = ("peer", "identity", "worker", "plan", "apply", "record", "answer")
+
 # the planner's fixed alignment-failure set, plus "other" for anything unforeseen
 ALIGNMENT_REASONS = (*ALIGNMENT_FAILURE_REASONS, "other")
+
+
+class BindClock:
+    """One bind's time, phase by phase: ``mark(phase)`` charges the time since the last mark
+    (or since the clock started) to ``phase``. A phase may be marked more than once; the
+    daemon adds the whole to ``ascendbind_bind_phase_seconds_total`` once the bind ends."""
+
+    __slots__ = ("_last", "spent")
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self.spent: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.spent[phase] = self.spent.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 class WorkerReads:
@@ -100,6 +124,13 @@ class Metrics:
             "Time to plan and bind one worker",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
+        )
+        self.bind_phase = Counter(
+            "ascendbind_bind_phase_seconds",
+            "Seconds spent in each phase of the binds answered 200 (peer: credentials at accept; identity: pin, "
+            "stat, status, authorization; worker: the rest of the observation and its facts; plan; apply: the "
+            "four steps; record: held table and state file; answer: JSON and send)",
+            ["phase"], registry=r,
         )
         self.discovery_duration = Histogram(
             "ascendbind_discovery_duration_seconds",
@@ -227,6 +258,7 @@ class Metrics:
 
         for o in OUTCOMES:
             self.bind_requests.labels(o)
+        self._phase_children = {p: self.bind_phase.labels(p) for p in BIND_PHASES}
         for reason in self.alignment_reasons:
             self.alignment_failures.labels(reason)
         for s in STEPS:
@@ -269,6 +301,14 @@ class Metrics:
 
     def bind_outcome(self, outcome: str) -> None:
         self.bind_requests.labels(outcome if outcome in OUTCOMES else "failed").inc()
+
+    def bind_phases(self, spent) -> None:
+        """Add one bind's phase times (BindClock.spent; phases outside BIND_PHASES are dropped)."""
+        children = self._phase_children
+        for phase, seconds in spent.items():
+            child = children.get(phase)
+            if child is not None:
+                child.inc(seconds)
 
     def alignment_failure(self, reason: str | None) -> None:
         self.alignment_failures.labels(reason if reason in self.alignment_reasons else "other").inc()

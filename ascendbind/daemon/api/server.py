@@ -29,6 +29,7 @@ from ...errors import (AscendbindError, ConfigError, Conflict, DiscoveryError, N
                        ProcessGone, UsageError)
 from .auth import Peer, peer_of
 from .listener import Conn, Limits, Listener
+from .metrics import BindClock
 from .requests import decode_json_body, parse_bind_request
 from .wire import Request, Response, WireError, error_response, json_response
 
@@ -157,7 +158,7 @@ class ApiServer:
         structlog.contextvars.bind_contextvars(request_id=conn.id, peer_pid=peer.pid if peer else None,
                                                peer_uid=peer.uid if peer else None)
         try:
-            resp = self._route(peer, req)
+            resp = self._route(conn, peer, req)
         except WireError as err:
             resp = error_response(err)
         except Exception as exc:  # noqa: BLE001 - the last resort: answer, log, count; never a traceback
@@ -174,7 +175,7 @@ class ApiServer:
         structlog.contextvars.clear_contextvars()
         return resp
 
-    def _route(self, peer: Peer | None, req: Request) -> Response:
+    def _route(self, conn: Conn, peer: Peer | None, req: Request) -> Response:
         want = ROUTES.get(req.path)
         if want is None:
             return json_response(404, {"error": "not_found",
@@ -187,7 +188,7 @@ class ApiServer:
         try:
             if peer is None:
                 raise NotPermitted("could not read the caller's credentials (SO_PEERCRED)")
-            return self._call(peer, req)
+            return self._call(conn, peer, req)
         except AscendbindError as exc:
             payload = {"error": exc.code, "detail": str(exc)}
             plan = getattr(exc, "plan", None)
@@ -201,10 +202,10 @@ class ApiServer:
                 log.error("request failed", error=exc.code, detail=str(exc)[:300])
             return json_response(status, payload)
 
-    def _call(self, peer: Peer, req: Request) -> Response:
+    def _call(self, conn: Conn, peer: Peer, req: Request) -> Response:
         daemon = self.daemon
         if req.path == "/v1/bind":
-            return json_response(200, daemon.bind_request(peer, decode_json_body(req.body)))
+            return self._bind(conn, peer, req)
         if req.path == "/v1/release":
             return json_response(200, daemon.release_request(peer, decode_json_body(req.body)))
         if req.path == "/v1/workers":
@@ -215,6 +216,22 @@ class ApiServer:
         if req.path == "/healthz":
             return json_response(200, daemon.health())
         return Response(200, daemon.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+
+
+    def _bind(self, conn: Conn, peer: Peer, req: Request) -> Response:
+        """POST /v1/bind, timed phase by phase (ascendbind_bind_phase_seconds_total): the clock
+        takes the credentials' time from accept and stops once the answer is sent."""
+        clock = BindClock()
+        clock.spent["peer"] = conn.identified_in
+        resp = json_response(200, self.daemon.bind_request(peer, decode_json_body(req.body), clock=clock))
+        metrics = self.daemon.metrics
+
+        def sent() -> None:
+            clock.mark("answer")
+            metrics.bind_phases(clock.spent)
+
+        conn.after_send = sent
+        return resp
 
 
 def _answered_on_the_loop(req: Request) -> bool:
