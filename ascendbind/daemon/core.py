@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -133,9 +134,11 @@ class Daemon(Ownership):
 
     # ---------------------------------------------------------- state
 
-    def save(self, timeout: float | None = None) -> bool:
+    def save(self, timeout: float | None = None, *, later: list[Callable[[], None]] | None = None) -> bool:
         """Write the state file and sync the gauges from the held table; with ``timeout``, give
-        up (False) when the lock is not had within it (a stop that cannot wait)."""
+        up (False) when the lock is not had within it (a stop that cannot wait). ``later``: a
+        bind's work for after its answer, where the reconcile loop's poke goes (its first look
+        at the worker would otherwise compete with the answer for the interpreter)."""
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
         try:
@@ -151,7 +154,10 @@ class Daemon(Ownership):
             held = frozenset(map(id, self.held.values()))
             if held != self._saved_held:  # a worker bound, bound again or gone: the loop looks now
                 self._saved_held = held
-                self.held_changed()
+                if later is None:
+                    self.held_changed()
+                else:
+                    later.append(self.held_changed)
             # a released or gone worker's locality series goes with it
             self.metrics.memory_local(ratios_by_npu(self.held.values()))
         finally:
@@ -177,16 +183,17 @@ class Daemon(Ownership):
             clock.mark("worker")
         return view
 
-    def bind_request(self, peer: Peer, body: Any, *, clock: BindClock | None = None) -> dict[str, Any]:
+    def bind_request(self, peer: Peer, body: Any, *, clock: BindClock | None = None,
+                     later: list[Callable[[], None]] | None = None) -> dict[str, Any]:
         """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total.
         ``clock``: marked at each phase of the bind (the caller adds it to the metrics once it
-        has answered)."""
+        has answered). ``later``: see ``bind_process``."""
         t0 = time.monotonic()
         try:
             pid, request, policy = parse_bind_request(body)
             view = self.observe(peer, pid or peer.pid, pin=True, clock=clock)
             with view.pin or contextlib.nullcontext():
-                result = self.bind_process(view, request, policy, clock=clock)
+                result = self.bind_process(view, request, policy, clock=clock, later=later)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -264,21 +271,29 @@ class Daemon(Ownership):
         return worker
 
     def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
-                     policy: PlanAsk | str | None, *, clock: BindClock | None = None) -> dict[str, Any]:
+                     policy: PlanAsk | str | None, *, clock: BindClock | None = None,
+                     later: list[Callable[[], None]] | None = None) -> dict[str, Any]:
         """Bind the process ``target`` names (authorized by the caller) to the NPUs the rule
         picks for ``request`` (NPU ids, a device index, or nothing: the evidence decides).
         Auto-bind enters here too. ``target`` is the request's observation of the process,
-        or an identity to observe it by."""
+        or an identity to observe it by. ``later``: where the work that waits for the answer
+        goes (the named NPU's check against npu-smi), for the caller to run once it has
+        answered; without it, that work is started before this returns."""
         identity = target.identity if isinstance(target, ProcessView) else target
         if identity is None:
             raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
         refuse_non_worker(identity, self.pid)
         view = self._view_of(target, pin=True)
         with (view.pin if view is not target else None) or contextlib.nullcontext():
-            return self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock())
+            deferred: list[Callable[[], None]] = [] if later is None else later
+            result = self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock(), deferred)
+        if later is None:
+            for work in deferred:
+                work()
+        return result
 
     def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None,
-                   clock: BindClock) -> dict[str, Any]:
+                   clock: BindClock, later: list[Callable[[], None]]) -> dict[str, Any]:
         pid = view.pid
         config, host, worker, failure = self._facts_of(view, request, policy)
         clock.mark("worker")
@@ -339,11 +354,13 @@ class Daemon(Ownership):
                 self.mover.cancel(pid, "bound again")  # an earlier binding's move, if any
             if prev is not None:
                 prev.close()
-            self.save()
+            self.save(later=later)
         clock.mark("record")
         self.metrics.step_results(binding.steps)
         if request.names_npus:
-            self.npu_check.submit(pid, binding.start_time, binding.npus, request, host, worker)
+            # its npu-smi run (tens of ms of CPU) would otherwise compete with the answer
+            later.append(functools.partial(self.npu_check.submit, pid, binding.start_time, binding.npus, request,
+                                           host, worker))
         if not aligned:
             self.metrics.alignment_failure(reason)
         outcome = "aligned" if aligned else "unaligned"

@@ -103,7 +103,8 @@ class Conn:
         self.continued = False
         self.released = False
         self.identified_in = 0.0  # seconds identify() took at accept (SO_PEERCRED)
-        # set by the handler: called once its answer is sent (a bind's clock stops there)
+        # set by the handler: called once its answer is sent, or could not be (a bind's clock
+        # stops there, and what waits for the answer starts)
         self.after_send: Callable[[], None] | None = None
 
 
@@ -333,12 +334,14 @@ class Listener:
             data = render_response(resp, request_id=conn.id, head_only=request.method == "HEAD")
             conn.sock.settimeout(self.limits.write_timeout)
             conn.sock.sendall(data)
-            if conn.after_send is not None:
-                conn.after_send()
         except OSError:
             pass  # the client went away or stopped reading: nothing left to tell it
         finally:
-            self._release(conn)
+            try:
+                if conn.after_send is not None:  # whether or not the client took the answer
+                    conn.after_send()
+            finally:
+                self._release(conn)
 
     # ------------------------------------------------------------ stop
 

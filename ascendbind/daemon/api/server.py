@@ -220,15 +220,20 @@ class ApiServer:
 
     def _bind(self, conn: Conn, peer: Peer, req: Request) -> Response:
         """POST /v1/bind, timed phase by phase (ascendbind_bind_phase_seconds_total): the clock
-        takes the credentials' time from accept and stops once the answer is sent."""
+        takes the credentials' time from accept and stops once the answer is sent (or its
+        sending failed); what waits for the answer starts then."""
         clock = BindClock()
         clock.spent["peer"] = conn.identified_in
-        resp = json_response(200, self.daemon.bind_request(peer, decode_json_body(req.body), clock=clock))
+        later: list = []
+        resp = json_response(200, self.daemon.bind_request(peer, decode_json_body(req.body), clock=clock,
+                                                           later=later))
         metrics = self.daemon.metrics
 
         def sent() -> None:
             clock.mark("answer")
             metrics.bind_phases(clock.spent)
+            for work in later:  # what waits for the answer (the named NPU's check)
+                work()
 
         conn.after_send = sent
         return resp
