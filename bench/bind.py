@@ -149,7 +149,7 @@ class CoreContender:
                      npu_smi=os.path.join(FIXTURE_BIN, "npu-smi"))
         self.daemon = Daemon(cfg)
         if not write_state:
-            self.daemon.save = lambda: None
+            self.daemon.save = lambda *args, **kwargs: None
         self.root = Peer(os.getpid(), 0, 0)
         self.bound = False
 
