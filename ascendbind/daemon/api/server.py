@@ -217,7 +217,6 @@ class ApiServer:
             return json_response(200, daemon.health())
         return Response(200, daemon.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
 
-
     def _bind(self, conn: Conn, peer: Peer, req: Request) -> Response:
         """POST /v1/bind, timed phase by phase (ascendbind_bind_phase_seconds_total): the clock
         takes the credentials' time from accept and stops once the answer is sent (or its
