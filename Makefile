@@ -18,15 +18,15 @@ $(STAMP): pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q
 
-# the memory tests on real multi-NUMA kernels: a 2-node and a 4-node QEMU guest of this
-# machine's kernel (make test runs them too, through tests/test_numa_guest.py)
+# the tests of tests/numa/ on real multi-NUMA kernels: a 2-node and a 4-node QEMU guest of this
+# machine's kernel, and the isolation guest (make test runs them too, through tests/test_numa_guest.py)
 test-numa: install
 	$(BIN)/python -m tests.numa_guest
 
-# isolation under stress-ng --cpu 8 in the 2-node guest (IRQ counts, the neighbour's threads, every
-# restore): some 10 minutes of emulation, so by hand rather than in make test
+# isolation under stress-ng --cpu 8 in a 2-node guest of its own (IRQ counts, the neighbour's
+# threads, every restore): make test runs it too, beside the other guests; this runs it alone
 test-isolation-guest: install
-	$(BIN)/python -m tests.numa_guest --topology 2node --timeout 3000 -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/numa/test_isolation_guest.py
+	$(BIN)/python -m tests.numa_guest --topology isolation --timeout 3000
 
 # the target architecture: Debian's arm64 kernel under qemu-system-aarch64 with a Kunpeng 920's
 # four NUMA nodes and an arm64 userland (tests/arm64_guest.py; `make test ARM64_GUEST=1` runs it

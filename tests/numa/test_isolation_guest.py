@@ -1,4 +1,5 @@
-"""Isolation on a real two-node kernel under a noisy neighbour (the 2node guest).
+"""Isolation on a real two-node kernel under a noisy neighbour (the isolation guest: the
+2node guest's layout, booted for these tests alone).
 
 The fixture npu-smi describes two NPUs, one a node: NPU 0's pool is CPUs 0-3, NPU 1's
 4-7. ``stress-ng --cpu 8`` keeps every CPU busy. A worker bound on NPU 0 protects
@@ -17,8 +18,8 @@ bind, release and stop; it runs through each 30 s interrupt window, and at
 ``host`` while its threads are checked off the worker's CPUs. A stopped task is
 moved like a running one: its mask is what is checked.
 
-Some ten minutes of emulation, more than the suite's guest run can give it beside the
-arm64 guest within CI's budget: it runs by hand, ``make test-isolation-guest``.
+Some minutes of emulation: the suite boots it in the background with the other guests
+(tests/test_numa_guest.py); ``make test-isolation-guest`` runs it alone.
 
 At ``host`` this test process names itself ``guest_test`` and is exempt
 (``isolation_exempt``): the level would move it too, and what it starts would
