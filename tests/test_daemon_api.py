@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,9 +17,10 @@ import time
 import pytest
 
 from ascendbind.applier.affinity import cpus_for_role, role_of
+from ascendbind.values.cpulist import format_cpulist
 from ascendbind.values.model import Mode, NpuPlan
 from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
-from tests.workers import SELF_BINDER, cpus_allowed_of, reap, start_worker
+from tests.workers import SELF_BINDER, cpus_allowed_of, nodes_with_cpus, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(N_CPUS < 2, reason="roles only separate with 2+ CPUs")
@@ -53,22 +55,10 @@ def role_masks_ok(worker, plan: NpuPlan) -> bool:
 # ---------------------------------------------------------------- bind, roles, reconcile
 
 
-def _nodes_with_cpus() -> set[int]:
-    """The NUMA nodes holding at least one CPU, from this kernel's sysfs."""
-    base = "/sys/devices/system/node"
-    nodes = set()
-    for name in os.listdir(base):
-        if name[4:].isdigit():
-            with open(f"{base}/{name}/cpulist") as fh:
-                if fh.read().strip():
-                    nodes.add(int(name[4:]))
-    return nodes
-
-
 def test_bind_through_curl_puts_each_role_on_its_cpus(daemon):
     # the fixture NPU's affinity is every CPU of the host: its pool lies on one NUMA node,
     # and is aligned, only where the host has one; on a multi-node host it spans them all
-    outcome = "aligned" if len(_nodes_with_cpus()) == 1 else "unaligned"
+    outcome = "aligned" if len(nodes_with_cpus()) == 1 else "unaligned"
     with start_worker(plain=2, acl=1, release=1) as w:
         status, body = daemon.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
         assert status == 200, body
@@ -387,16 +377,41 @@ def test_run_binds_the_child_before_exec_and_passes_the_status_through(daemon):
     assert json.loads(r.stdout.strip().splitlines()[-1]) == plan_main
 
 
-# the command's own view of its memory policy: numa_maps prints it on every mapping without its own
-_PRINT_POLICY = "print(open('/proc/self/numa_maps').readline().split()[1])"
+# the command's own view of its memory policy: numa_maps prints it on every mapping without its own,
+# as its second field ("prefer:0"; "prefer (many):0-1" holds a space)
+_PRINT_POLICY = ("import re; print(re.match(r'\\S+ (prefer \\(many\\)\\S*|\\S+)', "
+                 "open('/proc/self/numa_maps').readline()).group(1))")
 
 
-def test_run_gives_the_command_its_pools_node_as_preferred_memory_before_exec(daemon):
+def _has_preferred_many() -> bool:
+    """MPOL_PREFERRED_MANY came with Linux 5.15."""
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", os.uname().release).groups())
+    return (major, minor) >= (5, 15)
+
+
+def test_run_gives_the_command_its_pools_node_as_preferred_memory_before_exec(daemon, record_property):
     r = _cli(daemon, "run", "--npu", "0", "--", sys.executable, "-c", _PRINT_POLICY)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines()[-1] == "prefer:0" and "memory policy" not in r.stderr
+    # the fixture NPU's pool is every CPU: on one node, that node preferred; over several, all of
+    # them (MPOL_PREFERRED_MANY), or where the kernel predates it the first one alone
+    nodes = sorted(nodes_with_cpus())
+    if len(nodes) == 1:
+        want = f"prefer:{nodes[0]}"
+    elif _has_preferred_many():
+        want = f"prefer (many):{format_cpulist(nodes)}"
+    else:
+        want = f"prefer:{nodes[0]}"
+    policy = r.stdout.strip().splitlines()[-1]
+    record_property("run_memory_policy", policy)
+    print(f"\nrun's memory policy on {len(nodes)} node(s), Linux {os.uname().release}: {policy}")
+    assert policy == want and "memory policy" not in r.stderr, (policy, want, r.stderr)
     # a command started under a policy of its own keeps it: numactl's comes first, run's bind after
-    r = subprocess.run(["numactl", "--interleave=0", sys.executable, "-m", "ascendbind.cli", "run", "--npu", "0", "--",
+    numactl = shutil.which("numactl")
+    if numactl is None:
+        from tests.deploy_tools import missing
+
+        missing("numactl (Debian package numactl)")
+    r = subprocess.run([numactl, "--interleave=0", sys.executable, "-m", "ascendbind.cli", "run", "--npu", "0", "--",
                         sys.executable, "-c", _PRINT_POLICY], capture_output=True, text=True, env=daemon.env,
                        cwd=str(ROOT), timeout=60)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1].startswith("interleave"), r.stderr

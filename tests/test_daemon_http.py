@@ -297,7 +297,14 @@ def test_root_binds_within_a_second_while_another_uid_hogs_the_socket(daemon):
 
 
 def test_a_queued_burst_past_the_old_backlog_gets_answers_not_eagain(daemon, many_fds):
-    n = 600  # far past a backlog of 64 and past the connection cap
+    # far past a backlog of 64 and past the connection cap, within what this machine lets a listen
+    # backlog be: the kernel caps listen()'s at net.core.somaxconn (4096 by default since Linux 5.4,
+    # an operator's choice on some machines)
+    with open("/proc/sys/net/core/somaxconn") as fh:
+        somaxconn = int(fh.read())
+    n = min(600, somaxconn)
+    if n <= max(64, API_LIMITS.max_total):
+        pytest.skip(f"net.core.somaxconn = {somaxconn}: no backlog past the connection cap to queue a burst in")
     request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     socks = []
     os.kill(daemon.pid, signal.SIGSTOP)  # nothing is accepted: every connection waits in the backlog

@@ -377,8 +377,14 @@ def test_stop_kills_a_hanging_tool_leaves_no_process_and_the_bindings_in_place(h
         state = c.show(UNIT, "ActiveState", "Result", "MainPID")
         assert state == {"ActiveState": "inactive", "Result": "success", "MainPID": "0"}, state
         assert took < 20, f"stop took {took:.1f}s: TimeoutStopSec, not the daemon, ended it"
-        assert not Path(c.path(f"/sys/fs/cgroup/systemd{cgroup}")).exists() or \
-            Path(c.path(f"/sys/fs/cgroup/systemd{cgroup}/cgroup.procs")).read_text() == ""
+        # the unit's cgroup is gone or empty, wherever the container's systemd keeps it: the named
+        # v1 hierarchy (a cgroup v1 host), the unified one beside it (hybrid), or cgroup v2's own
+        for top in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+            try:
+                left = Path(c.path(f"{top}{cgroup}/cgroup.procs")).read_text()
+            except FileNotFoundError:
+                left = ""  # no such hierarchy there, or the cgroup already removed
+            assert left == "", (top, left)
         assert fake.survivors(c.path("/proc")) == []
         log = c.journal(UNIT)[mark:]
         # the daemon reaped its tool itself: systemd found nothing left to SIGKILL

@@ -171,6 +171,19 @@ def _wait(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
+def nodes_with_cpus() -> set[int]:
+    """The NUMA nodes holding at least one CPU, from this kernel's sysfs (the fixture NPU's
+    pool is every CPU: aligned, and one preferred memory node, only where this is one node)."""
+    base = "/sys/devices/system/node"
+    nodes = set()
+    for name in os.listdir(base):
+        if name[4:].isdigit():
+            with open(f"{base}/{name}/cpulist") as fh:
+                if fh.read().strip():
+                    nodes.add(int(name[4:]))
+    return nodes
+
+
 def cpus_allowed_of(pid: int, tid: int) -> frozenset[int] | None:
     """``Cpus_allowed_list`` of one thread, read from /proc/<pid>/task/<tid>/status."""
     try:
