@@ -48,8 +48,8 @@ from ...values.cpulist import format_cpulist
 from ...values.decisions import MaskWrite
 from ...discovery.gather.irqhost import irq_masks_writable
 from ...errors import ConfigError, PlanImpossible
-from ...values.model import Binding, HostFacts, PlanIssue
-from ...planner.isolate.isolation import IsolationPlan, plan_isolation
+from ...values.model import Binding, HostFacts, Plan, PlanIssue
+from ...planner.isolate.isolation import IsolationPlan, host_plan, plan_isolation
 from ...values.reasons import Reason
 from ..state.isolationrecord import KINDS, IsolationRecord, SavedMask, key_kind, mask_key
 from .banned import follow_irqbalance
@@ -82,6 +82,7 @@ class Isolation:
         self.last: dict[str, Any] = {}
         self._refused: dict[str, dict[str, str]] = {}  # key -> its skip: the kernel refuses it, never tried again
         self._planned: tuple | None = None  # (host, plans, config) -> plan, for a save that changed nothing
+        self._whole: tuple | None = None  # (host, config, host_plan of them): every bind's save needs it
         self._applied: tuple | None = None
         self.stopped = False  # put back for good: the daemon is stopping
         self._moving = False
@@ -104,7 +105,7 @@ class Isolation:
         """Why a bind giving these plans is refused at this level (None: it is not)."""
         if config.isolation == "off":
             return None
-        return plan_isolation(host, plans, config).error
+        return plan_isolation(host, plans, config, whole=self._host_plan(host, config)).error
 
     # ---------------------------------------------------------- the Daemon's calls
 
@@ -275,9 +276,19 @@ class Isolation:
         key = (host, tuple(id(p) for p in plans), config)
         if self._planned is not None and self._planned[0] == key:
             return self._planned[1]
-        iso = plan_isolation(host, plans, config)
+        iso = plan_isolation(host, plans, config, whole=self._host_plan(host, config))
         self._planned = (key, iso)
         return iso
+
+    def _host_plan(self, host: HostFacts, config: Config) -> Plan:
+        """``host_plan`` of ``host`` and ``config``, kept until either changes (a rediscovery,
+        a reload): the planner's work over every NPU of the host, once, not at each save."""
+        kept = self._whole
+        if kept is not None and kept[0] is host and kept[1] == config:
+            return kept[2]
+        whole = host_plan(host, config)
+        self._whole = (host, config, whole)
+        return whole
 
     # ---------------------------------------------------------- masks
 

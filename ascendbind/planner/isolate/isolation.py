@@ -130,10 +130,14 @@ def protected_roles(plan: Plan) -> dict[int, list[str]]:
     return out
 
 
-def plan_isolation(host: HostFacts, bound: Sequence[Plan], config: Config) -> IsolationPlan:
-    """The housekeeping set and the protected CPUs for the ``bound`` workers' plans."""
+def plan_isolation(host: HostFacts, bound: Sequence[Plan], config: Config, *,
+                   whole: Plan | None = None) -> IsolationPlan:
+    """The housekeeping set and the protected CPUs for the ``bound`` workers' plans.
+    ``whole``: ``host_plan(host, config)``, where the caller keeps it (it depends on the host
+    and the config alone, and costs milliseconds on a host of hundreds of CPUs)."""
     online = _online(host)
-    whole = host_plan(host, config)
+    if whole is None:
+        whole = host_plan(host, config)
     host_roles: dict[int, str] = {cpu: "no pool" for cpu in online}
     for cpu in whole.uvb_cpus:
         host_roles[cpu] = "UVB pool"
