@@ -71,7 +71,7 @@ lint: install
 	$(BIN)/python -m pyflakes ascendbind tests bench
 
 # Runs every bench (a few minutes), then writes docs/benchmarks.md and docs/bench/*.png.
-# matplotlib is a bench-only extra: installed here, never needed by the daemon or the tests.
+# matplotlib is a bench-only extra: installed here (and by .ci/run, for the suite's plot test), never needed by the daemon.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'

@@ -18,6 +18,7 @@ from bench import report
 from bench.effect import (StandInProc, arm_result, latency_summary, log_histogram, migration_cut, percentile,
                           pin_all, ratios)
 from tests.daemon_harness import wait_for
+from tests.deploy_tools import missing
 
 
 def _comm(pid: int, tid: int) -> str:
@@ -130,7 +131,10 @@ def test_page_and_headlines_carry_the_measured_figures():
 
 
 def test_plots_are_written_small():
-    pytest.importorskip("matplotlib")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        missing("matplotlib (the bench extra: pip install -e '.[bench]')")
     with tempfile.TemporaryDirectory() as tmp:
         made = report.draw(fixed_results(0.5), Path(tmp))
         assert len(made) == 3
