@@ -277,20 +277,21 @@ class Daemon(Ownership):
         picks for ``request`` (NPU ids, a device index, or nothing: the evidence decides).
         Auto-bind enters here too. ``target`` is the request's observation of the process,
         or an identity to observe it by. ``later``: where the work that waits for the answer
-        goes (the named NPU's check against npu-smi), for the caller to run once it has
-        answered; without it, that work is started before this returns."""
+        goes (the named NPU's check against npu-smi, the reconcile loop's poke), for the caller
+        to run once it has answered, or failed to; without it, that work runs before this returns."""
         identity = target.identity if isinstance(target, ProcessView) else target
         if identity is None:
             raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
         refuse_non_worker(identity, self.pid)
         view = self._view_of(target, pin=True)
-        with (view.pin if view is not target else None) or contextlib.nullcontext():
-            deferred: list[Callable[[], None]] = [] if later is None else later
-            result = self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock(), deferred)
-        if later is None:
-            for work in deferred:
-                work()
-        return result
+        deferred: list[Callable[[], None]] = [] if later is None else later
+        try:
+            with (view.pin if view is not target else None) or contextlib.nullcontext():
+                return self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock(), deferred)
+        finally:
+            if later is None:  # whatever the bind came to, what it queued runs
+                for work in deferred:
+                    work()
 
     def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None,
                    clock: BindClock, later: list[Callable[[], None]]) -> dict[str, Any]:

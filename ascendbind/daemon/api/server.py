@@ -224,8 +224,13 @@ class ApiServer:
         clock = BindClock()
         clock.spent["peer"] = conn.identified_in
         later: list = []
-        resp = json_response(200, self.daemon.bind_request(peer, decode_json_body(req.body), clock=clock,
-                                                           later=later))
+        try:
+            resp = json_response(200, self.daemon.bind_request(peer, decode_json_body(req.body), clock=clock,
+                                                               later=later))
+        except BaseException:
+            for work in later:  # queued before the bind failed (the loop's poke): not lost with it
+                work()
+            raise
         metrics = self.daemon.metrics
 
         def sent() -> None:
