@@ -23,20 +23,33 @@ at most 6 MiB) lets it through. ``rewritten_environ_worker`` is exec'd that way,
 writes one ``ASCEND_VISIBLE_DEVICES=0-4096,0-4096,…`` over its whole environment
 area through ``/proc/self/mem`` (a single value longer than ``execve`` allows one
 string to be), as a hostile worker can.
+
+``thread_flood_worker``: a worker that starts, names and ends threads as fast as it
+can once told to (``flood(True)``): each of ``creators`` threads starts a thread
+that names itself ``acl_thread_<n>`` with ``prctl(PR_SET_NAME)`` (a rename into the
+ACL role) and returns, joins it, and starts the next; every thread is three process
+events (fork, comm, exit). ``started()`` counts the threads started so far;
+``rename(tid, name)`` has it rename one of its own threads (the Python flooder). In
+Python (about 10,000 threads a second on 2 CPUs), or ``native=True`` the same loop in
+C, compiled with the host's ``cc`` (several times faster; ``LookupError`` without one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 
 from tests.containers import contained_worker
 from tests.workers import _CHILD, PipeChild, reap
 
-__all__ = ["unserved_fuse_dev", "raw_environ_worker", "rewritten_environ_worker", "FUSE_DEV"]
+__all__ = ["unserved_fuse_dev", "raw_environ_worker", "rewritten_environ_worker", "FUSE_DEV", "thread_flood_worker",
+           "FloodWorker"]
 
 # runs first in the contained worker, then tests/workers.py's worker; the descriptor stays
 # open and unread for the worker's life
@@ -143,3 +156,158 @@ def rewritten_environ_worker(size: int) -> Iterator[tuple[PipeChild, int]]:
         yield PipeChild(proc), int(written)
     finally:
         reap(proc)
+
+
+# stdin: "on" / "off" (answered "ok" once the creators run / have stopped), "count" (threads
+# started so far); the creators wait on a condition while off
+_FLOOD_PY = r"""
+import ctypes, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+NAMES = [f"acl_thread_{i}".encode() for i in range(16)]
+def body(name):
+    libc.prctl(15, name, 0, 0, 0)
+cond = threading.Condition()
+want, running, started = False, 0, 0
+def creator():
+    global running, started
+    i = 0
+    while True:
+        with cond:
+            running -= 1
+            cond.notify_all()
+            cond.wait_for(lambda: want)
+            running += 1
+        for _ in range(64):
+            t = threading.Thread(target=body, args=(NAMES[i & 15],), daemon=True)
+            t.start(); t.join(); i += 1
+        with cond:
+            started += 64
+n = int(sys.argv[1])
+running = n
+for _ in range(n):
+    threading.Thread(target=creator, daemon=True).start()
+with cond:
+    cond.wait_for(lambda: running == 0)
+out = sys.stdout
+out.write("ready\n"); out.flush()
+for line in sys.stdin:
+    cmd = line.strip()
+    with cond:
+        if cmd in ("on", "off"):
+            want = cmd == "on"
+            cond.notify_all()
+            cond.wait_for(lambda: running == (n if want else 0))
+            out.write("ok\n")
+        elif cmd == "count":
+            out.write(f"{started}\n")
+        elif cmd.startswith("rename "):
+            _, tid, name = cmd.split()
+            with open(f"/proc/self/task/{tid}/comm", "w") as fh:
+                fh.write(name[:15])
+            out.write("ok\n")
+        else:
+            out.write("?\n")
+    out.flush()
+"""
+
+_FLOOD_C = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int want, running;
+static unsigned long started;
+static char names[16][16];
+static void *body(void *name) { prctl(PR_SET_NAME, (char *)name, 0, 0, 0); return NULL; }
+static void *creator(void *unused) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    for (unsigned long i = 0;;) {
+        pthread_mutex_lock(&mu);
+        running--; pthread_cond_broadcast(&cv);
+        while (!want) pthread_cond_wait(&cv, &mu);
+        running++; pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
+        for (int k = 0; k < 64; k++, i++) {
+            pthread_t t;
+            if (pthread_create(&t, &attr, body, names[i & 15]) == 0) pthread_join(t, NULL);
+        }
+        __atomic_add_fetch(&started, 64, __ATOMIC_RELAXED);
+    }
+    return unused;
+}
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    char line[64];
+    for (int i = 0; i < 16; i++) snprintf(names[i], 16, "acl_thread_%d", i);
+    running = n;
+    for (int i = 0; i < n; i++) { pthread_t t; pthread_create(&t, NULL, creator, NULL); }
+    pthread_mutex_lock(&mu);
+    while (running) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("ready\n");
+    while (fgets(line, sizeof line, stdin)) {
+        if (!strcmp(line, "on\n") || !strcmp(line, "off\n")) {
+            pthread_mutex_lock(&mu);
+            want = line[1] == 'n';
+            pthread_cond_broadcast(&cv);
+            while (running != (want ? n : 0)) pthread_cond_wait(&cv, &mu);
+            pthread_mutex_unlock(&mu);
+            printf("ok\n");
+        } else if (!strcmp(line, "count\n")) {
+            printf("%lu\n", __atomic_load_n(&started, __ATOMIC_RELAXED));
+        } else {
+            printf("?\n");
+        }
+    }
+    return 0;
+}
+"""
+
+
+class FloodWorker(PipeChild):
+    """A worker that floods the host with thread events on command (see above)."""
+
+    def flood(self, on: bool) -> None:
+        """Start (or stop, returning once no creator runs) the thread flood."""
+        self._ask("on" if on else "off")
+
+    def started(self) -> int:
+        """Threads started since the worker began (counted in batches of 64 per creator)."""
+        return int(self._ask("count"))
+
+    def rename(self, tid: int, name: str) -> None:
+        """The worker renames its own thread ``tid`` (the Python flooder only)."""
+        self._ask(f"rename {tid} {name}")
+
+
+def _native_flooder(directory: str) -> list[str]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise LookupError("no C compiler (cc) on this host")
+    src, exe = os.path.join(directory, "flood.c"), os.path.join(directory, "flood")
+    with open(src, "w") as fh:
+        fh.write(_FLOOD_C)
+    subprocess.run([cc, "-O2", "-pthread", "-o", exe, src], check=True, capture_output=True, timeout=120)
+    return [exe]
+
+
+@contextlib.contextmanager
+def thread_flood_worker(creators: int = 2, *, native: bool = False) -> Iterator[FloodWorker]:
+    """A worker with ``creators`` threads that flood thread events while told to; always reaped."""
+    with tempfile.TemporaryDirectory(prefix="ascendbind-flood-") as directory:
+        argv = _native_flooder(directory) if native else [sys.executable, "-c", _FLOOD_PY]
+        proc = subprocess.Popen([*argv, str(creators)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("thread-flood worker did not start")
+            yield FloodWorker(proc)
+        finally:
+            reap(proc)

@@ -107,6 +107,8 @@ class Daemon(Ownership):
         self.rediscovery_pending: Callable[[], bool] = lambda: False
         # set by the service to its reconcile loop's thread-events source: how the loop learns of threads
         self.reconcile_mode: Callable[[], dict[str, str | None]] = lambda: {"mode": "listing", "reason": "not_started"}
+        # and how it learns of one worker's threads (its event budget): for /v1/workers
+        self.thread_events_of: Callable[[int], dict[str, Any] | None] = lambda pid: None
         self.pid = os.getpid()
         # set by the service to its reconcile loop's poke: the held table changed
         self.held_changed: Callable[[], None] = lambda: None

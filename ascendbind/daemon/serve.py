@@ -138,6 +138,7 @@ class _Service:
         self.daemon.hotplug_status = self.hotplug.start()
         self.daemon.rediscovery_pending = self.hotplug.debouncer.pending
         self.daemon.reconcile_mode = self.reconciler.thread_events.describe
+        self.daemon.thread_events_of = self.reconciler.thread_events.worker
         self.daemon.held_changed = self.reconciler.poke
         if cfg.auto_bind:
             self.autobind = AutoBinder(self.daemon)

@@ -72,6 +72,7 @@ class Config:
     metrics_listen: str = "127.0.0.1:9464"
     reconcile_seconds: float = 5.0
     thread_events: bool = True
+    thread_event_budget: int = 2000
     drift_sweep_passes: int = 4
     memory_check_seconds: float = 300.0
     memory_local_threshold: float = 0.8
@@ -254,6 +255,8 @@ def coerce(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: key {key!r} must be one of {', '.join(choices)}; got {out!r}")
     if key == "memory_local_threshold" and out > 1:
         raise ConfigError(f"{where}: key 'memory_local_threshold' is a share, from 0 to 1; got {out:g}")
+    if key == "thread_event_budget" and not 10 <= out <= 1_000_000:
+        raise ConfigError(f"{where}: key 'thread_event_budget' must be from 10 to 1000000 events a second; got {out}")
     if key == "drift_sweep_passes" and not 1 <= out <= 1000:
         raise ConfigError(f"{where}: key 'drift_sweep_passes' must be from 1 to 1000; got {out}")
     if key == "memory_moves_per_node" and not 1 <= out <= 64:

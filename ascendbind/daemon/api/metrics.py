@@ -201,6 +201,18 @@ class Metrics:
             "Reconcile passes that found process events lost (queue overflow), each followed by a full re-read",
             registry=r,
         )
+        self.thread_event_overflows = Counter(
+            "ascendbind_thread_event_overflows",
+            "Times a bound worker sent more process events than its budget (thread_event_budget a second) and "
+            "was followed by listing instead until its cooldown passed",
+            registry=r,
+        )
+        self.thread_event_listing = Gauge(
+            "ascendbind_thread_event_listing_workers",
+            "Bound workers over their process-event budget now: their events are dropped in the kernel and their "
+            "threads found by listing once a pass",
+            registry=r,
+        )
         self.dropped = Counter(
             "ascendbind_workers_dropped", "Workers no longer held, by reason", ["reason"], registry=r
         )

@@ -87,6 +87,7 @@ def _authorize_explain(daemon, peer: Peer, h) -> None:
 def _record(daemon, h) -> dict[str, Any]:
     record = h.to_json(daemon.mover.job(h.binding.pid))
     record["contention"] = daemon.contention.worker_json(h.binding.pid, h.binding.start_time)
+    record["thread_events"] = daemon.thread_events_of(h.binding.pid)
     return record
 
 

@@ -192,6 +192,7 @@ class Held:
                 "private": {str(n): v for n, v in self.memory_residency.private_kib.items()},
                 "shared": {str(n): v for n, v in self.memory_residency.shared_kib.items()}},
             "contention": None,  # what its threads got of their CPUs: the daemon's status answer fills it in
+            "thread_events": None,  # how the reconcile loop learns of its threads: filled in the same way
         }
 
 

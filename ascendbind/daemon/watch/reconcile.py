@@ -202,6 +202,8 @@ class Reconciler:
         poller = self._quiet_poll
         if poller is None or held.keys() != self._quiet_pids or not self.daemon.config.thread_events:
             return False
+        if self.thread_events.budget.listing():
+            return False  # a worker over its event budget sends no events: only a listing sees its threads
         if poller.poll(0):
             return False  # events queued (or the socket's error: lost events), or a worker exited
         with self.daemon.lock:  # the records as the full look would see them
@@ -221,14 +223,14 @@ class Reconciler:
         d = self.daemon
         with d.lock:
             held = dict(d.held)
-        events = self.thread_events.events(self.passes, held, d.config.thread_events)
+        events = self.thread_events.events(self.passes, held, d.config.thread_events, d.config.thread_event_budget)
         if events is None:
             return  # listing mode: the passes look, as they always did
         if events.reread_all:
             self._look(held, events)
             return
         changes = events.changes
-        news = [pid for pid in sorted(set(changes.look) | changes.resync | {  # and those bound since the last look
+        news = [pid for pid in sorted(set(changes.look) | changes.resync | events.reread | {  # and those bound since the last look
             p for p, h in held.items() if self._looked.get(p) is not h.threads}) if pid in held]
         if not news:
             return
@@ -254,7 +256,7 @@ class Reconciler:
         already by the caller, else read here)."""
         d = self.daemon
         if events is None:
-            events = self.thread_events.events(self.passes, held, d.config.thread_events)
+            events = self.thread_events.events(self.passes, held, d.config.thread_events, d.config.thread_event_budget)
         for pid in [p for p in self._looked if p not in held]:
             del self._looked[pid]
             self._roles.pop(pid, None)
@@ -352,9 +354,12 @@ class Reconciler:
         if events is None:
             return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root)
         changes = events.changes
-        if events.reread_all or first or b.pid in changes.resync:
+        if events.reread_all or first or b.pid in changes.resync or b.pid in events.reread:
             self._slots.pop(b.pid, None)
             return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, reread=True)
+        if b.pid in events.listing:  # over its event budget: its events are dropped in the kernel
+            self._slots.pop(b.pid, None)
+            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root)
         look = changes.look.get(b.pid, ())
         if not look and slot_quiet(self._slot(h)):
             return [], []  # no news, and this pass's share of the masks is where we set it

@@ -24,42 +24,63 @@ What keeps events mode exact:
   (the reconcile loop tracks which workers it has looked at).
 * A worker that calls ``exec`` loses its other threads and its name without
   a rename event: its threads are read afresh (``ThreadChanges.resync``).
+
+Each worker's events are counted against a budget (eventbudget.py,
+``thread_event_budget`` events a second). A worker over it leaves the kernel
+filter, so its events are dropped before they are queued, and its looks list
+its task directory (``EventLook.listing``) until it is let back; its threads
+are read whole on the look after it went over and on the look after it is let
+back (``EventLook.reread``). Events lost in the read that put a worker over
+budget, or in the next one, are its doing: that pass re-reads everything, but
+it counts for nothing towards the fallback of the whole loop to listing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from ...discovery.read.proc_connector import ProcEventSocket
 from ...discovery.parse.proc_events import ThreadChanges, parse_events, thread_changes
 from ...errors import DiscoveryError
+from .eventbudget import EventBudget
 
-__all__ = ["ThreadEvents", "EventLook", "LOSS_LIMIT", "RETRY_PASSES"]
+__all__ = ["ThreadEvents", "EventLook", "LOSS_LIMIT", "RETRY_PASSES", "DEFAULT_BUDGET"]
 
 log = structlog.get_logger("ascendbind.reconcile")
 
 LOSS_LIMIT = 3  # passes in a row that lost events before the loop falls back to listing
 RETRY_PASSES = 60  # passes in listing mode after that, before events are tried again
 _RETRIED = ("overflow", "error")  # reasons that may pass; the others hold until the config changes
+DEFAULT_BUDGET = 2000  # events a second per worker (the config's thread_event_budget)
 
 
 @dataclass(frozen=True)
 class EventLook:
-    """What one pass learnt from the events: the changes, or that everything is to be read afresh."""
+    """What one pass learnt from the events: the changes, or that everything is to be read
+    afresh; the workers over their event budget (``listing``: their looks list), and those
+    whose threads are to be read whole once (``reread``: gone over, or let back, just now)."""
 
     changes: ThreadChanges
     reread_all: bool = False
+    listing: frozenset[int] = frozenset()
+    reread: frozenset[int] = frozenset()
 
 
 class ThreadEvents:
     """The process-events source of one reconcile loop, and its mode."""
 
-    def __init__(self, metrics, *, opener=ProcEventSocket.open) -> None:
+    def __init__(self, metrics, *, opener=ProcEventSocket.open, clock=time.monotonic) -> None:
         self.metrics = metrics
         self.opener = opener
+        self.clock = clock
+        self.budget = EventBudget(DEFAULT_BUDGET)
+        self._over_lately = False  # the last read put a worker over budget: a loss now is its doing
         self.mode = "listing"
         self.reason = ""
         self._src: ProcEventSocket | None = None
@@ -67,13 +88,19 @@ class ThreadEvents:
         self._retry_at: float = 0
         self._losses = 0
 
-    def events(self, pass_no: int, bound: Collection[int], enabled: bool) -> EventLook | None:
-        """This pass's events for the ``bound`` workers; None: look by listing this pass."""
+    def events(self, pass_no: int, bound: Collection[int], enabled: bool,
+               budget: int = DEFAULT_BUDGET) -> EventLook | None:
+        """This pass's events for the ``bound`` workers; None: look by listing this pass.
+        ``budget``: events a second each worker may send before it is followed by listing."""
         if not enabled:
             self.close()
             self._retry_at = 0
             self._listing("off")
             return None
+        now = self.clock()
+        self.budget.rate = float(budget)
+        self.budget.keep(bound)
+        back = self.budget.readmit(now)
         if self._src is None:
             if pass_no < self._retry_at:
                 return None
@@ -88,28 +115,56 @@ class ThreadEvents:
             self.metrics.set_reconcile_mode("events")
             log.info("reconcile learns of thread changes from process events",
                      kernel_filter=self._filter(bound))
-            return EventLook(ThreadChanges(), reread_all=True)
+            return EventLook(ThreadChanges(), reread_all=True, listing=self._over(bound))
         self._filter(bound)
         try:
             datagrams, lost = self._src.read()
         except OSError as exc:
             self._give_up(pass_no, "error", f"reading process events failed: {exc}")
             return EventLook(ThreadChanges(), reread_all=True)
-        changes = thread_changes((ev for d in datagrams for ev in parse_events(d)), bound)
+        listing = self.budget.listing()
+        changes = thread_changes((ev for d in datagrams for ev in parse_events(d)),
+                                 frozenset(t for t in bound if t not in listing))
+        over = self._charge(changes, bound, now, lost)
+        changes = changes.without(over)
         if changes.events:
             self.metrics.thread_events.inc(changes.events)
+        look = EventLook(changes, listing=self._over(bound), reread=(back | over) & frozenset(bound))
+        blamed, self._over_lately = bool(over) or self._over_lately, bool(over)
         if not lost:
             self._losses = 0
-            return EventLook(changes)
+            return look
         self.metrics.thread_event_losses.inc()
+        if blamed:  # the flooder's own queue overflow: one full read, no step towards listing everyone
+            log.warning("process events were lost to a worker over its budget; every bound thread is read afresh")
+            return dataclasses.replace(look, reread_all=True)
         self._losses += 1
         log.warning("process events were lost; every bound thread is read afresh", passes_in_a_row=self._losses)
         if self._losses >= LOSS_LIMIT:
             self._give_up(pass_no, "overflow", f"process events lost {self._losses} passes in a row")
-        return EventLook(changes, reread_all=True)
+        return dataclasses.replace(look, reread_all=True)
+
+    def _charge(self, changes: ThreadChanges, bound: Collection[int], now: float, lost: bool) -> frozenset[int]:
+        """Charge the workers' budgets; those it puts over leave the kernel filter at once."""
+        over = self.budget.charge(changes.counts, now, lost=lost)
+        if over:
+            self._filter(bound)
+            self.metrics.thread_event_overflows.inc(len(over))
+            first = sorted(over)[:20]
+            log.warning("workers sent more thread events than their budget; their threads are found by listing",
+                        pids=first, events={p: changes.counts[p] for p in first},
+                        budget_per_second=self.budget.rate,
+                        retry_in_seconds={p: self.budget.describe(p, now)["retry_in_seconds"] for p in first})
+        return over
+
+    def _over(self, bound: Collection[int]) -> frozenset[int]:
+        """The bound workers over budget now (exported as a gauge)."""
+        listing = self.budget.listing() & frozenset(bound)
+        self.metrics.thread_event_listing.set(len(listing))
+        return listing
 
     def _filter(self, bound: Collection[int]) -> bool:
-        tgids = frozenset(bound)
+        tgids = frozenset(bound) - self.budget.listing()
         if self._src is not None and tgids != self._tgids:
             self._src.set_filter(tgids)
             self._tgids = tgids
@@ -142,6 +197,16 @@ class ThreadEvents:
     def describe(self) -> dict[str, str | None]:
         """The mode for /healthz: ``events``, or ``listing`` with the reason (``off`` when configured so)."""
         return {"mode": self.mode, "reason": self.reason or None}
+
+    def worker(self, pid: int) -> dict[str, Any]:
+        """How the loop learns of one worker's threads, for ``/v1/workers``: ``events``, or
+        ``listing`` with the loop's reason or ``over_budget``; how often it went over its
+        budget, and the seconds until it is let back."""
+        out = self.budget.describe(pid, self.clock())
+        over = out.pop("over_budget")
+        if self.mode != "events":
+            return {"mode": "listing", "reason": self.reason or None, **out}
+        return {"mode": "listing" if over else "events", "reason": "over_budget" if over else None, **out}
 
     def close(self) -> None:
         if self._src is not None:

@@ -91,12 +91,23 @@ class ProcEvent:
 class ThreadChanges:
     """What a batch of events means for the bound workers: per tgid, the threads to look
     at again (born, renamed or exited); the tgids whose threads must all be read afresh
-    (exec); and how many messages were not process events at all."""
+    (exec); how many events each tgid sent (what its event budget is charged); and how
+    many messages were not process events at all."""
 
     look: dict[int, frozenset[int]] = field(default_factory=dict)
     resync: frozenset[int] = frozenset()
     events: int = 0  # events about the bound workers
     malformed: int = 0
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def without(self, tgids: Collection[int]) -> ThreadChanges:
+        """These changes less those of ``tgids`` (workers whose events are no longer followed)."""
+        if not tgids:
+            return self
+        gone = set(tgids)
+        counts = {k: v for k, v in self.counts.items() if k not in gone}
+        return ThreadChanges({k: v for k, v in self.look.items() if k not in gone}, self.resync - gone,
+                             sum(counts.values()), self.malformed, counts)
 
 
 def parse_events(data: bytes) -> list[ProcEvent | None]:
@@ -148,19 +159,21 @@ def thread_changes(events: Iterable[ProcEvent | None], bound: Collection[int]) -
     no thread of any worker."""
     look: dict[int, set[int]] = {}
     resync: set[int] = set()
-    counted = malformed = 0
+    counts: dict[int, int] = {}
+    malformed = 0
     for ev in events:
         if ev is None:
             malformed += 1
             continue
         if ev.tgid not in bound or ev.kind in ("ack", "other"):
             continue
-        counted += 1
+        counts[ev.tgid] = counts.get(ev.tgid, 0) + 1
         if ev.kind == "exec":
             resync.add(ev.tgid)
         elif ev.kind != "fork" or ev.tid != ev.tgid:
             look.setdefault(ev.tgid, set()).add(ev.tid)
-    return ThreadChanges({k: frozenset(v) for k, v in look.items()}, frozenset(resync), counted, malformed)
+    return ThreadChanges({k: frozenset(v) for k, v in look.items()}, frozenset(resync), sum(counts.values()),
+                         malformed, counts)
 
 
 def listen_message(op: int, ack: int) -> bytes:
