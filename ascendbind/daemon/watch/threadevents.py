@@ -81,6 +81,7 @@ class ThreadEvents:
         self.clock = clock
         self.budget = EventBudget(DEFAULT_BUDGET)
         self._over_lately = False  # the last read put a worker over budget: a loss now is its doing
+        self._unsure = False  # events may have been lost since the last full read (see _after_loss)
         self.mode = "listing"
         self.reason = ""
         self._src: ProcEventSocket | None = None
@@ -102,19 +103,11 @@ class ThreadEvents:
         self.budget.keep(bound)
         back = self.budget.readmit(now)
         if self._src is None:
-            if pass_no < self._retry_at:
+            if pass_no < self._retry_at or not self._open(pass_no, bound):
                 return None
-            try:
-                self._src = self.opener()
-            except DiscoveryError as exc:
-                self._retry_at = pass_no + RETRY_PASSES if exc.code in _RETRIED else float("inf")
-                self._listing(exc.code, str(exc))
-                return None
-            self._tgids, self._losses = None, 0
-            self.mode, self.reason = "events", ""
+            self.mode, self.reason, self._unsure = "events", "", False  # this look reads everything
             self.metrics.set_reconcile_mode("events")
-            log.info("reconcile learns of thread changes from process events",
-                     kernel_filter=self._filter(bound))
+            log.info("reconcile learns of thread changes from process events", kernel_filter=self._src.filtered)
             return EventLook(ThreadChanges(), reread_all=True, listing=self._over(bound))
         self._filter(bound)
         try:
@@ -129,20 +122,50 @@ class ThreadEvents:
         changes = changes.without(over)
         if changes.events:
             self.metrics.thread_events.inc(changes.events)
+        if over and not self._src.drained and not self._open(pass_no, bound):
+            return EventLook(changes, reread_all=True)  # no socket to be had: listing from the next pass
         look = EventLook(changes, listing=self._over(bound), reread=(back | over) & frozenset(bound))
         blamed, self._over_lately = bool(over) or self._over_lately, bool(over)
-        if not lost:
+        return self._after_loss(pass_no, look, lost, blamed)
+
+    def _open(self, pass_no: int, bound: Collection[int]) -> bool:
+        """Subscribe on a new socket, in place of any open one, filtered to the workers followed.
+        A socket replaced after a worker went over budget takes that worker's backlog with it:
+        draining it would cost a read per event, and until it is drained the kernel drops
+        every other worker's events too. What the old queue held is unknown: a full read."""
+        self.close()
+        try:
+            self._src = self.opener()
+        except DiscoveryError as exc:
+            self._retry_at = pass_no + RETRY_PASSES if exc.code in _RETRIED else float("inf")
+            self._listing(exc.code, str(exc))
+            return False
+        self._tgids, self._losses, self._unsure = None, 0, True
+        self._filter(bound)
+        return True
+
+    def _after_loss(self, pass_no: int, look: EventLook, lost: bool, blamed: bool) -> EventLook:
+        """Count a loss (``blamed``: a worker over budget caused it, no step towards listing
+        for all), and make the look read everything afresh once the queue has been emptied
+        since: until then the kernel may still be dropping events without a word."""
+        if lost:
+            self.metrics.thread_event_losses.inc()
+            self._unsure = True
+            if blamed:
+                log.warning("process events were lost to a worker over its budget; every bound thread is read afresh")
+            else:
+                self._losses += 1
+                log.warning("process events were lost; every bound thread is read afresh",
+                            passes_in_a_row=self._losses)
+                if self._losses >= LOSS_LIMIT:
+                    self._give_up(pass_no, "overflow", f"process events lost {self._losses} passes in a row")
+                    return dataclasses.replace(look, reread_all=True)
+        else:
             self._losses = 0
-            return look
-        self.metrics.thread_event_losses.inc()
-        if blamed:  # the flooder's own queue overflow: one full read, no step towards listing everyone
-            log.warning("process events were lost to a worker over its budget; every bound thread is read afresh")
+        if self._unsure and self._src is not None and self._src.drained:
+            self._unsure = False
             return dataclasses.replace(look, reread_all=True)
-        self._losses += 1
-        log.warning("process events were lost; every bound thread is read afresh", passes_in_a_row=self._losses)
-        if self._losses >= LOSS_LIMIT:
-            self._give_up(pass_no, "overflow", f"process events lost {self._losses} passes in a row")
-        return dataclasses.replace(look, reread_all=True)
+        return look
 
     def _charge(self, changes: ThreadChanges, bound: Collection[int], now: float, lost: bool) -> frozenset[int]:
         """Charge the workers' budgets; those it puts over leave the kernel filter at once."""

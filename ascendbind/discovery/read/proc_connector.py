@@ -23,6 +23,11 @@ Reading: ``read`` returns every datagram queued, up to ``limit`` (a worker
 that spawns threads faster than one pass can read must not keep the pass
 reading forever), and whether events were lost: ENOBUFS (the queue outgrew the
 receive buffer and the kernel dropped events), or the limit reached.
+
+After an overflow the kernel marks the socket congested and drops every event
+for it, silently (ENOBUFS is reported once), until a read finds the queue
+empty. Whatever was read before that is no proof that nothing more was lost:
+``drained`` says whether the last ``read`` emptied the queue.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class ProcEventSocket:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.filtered = False  # whether the kernel drops other processes' events
+        self.drained = True  # whether the last read emptied the queue (and so ended any congestion)
 
     @classmethod
     def open(cls, *, timeout: float = 0.5, buffer_bytes: int = BUFFER_BYTES,
@@ -152,10 +158,12 @@ class ProcEventSocket:
         out: list[bytes] = []
         lost = False
         recv = self.sock.recv
+        self.drained = False
         while len(out) < limit:
             try:
                 out.append(recv(DATAGRAM))
             except BlockingIOError:
+                self.drained = True
                 return out, lost
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
