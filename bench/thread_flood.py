@@ -109,8 +109,8 @@ def phase(d: DaemonProc, w, flooder, tid: int, main: frozenset[int], acl: frozen
         if time.monotonic() < due:
             time.sleep(due - time.monotonic())
         if _until(tid, main, limit) is None:
-            open("/tmp/flood-daemon.log", "w").write(d.log())
-            raise AssertionError(f"the thread did not go back to the main CPUs (flood {flood}, rename {i})")
+            raise SystemExit(f"thread {tid} did not go back to the main CPUs within {limit:g} s (flood {flood}, "
+                             f"rename {i}):\n{d.log()[-3000:]}")
         start = time.monotonic()
         w.rename(tid, "acl_thread")
         dt = _until(tid, acl, limit)

@@ -16,7 +16,8 @@ import select
 
 import pytest
 
-from ascendbind.daemon.watch.eventbudget import BASE_COOLDOWN, BLAME_MIN, BURST_SECONDS, MAX_COOLDOWN, EventBudget
+from ascendbind.daemon.watch.eventbudget import (BASE_COOLDOWN, BLAME_MIN, BURST_SECONDS, MAX_COOLDOWN, PROBE_SECONDS,
+                                                 EventBudget)
 from ascendbind.daemon.watch.threadevents import LOSS_LIMIT, ThreadEvents
 from ascendbind.discovery.parse.proc_events import ProcEvent, thread_changes
 from ascendbind.discovery.read.proc_connector import ProcEventSocket
@@ -41,29 +42,45 @@ def test_a_worker_within_its_rate_is_never_over_and_a_burst_is_allowed_once():
     assert budget.listing() == frozenset()
 
 
-def test_a_worker_over_its_budget_is_listed_alone_and_let_back_after_its_cooldown():
+def test_a_worker_over_its_budget_is_listed_alone_probed_after_its_cooldown_and_let_back_when_calm():
     budget = EventBudget(RATE)
     assert budget.charge({A: 5, B: int(RATE * BURST_SECONDS) + 1}, 0.0) == {B}
     assert budget.listing() == {B}
     assert budget.charge({A: 5, B: 10**6}, 0.5) == frozenset()  # its stray events are not charged again
-    assert budget.readmit(BASE_COOLDOWN - 0.01) == frozenset()
-    assert budget.readmit(BASE_COOLDOWN) == {B} and budget.listing() == frozenset()
-    assert budget.describe(B, BASE_COOLDOWN) == {"over_budget": False, "overflows": 1, "retry_in_seconds": None}
+    assert budget.due(BASE_COOLDOWN - 0.01) == frozenset()
+    assert budget.due(BASE_COOLDOWN) == {B}
+    opened = BASE_COOLDOWN
+    assert budget.settle(B, 3, False, 0.1, opened + 0.1) is None  # too early to tell
+    assert budget.settle(B, 3, False, PROBE_SECONDS, opened + PROBE_SECONDS) is True
+    assert budget.listing() == frozenset()
+    now = opened + PROBE_SECONDS
+    assert budget.describe(B, now) == {"over_budget": False, "overflows": 1, "retry_in_seconds": None}
     # let back with one second's worth: a flood goes over again within it
-    assert budget.charge({B: int(RATE) + 1}, BASE_COOLDOWN) == {B}
+    assert budget.charge({B: int(RATE) + 1}, now) == {B}
 
 
-def test_each_overflow_soon_after_being_let_back_doubles_the_cooldown_up_to_its_cap():
-    budget, now, cooldowns = EventBudget(RATE), 0.0, []
-    for _ in range(10):
-        assert budget.charge({A: 10**6}, now) == {A}
-        until = budget.describe(A, now)["retry_in_seconds"]
-        cooldowns.append(until)
-        now += until
-        assert budget.readmit(now) == {A}
+@pytest.mark.parametrize("events,lost", [(0, True), (int(RATE * PROBE_SECONDS) + 1, False)])
+def test_a_probe_that_overflowed_or_heard_more_than_the_rate_keeps_the_worker_over(events, lost):
+    budget = EventBudget(RATE)
+    budget.charge({A: 10**6}, 0.0)
+    assert budget.settle(A, events, lost, PROBE_SECONDS, BASE_COOLDOWN + PROBE_SECONDS) is False
+    assert budget.listing() == {A} and budget.describe(A, BASE_COOLDOWN + PROBE_SECONDS)["overflows"] == 2
+
+
+def test_each_probe_that_finds_the_flood_doubles_the_cooldown_up_to_its_cap():
+    budget, now = EventBudget(RATE), 0.0
+    assert budget.charge({A: 10**6}, now) == {A}
+    cooldowns = [budget.describe(A, now)["retry_in_seconds"]]
+    for _ in range(9):
+        now += cooldowns[-1]
+        assert budget.due(now) == {A}
+        assert budget.settle(A, 0, True, 0.0, now) is False  # the probe's queue overflowed at once
+        cooldowns.append(budget.describe(A, now)["retry_in_seconds"])
     assert cooldowns[:4] == [BASE_COOLDOWN, 2 * BASE_COOLDOWN, 4 * BASE_COOLDOWN, 8 * BASE_COOLDOWN]
     assert max(cooldowns) == MAX_COOLDOWN and cooldowns[-1] == MAX_COOLDOWN
     assert budget.describe(A, now)["overflows"] == 10
+    now += MAX_COOLDOWN + PROBE_SECONDS
+    assert budget.settle(A, 0, False, PROBE_SECONDS, now) is True
     # within budget for the cap's length after being let back: the next cooldown is the base again
     now += MAX_COOLDOWN
     assert budget.charge({A: 10**6}, now) == {A}
@@ -169,8 +186,11 @@ def test_a_worker_over_budget_is_followed_by_listing_and_let_back_to_events_once
         flooder.rename(creator, "acl_thread")
         rec.pass_once()  # a listing look
         assert rec.thread_events.worker(flooder.pid)["reason"] == "over_budget"
-        clock[0] += MAX_COOLDOWN  # its cooldown passes
-        rec.pass_once()  # let back: its threads read whole once, then followed by events again
+        clock[0] += MAX_COOLDOWN  # its cooldown passes: a probe of its own is opened
+        rec.pass_once()
+        assert rec.thread_events.worker(flooder.pid)["reason"] == "over_budget"
+        clock[0] += PROBE_SECONDS  # the probe heard nothing much: let back
+        rec.pass_once()  # its threads read whole once, then followed by events again
         assert rec.thread_events.worker(flooder.pid)["mode"] == "events"
         assert cpus_allowed_of(flooder.pid, creator) == acl and h.threads[creator].role == "acl"
         assert metric_value(d.metrics.render().decode(), "ascendbind_thread_event_listing_workers") == 0

@@ -204,7 +204,7 @@ class Metrics:
         self.thread_event_overflows = Counter(
             "ascendbind_thread_event_overflows",
             "Times a bound worker sent more process events than its budget (thread_event_budget a second) and "
-            "was followed by listing instead until its cooldown passed",
+            "was followed by listing instead, counted again each time a probe after its cooldown found it flooding",
             registry=r,
         )
         self.thread_event_listing = Gauge(

@@ -29,12 +29,17 @@ own loss rule applies.
 
 After a cooldown (``BASE_COOLDOWN`` seconds, doubled each time the worker goes
 over again, up to ``MAX_COOLDOWN``; back to the base once it has kept within
-budget for ``MAX_COOLDOWN`` after being let back) the worker is let back: its
-tgid returns to the filter, its threads are read whole once (nothing of what
-happened meanwhile was followed), and its bucket holds one second's worth.
-A worker still flooding is over again within that second, so it costs at most
-one second's budget of reads per cooldown: under a minute of doubling, then one
-probe every ``MAX_COOLDOWN`` seconds.
+budget for ``MAX_COOLDOWN`` after being let back) the worker is *probed*: the
+loop opens a small socket of its own, filtered to that worker alone, and
+counts what arrives there for at least ``PROBE_SECONDS`` (``settle``). A
+worker still flooding overflows it (or sends more than its rate) and is over
+again, for a doubled cooldown; its flood never reaches the shared queue, so
+the other workers' events are never crowded out by a probe. A worker that
+kept within its rate is let back: its tgid returns to the filter, its threads
+are read whole once (nothing of what happened meanwhile was followed), and its
+bucket holds one second's worth. A probe costs one subscription and at most one
+small queue's reads: under a minute of doubling, then one every
+``MAX_COOLDOWN`` seconds.
 
 This module is the bookkeeping alone: counts and a clock in, decisions out.
 """
@@ -45,12 +50,13 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EventBudget", "BURST_SECONDS", "BASE_COOLDOWN", "MAX_COOLDOWN", "BLAME_MIN"]
+__all__ = ["EventBudget", "BURST_SECONDS", "BASE_COOLDOWN", "MAX_COOLDOWN", "BLAME_MIN", "PROBE_SECONDS"]
 
 BURST_SECONDS = 2.0
 BASE_COOLDOWN = 1.0
 MAX_COOLDOWN = 64.0
 BLAME_MIN = 32
+PROBE_SECONDS = 1.0
 
 
 @dataclass
@@ -59,7 +65,7 @@ class _Bucket:
     at: float  # when ``tokens`` was last refilled
     over_until: float | None = None  # followed by listing until then
     cooldown: float = 0.0  # the last cooldown given
-    back_at: float | None = None  # when it was last let back
+    back_at: float | None = None  # when it was let back, while it keeps within budget
     overflows: int = 0
 
 
@@ -94,23 +100,38 @@ class EventBudget:
             if lost and n >= BLAME_MIN and 2 * n > total:
                 b.tokens = min(b.tokens, -1.0)
             if b.tokens < 0:
-                calm = b.back_at is None or now - b.back_at >= self.cap
-                b.cooldown = self.base if calm or not b.cooldown else min(self.cap, 2 * b.cooldown)
-                b.over_until = now + b.cooldown
-                b.overflows += 1
+                self._over(b, now)
                 over.add(tgid)
         return frozenset(over)
 
-    def readmit(self, now: float) -> frozenset[int]:
-        """The tgids whose cooldown has passed: followed by events again from now, with one
-        second's worth of budget."""
-        back = set()
-        for tgid, b in self._buckets.items():
-            if b.over_until is not None and now >= b.over_until:
-                b.over_until, b.back_at = None, now
-                b.tokens, b.at = min(self.burst, self.rate), now
-                back.add(tgid)
-        return frozenset(back)
+    def _over(self, b: _Bucket, now: float) -> None:
+        """Over budget from ``now``: the base cooldown the first time and after a calm spell
+        (``cap`` seconds within budget since it was let back), else the last one doubled."""
+        calm = not b.cooldown or (b.back_at is not None and now - b.back_at >= self.cap)
+        b.cooldown = self.base if calm else min(self.cap, 2 * b.cooldown)
+        b.over_until, b.back_at = now + b.cooldown, None
+        b.overflows += 1
+
+    def due(self, now: float) -> frozenset[int]:
+        """The tgids over budget whose cooldown has passed: to be probed."""
+        return frozenset(t for t, b in self._buckets.items() if b.over_until is not None and now >= b.over_until)
+
+    def settle(self, tgid: int, events: int, lost: bool, seconds: float, now: float) -> bool | None:
+        """The verdict of a probe of ``tgid`` open for ``seconds`` that received ``events``
+        (``lost``: its queue overflowed): False, still flooding (over again, for a doubled
+        cooldown); True, let back (followed by events from now, with one second's worth of
+        budget); None, too early to tell (under ``PROBE_SECONDS`` and nothing lost)."""
+        b = self._buckets.get(tgid)
+        if b is None or b.over_until is None:
+            return True
+        if lost or events > self.rate * max(seconds, PROBE_SECONDS):
+            self._over(b, now)
+            return False
+        if seconds < PROBE_SECONDS:
+            return None
+        b.over_until, b.back_at = None, now
+        b.tokens, b.at = min(self.burst, self.rate), now
+        return True
 
     def listing(self) -> frozenset[int]:
         """The tgids over budget now (their threads are found by listing)."""

@@ -48,7 +48,7 @@ import structlog
 from ...discovery.read.proc_connector import ProcEventSocket
 from ...discovery.parse.proc_events import ThreadChanges, parse_events, thread_changes
 from ...errors import DiscoveryError
-from .eventbudget import EventBudget
+from .eventbudget import PROBE_SECONDS, EventBudget
 
 __all__ = ["ThreadEvents", "EventLook", "LOSS_LIMIT", "RETRY_PASSES", "DEFAULT_BUDGET"]
 
@@ -58,6 +58,11 @@ LOSS_LIMIT = 3  # passes in a row that lost events before the loop falls back to
 RETRY_PASSES = 60  # passes in listing mode after that, before events are tried again
 _RETRIED = ("overflow", "error")  # reasons that may pass; the others hold until the config changes
 DEFAULT_BUDGET = 2000  # events a second per worker (the config's thread_event_budget)
+PROBE_BYTES = 64 << 10  # a probe's queue: a flood overflows it within milliseconds, a calm worker never
+
+
+def _open_probe() -> ProcEventSocket:
+    return ProcEventSocket.open(buffer_bytes=PROBE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,13 @@ class EventLook:
 class ThreadEvents:
     """The process-events source of one reconcile loop, and its mode."""
 
-    def __init__(self, metrics, *, opener=ProcEventSocket.open, clock=time.monotonic) -> None:
+    def __init__(self, metrics, *, opener=ProcEventSocket.open, clock=time.monotonic, prober=_open_probe) -> None:
         self.metrics = metrics
         self.opener = opener
         self.clock = clock
+        self.prober = prober
         self.budget = EventBudget(DEFAULT_BUDGET)
+        self._probes: dict[int, list] = {}  # tgid -> [its probe socket, opened at, events so far]
         self._over_lately = False  # the last read put a worker over budget: a loss now is its doing
         self._unsure = False  # events may have been lost since the last full read (see _after_loss)
         self.mode = "listing"
@@ -101,7 +108,6 @@ class ThreadEvents:
         now = self.clock()
         self.budget.rate = float(budget)
         self.budget.keep(bound)
-        back = self.budget.readmit(now)
         if self._src is None:
             if pass_no < self._retry_at or not self._open(pass_no, bound):
                 return None
@@ -109,6 +115,7 @@ class ThreadEvents:
             self.metrics.set_reconcile_mode("events")
             log.info("reconcile learns of thread changes from process events", kernel_filter=self._src.filtered)
             return EventLook(ThreadChanges(), reread_all=True, listing=self._over(bound))
+        back = self._probe(now, bound)
         self._filter(bound)
         try:
             datagrams, lost = self._src.read()
@@ -128,12 +135,46 @@ class ThreadEvents:
         blamed, self._over_lately = bool(over) or self._over_lately, bool(over)
         return self._after_loss(pass_no, look, lost, blamed)
 
+    def _probe(self, now: float, bound: Collection[int]) -> frozenset[int]:
+        """Open a probe for each worker whose cooldown passed, settle the probes open
+        (eventbudget.py); the workers let back. A probe is a socket of its own, filtered
+        to its worker, so a flood it meets never crowds the other workers' queue."""
+        for tgid in [t for t in self._probes if t not in bound]:
+            self._probes.pop(tgid)[0].close()
+        back = set()
+        for tgid in self.budget.due(now) - self._probes.keys():
+            try:
+                src = self.prober()
+            except DiscoveryError:
+                src = None
+            if src is None or not src.set_filter([tgid]):
+                if src is not None:
+                    src.close()
+                self.budget.settle(tgid, 0, False, PROBE_SECONDS, now)  # no probe: let back on trust
+                back.add(tgid)
+                continue
+            self._probes[tgid] = [src, now, 0]
+        for tgid, probe in list(self._probes.items()):
+            try:
+                datagrams, lost = probe[0].read()
+            except OSError:
+                datagrams, lost = [], True
+            probe[2] += len(datagrams)
+            verdict = self.budget.settle(tgid, probe[2], lost, now - probe[1], now)
+            if verdict is not None:
+                self._probes.pop(tgid)[0].close()
+                if verdict:
+                    back.add(tgid)
+                else:  # still flooding: over again, for a longer cooldown
+                    self.metrics.thread_event_overflows.inc()
+        return frozenset(back)
+
     def _open(self, pass_no: int, bound: Collection[int]) -> bool:
         """Subscribe on a new socket, in place of any open one, filtered to the workers followed.
         A socket replaced after a worker went over budget takes that worker's backlog with it:
         draining it would cost a read per event, and until it is drained the kernel drops
         every other worker's events too. What the old queue held is unknown: a full read."""
-        self.close()
+        self._close_src()
         try:
             self._src = self.opener()
         except DiscoveryError as exc:
@@ -232,6 +273,12 @@ class ThreadEvents:
         return {"mode": "listing" if over else "events", "reason": "over_budget" if over else None, **out}
 
     def close(self) -> None:
+        for probe in self._probes.values():
+            probe[0].close()
+        self._probes.clear()
+        self._close_src()
+
+    def _close_src(self) -> None:
         if self._src is not None:
             self._src.close()
             self._src = None
