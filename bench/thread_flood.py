@@ -202,8 +202,9 @@ def main(argv=None) -> int:
         _print(r, native)
     if len(rows) == 2:
         this, before = rows[0]["flood"], rows[1]["flood"]
-        print(f"under the flood, this / before: pin p50 x{this['pin']['p50_ms'] / max(before['pin']['p50_ms'], 1e-3):.2f}, "
-              f"daemon CPU x{this['daemon_cpu'] / max(before['daemon_cpu'], 1e-6):.2f}")
+        print(f"under the flood, before / this: pin p50 x{before['pin']['p50_ms'] / max(this['pin']['p50_ms'], 1e-3):.1f}, "
+              f"max x{before['pin']['max_ms'] / max(this['pin']['max_ms'], 1e-3):.1f}, "
+              f"daemon CPU x{before['daemon_cpu'] / max(this['daemon_cpu'], 1e-6):.2f}")
     write_json(args.json, {"bench": "thread_flood", "machine": machine(), "params": vars(args), "rows": rows})
     return 0
 

@@ -27,12 +27,18 @@ What keeps events mode exact:
 
 Each worker's events are counted against a budget (eventbudget.py,
 ``thread_event_budget`` events a second). A worker over it leaves the kernel
-filter, so its events are dropped before they are queued, and its looks list
-its task directory (``EventLook.listing``) until it is let back; its threads
-are read whole on the look after it went over and on the look after it is let
-back (``EventLook.reread``). Events lost in the read that put a worker over
-budget, or in the next one, are its doing: that pass re-reads everything, but
-it counts for nothing towards the fallback of the whole loop to listing.
+filter, so its events are dropped before they are queued (with its backlog
+still queued, the socket is replaced rather than drained), and its looks list
+its task directory (``EventLook.listing``) until a probe, a small socket
+filtered to it alone, finds it calm; its threads are read whole on the look
+after it went over and on the look after it is let back (``EventLook.reread``).
+Events lost in the read that put a worker over budget, or in the next one, are
+its doing: the pass re-reads everything, but it counts for nothing towards the
+fallback of the whole loop to listing.
+
+After an overflow the kernel drops every event for the socket, reporting it
+once, until a read empties the queue: the full read that makes good a loss
+waits for that read.
 """
 
 from __future__ import annotations
