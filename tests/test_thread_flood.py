@@ -16,16 +16,18 @@ import select
 
 import pytest
 
+from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.eventbudget import (BASE_COOLDOWN, BLAME_MIN, BURST_SECONDS, MAX_COOLDOWN, PROBE_SECONDS,
                                                  EventBudget)
+from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.daemon.watch.threadevents import LOSS_LIMIT, ThreadEvents
-from ascendbind.discovery.parse.proc_events import ProcEvent, thread_changes
+from ascendbind.discovery.parse.proc_events import ProcEvent, parse_events, thread_changes
 from ascendbind.discovery.read.proc_connector import ProcEventSocket
 from ascendbind.values.config import Config
-from ascendbind.errors import ConfigError
+from ascendbind.errors import ConfigError, DiscoveryError
 from tests.daemon_harness import metric_value, running_daemon, wait_for
 from tests.hostile_workers import thread_flood_worker
-from tests.test_thread_events import CPUS, _bind, _events_or_skip, _events_queued, _mode, loop, two_cpus  # noqa: F401
+from tests.test_thread_events import CPUS, _bind, _events_or_skip, _events_queued, _mode, two_cpus
 from tests.workers import cpus_allowed_of, start_worker
 
 # ---------------------------------------------------------------- the budget alone
@@ -119,6 +121,22 @@ def test_the_budget_key_takes_a_whole_number_of_events_a_second_in_range(value):
 
 
 # ---------------------------------------------------------------- the loop, pass by pass
+
+
+@pytest.fixture
+def loop(tmp_path):
+    """A real Daemon and its reconcile loop, driven pass by pass by the test; closed after it."""
+    made: list[Reconciler] = []
+
+    def make(**cfg) -> tuple[Daemon, Reconciler]:
+        d = Daemon(Config(state_dir=str(tmp_path / "state"), **cfg))
+        made.append(Reconciler(d))
+        return d, made[-1]
+
+    yield make
+    for rec in made:
+        rec.close()
+
 
 
 @two_cpus
@@ -226,3 +244,37 @@ def test_a_real_daemon_lists_the_flooder_and_pins_the_other_workers_late_acl_thr
             text = d.metrics_text()
             assert metric_value(text, "ascendbind_reconcile_mode", mode="listing", reason="overflow") == 0
             assert metric_value(text, "ascendbind_thread_event_listing_workers") == 0
+
+
+# ---------------------------------------------------------------- the kernel fact the loss rule rests on
+
+
+def test_after_an_overflow_the_kernel_drops_every_event_silently_until_a_read_empties_the_queue():
+    try:
+        src = ProcEventSocket.open(buffer_bytes=4096)  # the kernel's floor: a handful of events
+    except DiscoveryError as exc:
+        pytest.skip(f"no process events here: {exc}")
+    try:
+        with start_worker(plain=1, acl=0, release=0) as w:
+            src.set_filter([w.pid])
+            for _ in range(40):  # far more than the queue holds
+                w.spawn("worker_x")
+            got, lost = src.read(limit=1)
+            assert lost and not src.drained  # ENOBUFS said once; events still queued
+            tid = w.tid_named("worker_0")
+            w.rename(tid, "while_congested")  # dropped: the queue was not emptied since
+            events = []
+            while not src.drained or not events:
+                batch, _ = src.read()
+                events += [e for d in batch for e in parse_events(d)]
+            assert src.drained and "while_congested" not in [e.comm for e in events if e is not None]
+            w.rename(tid, "after_draining")
+            assert _events_queued_on(src)
+            batch, lost = src.read()
+            assert not lost and "after_draining" in [e.comm for d in batch for e in parse_events(d) if e is not None]
+    finally:
+        src.close()
+
+
+def _events_queued_on(src: ProcEventSocket, timeout: float = 10.0) -> bool:
+    return bool(select.select([src.fileno()], [], [], timeout)[0])
