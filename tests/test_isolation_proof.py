@@ -21,7 +21,7 @@ import pytest
 from ascendbind.daemon.api.requests import claim_npus
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.npucheck import listed_verdict
-from ascendbind.daemon.watch.proof import Proof, pod_at_top, proof_of, prove
+from ascendbind.daemon.watch.proof import Proof, kept_on_rebind, pod_at_top, proof_of, prove
 from ascendbind.errors import Conflict
 from ascendbind.values.cpulist import format_cpulist, parse_cpulist
 from ascendbind.values.model import WorkerFacts
@@ -92,6 +92,15 @@ def test_only_a_confirmed_check_proves_and_a_state_file_without_a_proof_is_unpro
     for raw in (None, {}, {"proven": True, "by": "a_word_nobody_wrote", "detail": ""}, {"proven": "yes"}):
         assert not Proof.from_json(raw).proven, raw
     assert pod_at_top("/../.." + POD) and not pod_at_top(None) and not pod_at_top("/kubepods/burstable")
+
+
+def test_the_same_process_bound_again_to_the_same_npus_keeps_its_proof():
+    root, claim = Proof(True, "root", "r"), Proof(False, "claim", "c")
+    assert kept_on_rebind(claim, root, (1,), (1,)) is root  # root's run, then the worker's own bind
+    assert kept_on_rebind(claim, root, (1,), (0,)) is claim  # another NPU: a new claim
+    assert kept_on_rebind(claim, claim, (1,), (1,)) is claim and kept_on_rebind(claim, None, (), (1,)) is claim
+    driver = Proof(True, "driver", "d")
+    assert kept_on_rebind(driver, root, (1,), (1,)) is driver  # weighed afresh when it proves itself
 
 
 def test_a_held_record_keeps_its_proof_across_a_restart():

@@ -71,7 +71,7 @@ from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover
 from .watch.npucheck import NpuChecker
-from .watch.proof import proof_of
+from .watch.proof import kept_on_rebind, proof_of
 from .api.contention import Contention
 from .api.metrics import BindClock, Metrics
 from .watch.observe import role_cpus
@@ -315,6 +315,8 @@ class Daemon(Ownership):
                 self._undo_gone(prev, "recycled")
                 prev = None
             worker = self._first_allowance(worker, prev)
+            if prev is not None:
+                proof = kept_on_rebind(proof, prev.proof, prev.binding.npus, targets)
             replaced, evicted = self._claim(pid, targets, listed, proof.proven)
             plan = dataclasses.replace(make_plan(host, worker, targets, config), targets=decision)
             aligned, reason = alignment_of(plan)

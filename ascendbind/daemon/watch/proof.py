@@ -41,7 +41,7 @@ from ...discovery.parse.kubelet import pod_place
 from ...values.model import WorkerFacts
 from ...values.targeting import TargetDecision
 
-__all__ = ["Proof", "PROVEN_BY", "UNPROVEN", "proof_of", "from_root", "prove", "pod_at_top"]
+__all__ = ["Proof", "PROVEN_BY", "UNPROVEN", "proof_of", "from_root", "prove", "kept_on_rebind", "pod_at_top"]
 
 # what proves a binding, strongest first (Proof.by when proven)
 PROVEN_BY = ("root", "driver", "process_table", "container_devices", "kubelet_pod", "npu_check")
@@ -126,3 +126,14 @@ def prove(proof: Proof, verdict: str, why: str) -> Proof:
     if proof.proven or verdict != "confirmed":
         return proof
     return Proof(True, "npu_check", why)
+
+
+def kept_on_rebind(proof: Proof, before: Proof | None, npus_before: Collection[int], npus: Collection[int]) -> Proof:
+    """The proof of a process bound again (``before``: its held binding's, of ``npus_before``):
+    a proven binding stays proven when the same process is bound again to the same NPUs,
+    whoever asks (root's ``ascendbind run`` and then the worker's own plugin bind the same
+    process: the second request is the worker's, but nothing about the process changed).
+    Other NPUs are a new claim, weighed afresh."""
+    if proof.proven or before is None or not before.proven or set(npus_before) != set(npus):
+        return proof
+    return before
