@@ -166,6 +166,12 @@ def test_an_unproven_bind_at_host_moves_nobody_and_a_root_worker_takes_its_npu_o
     assert answer["proof"]["proven"] is False and answer["proof"]["by"] == "claim", answer["proof"]
     # bound all the same: its own threads have their plan's CPUs
     assert only(ns.masks(pid=squatter)) == {format_cpulist(answer["plan"]["npus"]["1"]["main"])}
+    # a second one names no NPU, only the ASCEND_VISIBLE_DEVICES it set itself: a claim too, and
+    # bound beside the first (neither is believed, so neither keeps the other out)
+    by_env = ns.spawn(comm="env_squatter", threads=1, uid=UID)["pid"]
+    out = ns.ask_bind(pid=by_env, body={"env": {"ASCEND_VISIBLE_DEVICES": "1"}})
+    assert out["code"] == 200 and out["body"]["npus"] == [1] and out["body"]["replaced"] == [], out
+    assert out["body"]["plan"]["targets"]["rule"] == "visible_devices" and not out["body"]["proof"]["proven"]
     iso = ns.iso()
     assert iso["level"] == "host" and not iso["protected"], iso
     # the bind's own follow has run before its answer: root's tasks are where they were, and so is
@@ -174,19 +180,20 @@ def test_an_unproven_bind_at_host_moves_nobody_and_a_root_worker_takes_its_npu_o
     for pid in (service, sleeper, later):
         assert only(ns.masks(pid=pid)) == {everywhere}, pid
     assert ns.iso()["tasks"]["moved_as_started"] == 0
-    [record] = ns.status()["workers"]
-    assert record["pid"] == squatter and record["proof"]["proven"] is False
+    records = ns.status()["workers"]
+    assert {w["pid"] for w in records} == {squatter, by_env} and not any(w["proof"]["proven"] for w in records)
 
     # root's worker on the same NPU is not kept out: the squatter is released, and isolation starts
     worker = ns.spawn(comm="worker", threads=2)["pid"]
     out = ns.curl(method="POST", path="/v1/bind", body={"pid": worker, "npu": 1})
     assert out["code"] == 200, out
-    assert out["body"]["replaced"] == [squatter] and out["body"]["proof"]["by"] == "root", out["body"]
+    assert sorted(out["body"]["replaced"]) == sorted([squatter, by_env]), out["body"]
+    assert out["body"]["proof"]["by"] == "root"
     iso = ns.iso()
     protected = parse_cpulist(iso["protected"])
     assert protected and iso["error"] is None, iso
     rest = format_cpulist(STARTED_ON - protected)
-    for pid in (service, sleeper, later, squatter):  # the squatter is one more task now
+    for pid in (service, sleeper, later, squatter, by_env):  # the squatters are two more tasks now
         assert only(moved(ns, pid, iso["protected"])) == {rest}, pid
     assert [w["pid"] for w in ns.status()["workers"]] == [worker]
     assert '"unproven holder evicted"' in ns.log()["log"]
