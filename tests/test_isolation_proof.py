@@ -152,6 +152,13 @@ def squat(ns, comm: str = "squatter", threads: int = 2) -> tuple[int, dict]:
     return pid, out["body"]
 
 
+def _checks(ns) -> str:
+    """What a failed wait for a proof shows: the daemon's log but its status requests, and the
+    workers it holds."""
+    lines = [line for line in ns.log()["log"].splitlines() if '"path": "/v1/workers"' not in line]
+    return "\n".join(lines)[-8000:] + "\nworkers: " + json.dumps(ns.status()["workers"])[:3000]
+
+
 def proof_of_worker(ns, pid: int) -> dict:
     return next((w["proof"] for w in ns.status()["workers"] if w["pid"] == pid), {})
 
@@ -212,7 +219,7 @@ def test_npu_smi_listing_an_unproven_worker_proves_it_and_it_takes_the_npu_from_
     assert not ns.iso()["protected"]
     # the check after the answer found it unlisted; npu-smi lists it now, and a later check sees it
     ns.list(items=f"{real}:1")
-    assert wait_for(lambda: proof_of_worker(ns, real).get("proven"), 30), ns.log()["log"][-3000:]
+    assert wait_for(lambda: proof_of_worker(ns, real).get("proven"), 30), _checks(ns)
     assert proof_of_worker(ns, real)["by"] == "npu_check"
     iso = ns.iso()
     assert iso["protected"], iso
@@ -243,7 +250,7 @@ def test_an_unprivileged_run_isolates_nothing_until_npu_smi_lists_its_worker(ns,
     assert not ns.iso()["protected"] and only(ns.masks(pid=service)) == {format_cpulist(STARTED_ON)}
     # the worker opens its NPU: npu-smi lists it, a re-check proves it, isolation starts
     ns.list(items=f"{served}:1")
-    assert wait_for(lambda: proof_of_worker(ns, served).get("by") == "npu_check", 30), ns.log()["log"][-3000:]
+    assert wait_for(lambda: proof_of_worker(ns, served).get("by") == "npu_check", 30), _checks(ns)
     iso = ns.iso()
     assert only(moved(ns, service, iso["protected"])) == {format_cpulist(STARTED_ON - parse_cpulist(iso["protected"]))}
 
