@@ -146,6 +146,9 @@ def cmd_bind(args) -> int:
             print("  " + line)
         for s in result["steps"]:
             print(f"  {s['step']:<8} {s['outcome']:<8} {s['reason'] or '-':<22} {s['detail']}")
+        proof = result.get("proof") or {}
+        if proof and not proof.get("proven"):
+            print(f"  unproven: {proof.get('detail', '')}")
     if result.get("status") == "partial":
         failed = next(s for s in result["steps"] if s["outcome"] == "failed")
         raise StepFailed(f"bound pid {result['pid']}, but step {failed['step']} failed: {failed['detail']}")
@@ -286,6 +289,9 @@ def _why_lines(w: dict) -> list[str]:
         if s.get("outcome") != "applied" and s.get("reason") != "not_applicable":
             out.append(f"step {s['step']} {s['outcome']}" + (f" [{s['reason']}]" if s.get("reason") else "")
                        + f": {s.get('detail', '')}")
+    proof = w.get("proof") or {}
+    if proof and not proof.get("proven"):
+        out.append(f"unproven, isolates nothing and holds its NPU against nobody: {proof.get('detail', '')}")
     drift = w.get("drift") or {}
     if drift.get("left_alone"):
         out.append(f"threads left alone: {drift.get('left_alone_why') or 'masks kept moving'}")

@@ -20,8 +20,13 @@ the answer or ``{"error": ...}`` out):
   ``restart``, ``stop`` (``sig``), ``kill`` (-9), ``log``,
   ``status`` (``GET /v1/workers``), ``cli`` (``args``: an ascendbind verb against it), ``metrics`` (its text), ``curl`` (``method``, ``path``, ``body``),
   ``state`` (the state file), ``sighup`` (``config``: the text of the config file);
-* ``spawn`` (``comm``, ``threads``): a process named ``comm`` with that many more
-  threads, driven over its own pipes; ``fork`` (``pid``): a child of it, same
+* ``spawn`` (``comm``, ``threads``, ``uid``): a process named ``comm`` with that many more
+  threads (as ``uid``, its own group and no other, when given: an unprivileged user),
+  driven over its own pipes; ``run`` (``comm``, ``npu``, ``uid``): the same process started by
+  ``ascendbind run --npu`` (its pid, and ``run_pid``); ``ask_bind`` (``pid``, ``body``): it posts ``body`` to
+  ``/v1/bind`` itself (``{"code", "body"}``); ``open_socket``: the daemon's directory
+  and socket opened to every user; ``list`` (``items``: ``PID:NPU`` ...): what the
+  process table of a daemon started with ``listed`` lists; ``fork`` (``pid``): a child of it, same
   script; ``thread`` (``pid``): one more thread of it; ``pin`` (``pid``, ``cpus``): it sets every one of its threads to
   ``cpus`` itself; ``end`` (``pid``);
 * ``masks`` (``pid``): tid -> ``Cpus_allowed_list`` from ``/proc/<pid>/task/*/status``;
@@ -49,7 +54,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.daemon_harness import DaemonProc, base_env, free_port  # noqa: E402
+from tests.daemon_harness import FIXTURE_BIN, DaemonProc, base_env, free_port  # noqa: E402
 
 WQ = "/sys/devices/virtual/workqueue"
 # the fixture npu-smi's two NPUs: NPU 0 near the lowest CPU this process may use, NPU 1 near the
@@ -77,12 +82,39 @@ for line in sys.stdin:
     elif cmd == "thread":
         threading.Thread(target=ev.wait, daemon=True).start()
         print("ok", flush=True)
+    elif cmd == "bind":
+        import json, socket
+        path, _, body = arg.partition(" ")
+        raw = body.encode()
+        with socket.socket(socket.AF_UNIX) as sk:
+            sk.connect(path)
+            sk.sendall(b"POST /v1/bind HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                       b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+            answer = b""
+            while True:
+                chunk = sk.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        print(json.dumps({"code": int(head.split()[1]), "body": json.loads(rest or b"null")}), flush=True)
     elif cmd == "fork":
         import subprocess
         p = subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[1] + "_c", "1", sys.argv[3]],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         print(p.stdout.readline().strip(), flush=True)
 """
+
+
+# what ``run`` execs the CHILD script with (stdlib only): an interpreter every user may execute,
+# where this checkout's may sit under a directory only root can search
+CHILD_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)),
+                    sys.executable)
+
+
+def as_user(uid: int | None) -> list[str]:
+    """The argv prefix that runs a command as ``uid`` with only its own group (none: as we are)."""
+    return [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
 
 
 def cpus_of(text: str) -> set[int]:
@@ -139,9 +171,11 @@ class Harness:
         with open(self.config, "w") as fh:
             fh.write("")
 
-    def op_daemon(self, env: dict, config: str = "") -> dict:
+    def op_daemon(self, env: dict, config: str = "", listed: bool = False) -> dict:
         with open(self.config, "w") as fh:
             fh.write(config)
+        if listed:
+            env = {**env, "ASCENDBIND_NPU_SMI": self._listing_npu_smi()}
         full = base_env(os.path.join(self.tmp, "ascendbind.sock"), os.path.join(self.tmp, "state"), free_port(),
                         ASCENDBIND_FAKE_NPUS="2", ASCENDBIND_FAKE_NPU_AFFINITY=";".join(map(str, NPU_CPUS)),
                         ASCENDBIND_IRQBALANCE="warn", ASCENDBIND_CONFIG=self.config, **env)
@@ -149,6 +183,35 @@ class Harness:
         self.daemon.start()
         self.daemon.wait_discovered()
         return {"pid": self.daemon.pid}
+
+    def _listing_npu_smi(self) -> str:
+        """An npu-smi wrapper whose process table lists what ``op_list`` last wrote."""
+        self.op_list("")
+        wrapper = os.path.join(self.tmp, "npu-smi")
+        with open(wrapper, "w") as fh:
+            fh.write(f"#!{sys.executable}\nimport os, sys\nwith open({self.listed!r}) as fh:\n"
+                     "    os.environ['ASCENDBIND_FAKE_NPU_PIDS'] = ','.join(fh.read().split())\n"
+                     f"os.execv(sys.executable, [sys.executable, {str(FIXTURE_BIN / 'npu-smi')!r}, *sys.argv[1:]])\n")
+        os.chmod(wrapper, 0o755)
+        return wrapper
+
+    @property
+    def listed(self) -> str:
+        return os.path.join(self.tmp, "listed")
+
+    def op_list(self, items: str) -> dict:
+        with open(self.listed + ".new", "w") as fh:
+            fh.write(items)
+        os.replace(self.listed + ".new", self.listed)  # never a half-written table
+        return {}
+
+    def op_open_socket(self) -> dict:
+        os.chmod(self.tmp, 0o755)
+        os.chmod(self.daemon.sock, 0o666)
+        return {}
+
+    def op_ask_bind(self, pid: int, body: dict) -> dict:
+        return json.loads(self._ask(pid, f"bind {self.daemon.sock} {json.dumps(body)}"))
 
     def op_restart(self) -> dict:
         self.daemon = DaemonProc(self.tmp, self.daemon.env)
@@ -192,13 +255,30 @@ class Harness:
         self.daemon.proc.send_signal(signal.SIGHUP)
         return {}
 
-    def op_spawn(self, comm: str, threads: int = 0) -> dict:
+    def op_spawn(self, comm: str, threads: int = 0, uid: int | None = None) -> dict:
         t0 = time.monotonic()
-        p = subprocess.Popen([sys.executable, "-c", CHILD, comm, str(threads), CHILD], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen([*as_user(uid), sys.executable, "-c", CHILD, comm, str(threads), CHILD],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         pid = int(p.stdout.readline())
         self.children[pid], self.started[pid] = p, t0
         return {"pid": pid}
+
+    def op_run(self, comm: str, npu: int, uid: int | None = None) -> dict:
+        """``ascendbind run --npu NPU -- <a process named comm>`` in the background (as ``uid``):
+        its child binds itself, then execs the process, which answers like a ``spawn``'s
+        (same pid: the exec keeps it). ``run`` itself is ``run_pid``."""
+        t0 = time.monotonic()
+        p = subprocess.Popen([*as_user(uid), sys.executable, "-m", "ascendbind", "run", "--npu", str(npu),
+                              "--socket", self.daemon.sock, "--", CHILD_PYTHON, "-c", CHILD, comm, "0", CHILD],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=self.daemon.env)
+        line = p.stdout.readline()
+        if not line.strip():
+            p.kill()
+            raise RuntimeError(f"ascendbind run did not start its command: {p.communicate(timeout=10)[1][-2000:]}")
+        pid = int(line)
+        self.children[pid], self.started[pid] = p, t0
+        return {"pid": pid, "run_pid": p.pid}
 
     def _ask(self, pid: int, line: str) -> str:
         p = self.children[pid]

@@ -171,7 +171,7 @@ def test_an_unlisted_squatter_gives_way_to_the_worker_npu_smi_lists(daemon, nobo
             assert cpus_allowed_of(child, child) == original
             text = daemon.metrics_text()
             assert metric_value(text, "ascendbind_workers_dropped_total", reason="evicted") == evicted + 1
-            assert "unlisted holder evicted" in daemon.log()
+            assert "unproven holder evicted" in daemon.log()
 
             # the other way round: the listed worker keeps its NPU against an unlisted newcomer
             unsquat(squatter)

@@ -41,7 +41,8 @@ PURE_ROOMS = ("values", "discovery/parse", "planner")
 # pure by name: the daemon's rules (the lifecycle and its verdicts, requests and HTTP as values, the
 # state record, what isolation does to a mask), which live in the daemon's rooms beside the shells
 # around them, and errors.py, the one value module left at the top (a worker imports it by that name)
-PURE_RULES = ["daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.api.requests",
+PURE_RULES = ["daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.watch.proof",
+              "daemon.api.requests",
               "daemon.api.wire", "daemon.state.staterecord", "daemon.state.isolationrecord",
               "daemon.isolate.rules", "errors"]
 MAX_MODULES = 16  # per folder

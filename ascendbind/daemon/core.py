@@ -71,6 +71,7 @@ from .watch.lifecycle import claim
 from .watch.locality import MemoryLocality, ratios_by_npu
 from .watch.memmove import MemoryMover
 from .watch.npucheck import NpuChecker
+from .watch.proof import kept_on_rebind, proof_of
 from .api.contention import Contention
 from .api.metrics import BindClock, Metrics
 from .watch.observe import role_cpus
@@ -195,7 +196,7 @@ class Daemon(Ownership):
             pid, request, policy = parse_bind_request(body)
             view = self.observe(peer, pid or peer.pid, pin=True, clock=clock)
             with view.pin or contextlib.nullcontext():
-                result = self.bind_process(view, request, policy, clock=clock, later=later)
+                result = self.bind_process(view, request, policy, clock=clock, later=later, caller_uid=peer.uid)
         except AscendbindError as exc:
             self.metrics.bind_outcome(outcome_of_error(exc))
             raise
@@ -274,13 +275,16 @@ class Daemon(Ownership):
 
     def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
                      policy: PlanAsk | str | None, *, clock: BindClock | None = None,
-                     later: list[Callable[[], None]] | None = None) -> dict[str, Any]:
+                     later: list[Callable[[], None]] | None = None, caller_uid: int | None = None,
+                     listed: frozenset | None = None) -> dict[str, Any]:
         """Bind the process ``target`` names (authorized by the caller) to the NPUs the rule
         picks for ``request`` (NPU ids, a device index, or nothing: the evidence decides).
         Auto-bind enters here too. ``target`` is the request's observation of the process,
         or an identity to observe it by. ``later``: where the work that waits for the answer
         goes (the named NPU's check against npu-smi, the reconcile loop's poke), for the caller
-        to run once it has answered, or failed to; without it, that work runs before this returns."""
+        to run once it has answered, or failed to; without it, that work runs before this returns.
+        ``caller_uid`` (the request's SO_PEERCRED uid) and ``listed`` (npu-smi's (npu, pid) pairs the
+        caller read, as auto-bind does) weigh in what proves the binding (watch/proof.py)."""
         identity = target.identity if isinstance(target, ProcessView) else target
         if identity is None:
             raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
@@ -289,14 +293,15 @@ class Daemon(Ownership):
         deferred: list[Callable[[], None]] = [] if later is None else later
         try:
             with (view.pin if view is not target else None) or contextlib.nullcontext():
-                return self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock(), deferred)
+                return self._bind_view(view, TargetRequest.of(request), policy, clock or BindClock(), deferred,
+                                       (caller_uid, listed))
         finally:
             if later is None:  # whatever the bind came to, what it queued runs
                 for work in deferred:
                     work()
 
     def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None,
-                   clock: BindClock, later: list[Callable[[], None]]) -> dict[str, Any]:
+                   clock: BindClock, later: list[Callable[[], None]], vouched: tuple = (None, None)) -> dict[str, Any]:
         pid = view.pid
         config, host, worker, failure = self._facts_of(view, request, policy)
         clock.mark("worker")
@@ -304,6 +309,7 @@ class Daemon(Ownership):
         targets = decision.npus
         fresh = host.processes if not request.names_npus and failure is None else None
         listed = self._listed_if_contested(pid, targets, fresh)
+        proof = proof_of(worker, decision, targets, root_uid=vouched[0], listed=listed or vouched[1])
         with self.lock:
             prev = self.held.get(pid)
             if prev is not None and not self.still_bound(prev, worker.start_time):
@@ -311,7 +317,9 @@ class Daemon(Ownership):
                 self._undo_gone(prev, "recycled")
                 prev = None
             worker = self._first_allowance(worker, prev)
-            replaced, evicted = self._claim(pid, targets, listed)
+            if prev is not None:
+                proof = kept_on_rebind(proof, prev.proof, prev.binding.npus, targets)
+            replaced, evicted = self._claim(pid, targets, listed, proof.proven)
             plan = dataclasses.replace(make_plan(host, worker, targets, config), targets=decision)
             aligned, reason = alignment_of(plan)
             if plan.errors:
@@ -320,7 +328,8 @@ class Daemon(Ownership):
                 first = plan.errors[0]
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             clock.mark("plan")
-            self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
+            if proof.proven:  # an unproven binding isolates nothing, so cannot leave the host without CPUs
+                self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
             with recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
                                          move_memory=False, before_writes=self.before_writes)
@@ -346,7 +355,7 @@ class Daemon(Ownership):
             ask = PlanAsk.of(policy)
             held = Held(binding, time.time(), ask.topology_policy, pool_source=ask.pool_source,
                         facts=(host, worker, config),
-                        pin=view.pin.keep() if view.pin is not None else None)
+                        pin=view.pin.keep() if view.pin is not None else None, proof=proof)
             held.remember_threads(applied.threads, role_cpus(plan))
             self.held[pid] = held
             self.isolation.hand_over(t.tid for t in worker.threads)
@@ -360,7 +369,7 @@ class Daemon(Ownership):
             self.save(later=later)
         clock.mark("record")
         self.metrics.step_results(binding.steps)
-        if request.names_npus:
+        if request.names_npus or not proof.proven:
             # its npu-smi run (tens of ms of CPU) would otherwise compete with the answer
             later.append(functools.partial(self.npu_check.submit, pid, binding.start_time, binding.npus, request,
                                            host, worker))
@@ -374,6 +383,7 @@ class Daemon(Ownership):
             "outcome": outcome,
             "status": "partial" if binding.failed else "bound",
             "replaced": [h.binding.pid for h in (*replaced, *evicted)],
+            "proof": proof.to_json(),
             "warnings": list(worker.warnings) + list(decision.warnings),
             "plan": plan.to_json(),
             "steps": [s.to_json() for s in binding.steps],
@@ -397,24 +407,28 @@ class Daemon(Ownership):
             return None
         return frozenset((r.npu, r.pid) for r in rows)
 
-    def _claim(self, pid: int, targets: tuple[int, ...], listed: frozenset | None) -> tuple[list[Held], list[Held]]:
+    def _claim(self, pid: int, targets: tuple[int, ...], listed: frozenset | None,
+               proven: bool = True) -> tuple[list[Held], list[Held]]:
         """(dead owners of ``targets`` to replace, live holders to evict); Conflict when a
-        live holder keeps its NPU (lifecycle.claim)."""
-        holders = [(other, h.binding.npus, self.is_alive(h)) for other, h in self.held.items()
+        live holder keeps its NPU (lifecycle.claim; ``proven``: the newcomer's binding is)."""
+        holders = [(other, h.binding.npus, self.is_alive(h), h.proof.proven) for other, h in self.held.items()
                    if other != pid and set(h.binding.npus) & set(targets)]
-        replace, evict = claim(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu)
+        replace, evict = claim(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu,
+                               proven=proven)
         return [self.held[a.pid] for a in replace], [self.held[a.pid] for a in evict]
 
     def _evict(self, h: Held, *, by: int) -> None:
-        """Release a live holder npu-smi does not list: its threads go back to their
-        original CPUs; its saved IRQ masks now travel with the new owner's binding."""
+        """Release a live holder that gives its NPU up (unproven, or unlisted by npu-smi):
+        its threads go back to their original CPUs; its saved IRQ masks now travel with the
+        new owner's binding."""
         b = dataclasses.replace(h.binding, saved_irq_masks=frozen_map({}))
         steps = release_binding(b, self.config, restore_irqs=False, pin=h.pin)
         self.held.pop(b.pid, None)
         self.mover.cancel(b.pid, "evicted")
         h.close()
         self.metrics.dropped_worker("evicted")
-        log.warning("unlisted holder evicted", pid=b.pid, npus=list(b.npus), by=by,
+        log.warning("unlisted holder evicted" if h.proof.proven else "unproven holder evicted", pid=b.pid,
+                    npus=list(b.npus), by=by,
                     affinity=next((s.outcome.value for s in steps), None))
 
     @staticmethod
@@ -467,22 +481,27 @@ class Daemon(Ownership):
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
         return self.release_pid(pid)
 
-    def npu_checked(self, pid: int, start_time: int, npus: tuple[int, ...], verdict: str, why: str) -> None:
-        """The process table's verdict on a named bind (watch/npucheck.py), for the binding it
-        was made for only; a contradicted one is undone."""
+    def npu_checked(self, pid: int, start_time: int, npus: tuple[int, ...], verdict: str, why: str) -> bool:
+        """The process table's verdict on a named or unproven bind (watch/npucheck.py), for
+        the binding it was made for only; a contradicted one is undone, a confirmed unproven
+        one becomes proven (ownership.py ``prove_held``). True: still unproven, ask again later."""
         with self.lock:
             h = self.held.get(pid)
             if h is None or h.binding.start_time != start_time or tuple(h.binding.npus) != npus:
-                return  # released, re-bound or gone meanwhile: the verdict is about another binding
+                return False  # released, re-bound or gone meanwhile: the verdict is about another binding
             h.npu_check = {"verdict": verdict, "detail": why}
             self.metrics.npu_check(verdict)
             if verdict == "contradicted":
                 log.warning("named NPU contradicted by npu-smi; binding undone", pid=pid, npus=list(npus),
                             detail=why)
                 self.release_pid(pid, reason="npu_mismatch")
-            elif verdict != "confirmed":
+                return False
+            if verdict == "confirmed":
+                self.prove_held(h, why)
+            else:
                 log.info("named NPU not confirmed by npu-smi", pid=pid, npus=list(npus), verdict=verdict,
                          detail=why)
+            return self.held.get(pid) is h and not h.proof.proven
 
     # ---------------------------------------------------------- read-only
 

@@ -41,6 +41,7 @@ from .watch.held import Held, SeenThread, accepted
 from .watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration
 from .watch.locality import ratios_by_npu
 from .watch.memmove import STOPPING
+from .watch.proof import prove
 from .watch.observe import role_cpus
 from .state.staterecord import binding_from_json
 
@@ -51,7 +52,7 @@ log = structlog.get_logger("ascendbind.daemon")
 
 class Ownership:
     """The held-table half of ``Daemon`` (needs ``config``, ``held``, ``lock``, ``metrics``,
-    ``state``, ``isolation``, ``pid`` and ``save``)."""
+    ``state``, ``isolation``, ``hosts``, ``pid`` and ``save``)."""
 
     # ---------------------------------------------------------- start-up
 
@@ -102,6 +103,8 @@ class Ownership:
             for h in self.held.values():
                 if h.memory_move is not None:  # stopped before its pages moved: move them now
                     self.move_memory(h, h.memory_move[0], "restart")
+                if not h.proof.proven:  # npu-smi may list it by now (watch/proof.py)
+                    self.npu_check.submit(h.binding.pid, h.binding.start_time, h.binding.npus, None, None, None)
             self.save()
         for _ in range(loaded.other_boot):
             self.metrics.dropped_worker("other_boot")
@@ -222,6 +225,37 @@ class Ownership:
             if h is None:
                 return
             self._undo_gone(h, reason)
+            self.save()
+
+    # ---------------------------------------------------------- proof
+
+    def prove_held(self, h: Held, why: str) -> None:
+        """npu-smi now lists ``h``'s worker on its NPUs: an unproven binding becomes proven
+        (watch/proof.py), so isolation starts for it, and the unproven workers sharing its
+        NPUs are released as a proven bind would have evicted them (not with
+        ``allow_shared_npu``). Kept unproven, with the reason, when isolating it would leave
+        the host no housekeeping CPU. Under the lock; writes the state file."""
+        with self.lock:
+            if h.proof.proven or self.held.get(h.binding.pid) is not h:
+                return
+            host = self.hosts.known()
+            if host is not None:
+                plans = [o.binding.plan for o in self.held.values() if o is not h and o.proof.proven]
+                refused = self.isolation.refusal(host, [*plans, h.binding.plan], self.config)
+                if refused is not None:
+                    h.proof = dataclasses.replace(h.proof, detail=f"{why}, but isolating it too would leave no "
+                                                                  f"housekeeping CPU: {refused.reason}")
+                    self.save()
+                    return
+            h.proof = prove(h.proof, "confirmed", why)
+            log.info("binding proven by npu-smi; isolation applies to it", pid=h.binding.pid,
+                     npus=list(h.binding.npus))
+            sharers = [] if self.config.allow_shared_npu else [
+                pid for pid, o in self.held.items() if o is not h and not o.proof.proven
+                and set(o.binding.npus) & set(h.binding.npus) and self.is_alive(o)]
+            for pid in sharers:
+                log.warning("unproven holder evicted", pid=pid, by=h.binding.pid)
+                self.release_pid(pid, reason="evicted")
             self.save()
 
     # ---------------------------------------------------------- a look's actions

@@ -112,6 +112,9 @@ class CgroupDevices:
 class NpuEvidence:
     major: int | None = None  # the devdrv-cdev major from /proc/devices
     host_namespace: bool | None = None  # True: the worker shares pid 1's mount namespace
+    # True: the worker shares pid 1's user namespace (its mount namespace was made by a privileged
+    # process, not by an unprivileged user inside a user namespace of its own)
+    host_user_namespace: bool | None = None
     device_nodes: tuple[DeviceNode, ...] | None = None
     cgroup_devices: CgroupDevices | None = None
     driver_udevids: tuple[int, ...] | None = None  # /proc/trs_core/proc entries of the worker

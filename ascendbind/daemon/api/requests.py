@@ -180,29 +180,43 @@ def evictable(newcomer: int, holder: int, shared: Iterable[int], listed: Collect
     return bool(shared) and all((n, newcomer) in listed and (n, holder) not in listed for n in shared)
 
 
-def claim_npus(pid: int, targets: Iterable[int], holders: Iterable[tuple[int, Iterable[int], bool]],
-               listed: Collection[tuple[int, int]] | None, *, allow_shared: bool = False) -> tuple[list[int], list[int]]:
+def claim_npus(pid: int, targets: Iterable[int], holders: Iterable[tuple], listed: Collection[tuple[int, int]] | None,
+               *, allow_shared: bool = False, proven: bool = True) -> tuple[list[int], list[int]]:
     """Who gives way when ``pid`` binds ``targets``: (dead holders to replace, live
-    holders to evict). ``holders`` are (pid, npus, alive) of the other held workers;
-    ``listed`` the process table's (npu, pid) pairs, None when unread or unreadable.
-    Conflict ``npu_busy`` when a live holder keeps an NPU (never without ``listed``)."""
+    holders to evict). ``holders`` are (pid, npus, alive[, proven]) of the other held
+    workers (proven when not said); ``listed`` the process table's (npu, pid) pairs, None
+    when unread or unreadable; ``proven``: whether the newcomer's binding is
+    (daemon/watch/proof.py). Only a proven binding holds an NPU against another worker:
+
+    * a dead holder is replaced;
+    * with ``allow_shared`` every live holder stays, and the newcomer shares;
+    * an unproven live holder gives way to a proven newcomer (evicted), and shares
+      with an unproven one: neither is believed, so neither may keep the other out;
+    * a proven live holder keeps its NPU (Conflict ``npu_busy``), unless a proven
+      newcomer is listed there by npu-smi and it is not (``evictable``)."""
     targets = set(targets)
     dead: list[int] = []
     evict: list[int] = []
-    for other, npus, alive in holders:
+    for other, npus, alive, *rest in holders:
         shared = set(npus) & targets
+        held_proven = rest[0] if rest else True
         if other == pid or not shared:
             continue
         if not alive:
             dead.append(other)
         elif allow_shared:
             continue
-        elif listed is not None and evictable(pid, other, shared, listed):
+        elif not held_proven:
+            if proven:
+                evict.append(other)
+        elif proven and listed is not None and evictable(pid, other, shared, listed):
             evict.append(other)
         else:
             why = "" if listed is None else (
                 "; npu-smi lists it there" if any((n, other) in listed for n in shared)
                 else f"; npu-smi does not list pid {pid} there either")
+            if not proven:
+                why += f"; nothing proves that pid {pid} drives it"
             raise Conflict(f"NPU {min(shared)} is held by live worker {other}{why} "
                            "(set allow_shared_npu to share it)", code="npu_busy")
     return dead, evict

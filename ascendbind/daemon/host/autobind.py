@@ -66,6 +66,7 @@ class AutoBinder:
             log.warning("auto-bind: npu-smi process table unavailable", error=str(exc))
             return []
         wanted: dict[int, set[int]] = {}
+        listed = frozenset((row.npu, row.pid) for row in rows)
         for row in rows:
             wanted.setdefault(row.pid, set()).add(row.npu)
         bound: list[int] = []
@@ -79,7 +80,8 @@ class AutoBinder:
             if key in self._failed:
                 continue
             try:
-                result = d.bind_process(target, tuple(sorted(npus)), None)
+                # the table it was read from proves the binding (daemon/watch/proof.py)
+                result = d.bind_process(target, tuple(sorted(npus)), None, listed=listed)
             except AscendbindError as exc:
                 self._failed.add(key)
                 d.metrics.bind_outcome(outcome_of_error(exc))

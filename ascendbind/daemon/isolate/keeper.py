@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -116,7 +116,8 @@ class Isolation:
         if config.isolation == "off":
             return
         with daemon.lock:
-            plans = [h.binding.plan for other, h in daemon.held.items() if other not in pids] + [plan]
+            plans = [h.binding.plan for other, h in daemon.held.items() if other not in pids and h.proof.proven]
+            plans.append(plan)
         refused = self.refusal(host, plans, config)
         if refused is not None:
             raise PlanImpossible(refused.reason, code=refused.code, plan=plan)
@@ -129,7 +130,8 @@ class Isolation:
             daemon.state.save_encoded(records, isolation=self.state_json())
 
         try:
-            self.follow(daemon.hosts.known(), [h.binding for h in daemon.held.values()], daemon.config, persist)
+            self.follow(daemon.hosts.known(), [h.binding for h in daemon.held.values()], daemon.config, persist,
+                        isolating=frozenset(pid for pid, h in daemon.held.items() if h.proof.proven))
         except (OSError, ConfigError):
             raise
         except Exception:  # a bug here must not cost the state file of the bindings
@@ -155,20 +157,23 @@ class Isolation:
     # ---------------------------------------------------------- following the held table
 
     def follow(self, host: HostFacts | None, bindings: Sequence[Binding], config: Config,
-               persist: Callable[[], None]) -> None:
+               persist: Callable[[], None], *, isolating: Collection[int] | None = None) -> None:
         """Bring the host in line with ``bindings`` at ``config.isolation``; ``persist``
-        writes the state file (with ``state_json``) and is called before any write."""
+        writes the state file (with ``state_json``) and is called before any write.
+        ``isolating``: the pids of the bindings whose CPUs are protected (the proven ones,
+        daemon/watch/proof.py; None: all). The others are still the bind's: their threads
+        and the IRQs their IRQ step pinned are never moved, but nothing moves for them."""
         self.level = config.isolation
         if self.stopped:
             return
         if self.threads is None and config.isolation == "off" and self.record.empty:
             self.plan = None
             return
-        if host is None and bindings:
+        plans = tuple(b.plan for b in bindings if isolating is None or b.pid in isolating)
+        if host is None and plans:
             self.waiting = "the host is not discovered yet: nothing is changed until it is"
             return
         self.waiting = None
-        plans = tuple(b.plan for b in bindings)
         pinned = frozenset(w.irq for b in bindings for w in b.irqs if w.pinned)
         iso = self._plan(host, plans, config) if host is not None else None
         self.plan = iso

@@ -4,10 +4,13 @@ The rules, pure and tested as tables of values: lifecycle.py (what one look at
 a bound worker calls for: drop it, pin its new threads, re-assert drifted masks,
 leave it alone, move its memory again; and what goes back to the host when a
 worker leaves), blame.py (who moved a mask, on evidence), bans.py (who lifts an
-irqbalance ban). The shell around them: reconcile.py (the loop: look, ask the
-rules, hand the actions to the ``Daemon``), observe.py (one look at a worker's
-threads), threadevents.py (the kernel's process events), evidence.py (what the
-blame rule weighs), locality.py (how much of a worker's memory is on its nodes,
+irqbalance ban), proof.py (whether a binding is proven to drive its NPUs: only a
+proven one is isolated and holds its NPUs). The shell around them: reconcile.py
+(the loop: look, ask the rules, hand the actions to the ``Daemon``), observe.py
+(one look at a worker's threads), threadevents.py (the kernel's process events),
+evidence.py (what the blame rule weighs), npucheck.py (npu-smi's table asked
+about named and unproven binds after their answers, the unproven ones again
+until listed), locality.py (how much of a worker's memory is on its nodes,
 measured off the loop), memmove.py (the memory moves, each on a thread of its
 own). held.py is one held worker's record, with the loop's memory of it.
 

@@ -21,6 +21,7 @@ from ...values.frozen import plain
 from ...values.model import Binding
 from ...values.reasons import Step
 from .lifecycle import Record
+from .proof import Proof
 from ..api.requests import PlanAsk, alignment_of
 from ..state.staterecord import binding_to_json
 from ..state.state import encode_record
@@ -84,6 +85,9 @@ class Held:
     pin: ProcessPin | None = field(default=None, repr=False, compare=False)
     # the request's pool_source, None: the node's
     pool_source: str | None = None
+    # what proves the worker drives its NPUs (proof.py): only a proven binding is isolated and
+    # holds its NPUs against others. Kept in the state file.
+    proof: Proof = field(default_factory=lambda: Proof(False, "claim", "nothing weighed yet"))
     # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
     _saved: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -122,7 +126,7 @@ class Held:
                 "culprit": self.culprit,
                 "blame": self.blame, "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
                 "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
-                "irqs_left_alone_why": self.irqs_left_alone_why,
+                "irqs_left_alone_why": self.irqs_left_alone_why, "proof": self.proof.to_json(),
                 "memory_move": None if self.memory_move is None else
                 {"node": self.memory_move[0], "why": self.memory_move[1]}}
 
@@ -154,6 +158,7 @@ class Held:
         h.blame, h.left_alone_why, h.irqs_left_alone_why = text("blame"), text("left_alone_why"), \
             text("irqs_left_alone_why")
         h.left_alone, h.irqs_left_alone = bool(raw.get("left_alone")), bool(raw.get("irqs_left_alone"))
+        h.proof = Proof.from_json(raw.get("proof"))
         move = raw.get("memory_move")
         if isinstance(move, dict) and type(move.get("node")) is int and move["node"] >= 0:
             h.memory_move = (move["node"], "restart")
@@ -185,6 +190,7 @@ class Held:
                       "irqs_left_alone_why": self.irqs_left_alone_why},
             "late_threads_pinned": self.late_threads,
             "npu_check": self.npu_check,
+            "proof": self.proof.to_json(),
             "memory_local_ratio": None if self.memory_local_ratio is None else round(self.memory_local_ratio, 4),
             "memory_reruns": self.memory_reruns,
             "memory": memory_state(self, move),

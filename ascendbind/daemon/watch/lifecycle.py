@@ -48,9 +48,10 @@ other live worker pins them, and otherwise the ban passes to one that does.
 The 950 UVB masks are restored by the last 950 worker to go.
 
 Claims (``claim``): a bind for an NPU whose holder is dead replaces the holder
-(its saved masks carry over); a live holder npu-smi does not list there, while
-it lists the newcomer, is evicted; any other live holder keeps the NPU
-(requests.claim_npus raises the 409).
+(its saved masks carry over); an unproven live holder (proof.py) is evicted by a
+proven newcomer and shares with an unproven one; a proven live holder npu-smi
+does not list there, while it lists a proven newcomer, is evicted; any other
+live holder keeps the NPU (requests.claim_npus raises the 409).
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ class ReplaceHolder:
 
 @dataclass(frozen=True)
 class Evict:
-    """A live holder npu-smi does not list: released, its saved IRQ masks carried over."""
+    """A live holder that gives its NPU up (unproven, or npu-smi does not list it while it
+    lists the newcomer): released, its saved IRQ masks carried over."""
 
     pid: int
 
@@ -287,10 +289,10 @@ def restoration(binding: Binding, others: Mapping[int, Binding], *, is_950: bool
     return Restoration(replace(binding, saved_irq_masks=masks, irqbalance_bans=left), passed, last_950)
 
 
-def claim(pid: int, targets: Iterable[int], holders: Iterable[tuple[int, Iterable[int], bool]],
-          listed: Collection[tuple[int, int]] | None, *,
-          allow_shared: bool = False) -> tuple[tuple[ReplaceHolder, ...], tuple[Evict, ...]]:
-    """Who gives way when ``pid`` binds ``targets`` (holders: (pid, npus, alive) of the
-    others held); Conflict ``npu_busy`` when a live holder keeps an NPU."""
-    dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=allow_shared)
+def claim(pid: int, targets: Iterable[int], holders: Iterable[tuple], listed: Collection[tuple[int, int]] | None, *,
+          allow_shared: bool = False, proven: bool = True) -> tuple[tuple[ReplaceHolder, ...], tuple[Evict, ...]]:
+    """Who gives way when ``pid`` binds ``targets`` (holders: (pid, npus, alive[, proven])
+    of the others held; ``proven``: the newcomer's binding is); Conflict ``npu_busy`` when
+    a live holder keeps an NPU."""
+    dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=allow_shared, proven=proven)
     return tuple(ReplaceHolder(p) for p in dead), tuple(Evict(p) for p in evict)

@@ -7,6 +7,10 @@ The reads (all small, all through ``source``, so a snapshot records and replays 
 * ``/proc/<pid>/ns/mnt`` against ``/proc/1/ns/mnt``: the driver treats a process in
   the host's mount namespace as the host (every NPU); only a container's ``/dev``
   is a device set.
+* ``/proc/<pid>/ns/user`` against ``/proc/1/ns/user``: a mount namespace in the host's
+  user namespace was made by a privileged process (a container runtime); one inside a
+  user namespace of its own may be any user's, with any device nodes it could reach
+  mounted in its ``/dev`` (daemon/watch/proof.py weighs it).
 * ``/proc/<pid>/root/dev``: the worker's own ``/dev``, through its root, for nodes
   of that major (``char_devices``: no link followed, bounded).
 * the worker's v1 devices cgroup, ``devices.list``: what the runtime lets it open.
@@ -44,11 +48,11 @@ def _major(source: HostSource, unavailable: dict[str, str]) -> int | None:
     return None
 
 
-def _host_namespace(source: HostSource, key: str) -> bool | None:
+def _host_namespace(source: HostSource, key: str, kind: str = "mnt") -> bool | None:
     readlink = getattr(source, "readlink", None)
     if readlink is None:
         return None
-    mine, init = readlink(f"/proc/{key}/ns/mnt"), readlink("/proc/1/ns/mnt")
+    mine, init = readlink(f"/proc/{key}/ns/{kind}"), readlink(f"/proc/1/ns/{kind}")
     return None if mine is None or init is None else mine == init
 
 
@@ -76,6 +80,7 @@ def read_npu_evidence(source: HostSource, view) -> NpuEvidence:
     unavailable: dict[str, str] = {}
     major = _major(source, unavailable)
     host_ns = _host_namespace(source, key)
+    host_userns = _host_namespace(source, key, "user")
     nodes = None
     cgroup = None
     if major is not None:
@@ -106,6 +111,6 @@ def read_npu_evidence(source: HostSource, view) -> NpuEvidence:
             again = None
         if again != view.start_time:
             raise ProcessGone(f"pid {pid} exited or was recycled while its devices were read", code="pid_recycled")
-    return NpuEvidence(major=major, host_namespace=host_ns, device_nodes=nodes, cgroup_devices=cgroup,
+    return NpuEvidence(major=major, host_namespace=host_ns, host_user_namespace=host_userns, device_nodes=nodes, cgroup_devices=cgroup,
                        driver_udevids=None if names is None else trs_core_udevids(names, pid),
                        unavailable=frozen_map(unavailable))
