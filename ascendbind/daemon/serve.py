@@ -98,6 +98,7 @@ class _Service:
         READERS.thread_init = name_os_thread  # a stuck reader shows as worker-read in ps -L
         # this process is the daemon: its own threads keep to the housekeeping CPUs (isolate/)
         self.daemon = Daemon(config, metrics=self.metrics, confine_self=True)
+        _stop_points(self.daemon, os.environ.get("ASCENDBIND_TEST_STOP_AT", ""))
         self.server: ApiServer | None = None
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
@@ -317,3 +318,23 @@ def serve(config: Config, *, reload=None) -> int:
         break
     svc.stop_within(STOP_SECONDS)
     return 0
+
+
+def _stop_points(daemon: Daemon, points: str) -> None:
+    """Tests only (``ASCENDBIND_TEST_STOP_AT``, a comma list of ``record`` and ``irq``): the
+    daemon stops itself (SIGSTOP) in every bind right after its in-flight record, before its
+    first write (``record``), or after the task masks, before the IRQ masks (``irq``), so
+    that a test kills it exactly there."""
+    def stop(_pid: int) -> None:
+        # sent to this thread: it stops before its next instruction; sent to the process, the
+        # kernel may hand it to another thread, and this one writes on until that one stops
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+
+    names = {p.strip() for p in points.split(",") if p.strip()}
+    if names - {"record", "irq"}:
+        raise ConfigError(f"ASCENDBIND_TEST_STOP_AT: unknown point(s) {', '.join(sorted(names - {'record', 'irq'}))};"
+                          " known: record, irq")
+    if "record" in names:
+        daemon.before_writes = stop
+    if "irq" in names:
+        daemon.among_writes = stop
