@@ -16,8 +16,10 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from ascendbind.applier.irq import set_irq_affinity
+from ascendbind.discovery.gather.irqhost import read_irq_mask
+from ascendbind.values.cpulist import format_cpulist, parse_cpulist, parse_mask
 from tests.daemon_harness import PATIENCE, DaemonProc, base_env, free_port, metric_value, wait_for
+from tests.irqbalance_harness import irq_masks_lock, restore_irq_masks as put_back_irq_masks
 from tests.workers import Worker, start_worker
 
 CPUS = frozenset(os.sched_getaffinity(0))
@@ -111,7 +117,7 @@ def test_kill_9_at_a_point_of_the_bind_is_undone_at_restart(tmp_path, point):
                 assert wait_for(lambda: _stopped(d.pid), 30 * PATIENCE), d.log()[-3000:]
                 # stopped: the bind is in the file, in flight, with what undoing it needs
                 [rec] = _records(tmp_path, w.pid)
-                assert rec["in_flight"] is True and rec["original_cpus"] == _cpulist(CPUS)
+                assert rec["in_flight"] is True and rec["original_cpus"] == format_cpulist(CPUS)
                 assert rec["steps"] == [] and rec["plan"]["npus"]["0"]["main"]
                 masks = _masks(w)
                 if point == "record":  # nothing written yet
@@ -205,7 +211,100 @@ def _where(tmp_path: Path, w: Worker) -> str:
     return "held"
 
 
-def _cpulist(cpus) -> str:
-    from ascendbind.values.cpulist import format_cpulist
+# ---------------------------------------------------------------- the IRQ masks, on this machine's /proc/irq
 
-    return format_cpulist(cpus)
+NPU_PCI = "0000:c1:00.0"  # where the fixture npu-smi puts NPU 0: an address this machine lacks
+
+
+def _changeable_irqs(n: int) -> list[int]:
+    """``n`` IRQs of this machine that accept a write of their own mask (harmless)."""
+    found = []
+    for name in sorted(os.listdir("/proc/irq"), key=lambda x: int(x) if x.isdigit() else -1):
+        if not name.isdigit():
+            continue
+        irq = int(name)
+        original = read_irq_mask(irq)
+        if original is None or set_irq_affinity(irq, parse_mask(original)).status != "ok":
+            continue
+        found.append(irq)
+        if len(found) == n:
+            return found
+    pytest.skip(f"fewer than {n} IRQs of this machine accept a mask write")
+
+
+def _npu_host(directory: Path, sq: int, cq: int) -> tuple[Path, Path]:
+    """(sys_root, interrupts): NPU 0's MSI vectors are the real IRQs ``sq`` and ``cq``, named
+    as the NPU driver names them; every other /sys path the daemon reads is this machine's."""
+    sys_root = directory / "sys"
+    msi = sys_root / "bus" / "pci" / "devices" / NPU_PCI / "msi_irqs"
+    msi.mkdir(parents=True)
+    for irq in (sq, cq):
+        (msi / str(irq)).write_text("msix\n")
+    (msi.parent / "numa_node").write_text("-1\n")
+    for name in os.listdir("/sys"):
+        if name != "bus":
+            (sys_root / name).symlink_to(f"/sys/{name}")
+    cpus = "".join(f"{'CPU' + str(c):>11}" for c in range(os.cpu_count() or 1))
+    zeros = "".join(f"{0:>11}" for _ in range(os.cpu_count() or 1))
+    interrupts = directory / "interrupts"
+    interrupts.write_text(f"{cpus}\n{sq:>4}:{zeros}   ITS-MSI 1049600 Edge      sq_send_trigger_irq\n"
+                          f"{cq:>4}:{zeros}   ITS-MSI 1049601 Edge      cq_update_irq\n")
+    return sys_root, interrupts
+
+
+def _irq_daemon(tmp_path: Path, sys_root: Path, interrupts: Path, stop_at: str = "") -> DaemonProc:
+    """A daemon in a mount namespace of its own, where /proc/interrupts is ``interrupts``."""
+    env = base_env(str(tmp_path / "ascendbind.sock"), str(tmp_path / "state"), free_port(),
+                   ASCENDBIND_TEST_STOP_AT=stop_at, ASCENDBIND_SYS_ROOT=str(sys_root),
+                   ASCENDBIND_IRQBALANCE="warn")  # never tell an irqbalance some other test runs
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /proc/interrupts && exec "$@"', str(interrupts),
+            sys.executable, "-m", "ascendbind.cli", "serve"]
+    return DaemonProc(str(tmp_path), env, argv)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/proc/irq", os.W_OK), reason="needs root and /proc/irq")
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+@pytest.mark.parametrize("point", ["record", "irq", "written"])
+def test_kill_9_around_the_irq_writes_gives_the_irqs_their_masks_back_at_restart(tmp_path, point):
+    with irq_masks_lock():
+        sq, cq = _changeable_irqs(2)
+        originals = {irq: read_irq_mask(irq) for irq in (sq, cq)}
+        try:
+            _kill_around_irq_writes(tmp_path, point, sq, cq, originals)
+        finally:
+            put_back_irq_masks(originals)
+
+
+def _kill_around_irq_writes(tmp_path: Path, point: str, sq: int, cq: int, originals: dict) -> None:
+    sys_root, interrupts = _npu_host(tmp_path, sq, cq)
+    with start_worker(plain=8, acl=1, release=1) as w:
+        d = _started(_irq_daemon(tmp_path, sys_root, interrupts, point))
+        try:
+            with _bind_in_background(d, w.pid):
+                assert wait_for(lambda: _stopped(d.pid), 30 * PATIENCE), d.log()[-3000:]
+                [rec] = _records(tmp_path, w.pid)
+                # the masks the bind will change are in its record before it writes any of them
+                assert rec["in_flight"] is True
+                assert rec["saved_irq_masks"] == {str(irq): m for irq, m in originals.items()}
+                irq_cpus = frozenset(parse_cpulist(rec["plan"]["npus"]["0"]["irq"]))
+                now = {irq: parse_mask(read_irq_mask(irq)) for irq in (sq, cq)}
+                if point == "written":
+                    assert now == {sq: irq_cpus, cq: irq_cpus}
+                else:
+                    assert now == {irq: parse_mask(m) for irq, m in originals.items()}
+                _kill(d)
+        finally:
+            d.stop()
+        d2 = _started(_irq_daemon(tmp_path, sys_root, interrupts))
+        try:
+            assert _after_restart(d2, w) == "undone"
+            assert {irq: read_irq_mask(irq) for irq in (sq, cq)} == originals, d2.log()[-3000:]
+            # the same daemon binds them for real: the step writes exactly those IRQs
+            status, body = d2.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+            assert status == 200, body
+            assert {irq: parse_mask(read_irq_mask(irq)) for irq in (sq, cq)} == {sq: irq_cpus, cq: irq_cpus}, body
+            d2.client.release(w.pid)
+            assert {irq: read_irq_mask(irq) for irq in (sq, cq)} == originals
+        finally:
+            d2.stop()

@@ -140,7 +140,7 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
                    move_memory: bool = True, pin: ProcessPin | None = None,
                    before_writes: Callable[[int], None] | None = None,
                    record: Callable[[Binding], None] | None = None,
-                   among_writes: Callable[[int], None] | None = None) -> Applied:
+                   among_writes: Callable[[int, Step], None] | None = None) -> Applied:
     """``apply_plan``, also returning the masks the affinity step read back.
 
     With ``view`` (the request's one observation of the worker), the identity checks
@@ -158,9 +158,9 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     it needs (the worker's identity and original allowed CPUs, the plan, and each IRQ
     the step will write with its mask read now; no step results yet). The daemon writes
     it to its state file there, so that a kill among the writes leaves a record. Then
-    ``before_writes(pid)`` runs (tests recycle the pid there); ``among_writes(pid)`` runs
-    after the task masks are written and before the IRQ step (tests stop the daemon at
-    either point, to kill it there).
+    ``before_writes(pid)`` runs (tests recycle the pid there). ``among_writes(pid, step)``
+    runs between steps, naming the next: after the task masks (``Step.IRQ``) and after
+    the IRQ masks (``Step.MEMORY``); tests stop the daemon at these points to kill it there.
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
@@ -216,12 +216,14 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
                               f"process {pid} exited while it was being bound ({gone})", affinity.data)
     steps.append(affinity)
     if gone is None and among_writes is not None:
-        among_writes(pid)
+        among_writes(pid, Step.IRQ)
     if gone is None:
         irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs, prepared=irq_prep))
     else:
         irq = IrqStep(_not_for_a_stranger(Step.IRQ, pid, gone))
     steps.append(irq.result)
+    if gone is None and among_writes is not None:
+        among_writes(pid, Step.MEMORY)
     if gone is None and not move_memory:
         target = memory_target(plan, host)
         steps.append(target if isinstance(target, StepResult) else pending_memory(target))

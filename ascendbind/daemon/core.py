@@ -92,10 +92,10 @@ class Daemon(Ownership):
     def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None,
                  before_writes: Callable[[int], None] | None = None, confine_self: bool = False) -> None:
         self.config = config
-        # the applier's hook right before a bind's first write (apply_observed): tests recycle the pid there;
-        # and after its task masks, before its IRQ masks (tests kill the daemon at either)
+        # the applier's hooks right before a bind's first write (apply_observed): tests recycle the pid
+        # there; and between its steps, naming the next (tests kill the daemon at these points)
         self.before_writes = before_writes
-        self.among_writes: Callable[[int], None] | None = None
+        self.among_writes: Callable[[int, Step], None] | None = None
         self.metrics = metrics or Metrics()
         self.hosts = HostCache(config, self.metrics, source=source)
         self.state = StateFile(config.state_dir, proc_root=config.proc_root)
