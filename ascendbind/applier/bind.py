@@ -25,6 +25,12 @@ is read again after the affinity step instead. Whoever calls, pid 1, a kernel
 thread or the binding process itself is refused first (NotPermitted
 ``not_a_worker``).
 
+Write-ahead: with ``record``, the caller is handed the binding as it stands
+before any write, with everything undoing it needs (the worker's identity and
+original CPUs, the plan, the masks of the IRQs the step will write, read first),
+right before the first write; the daemon keeps it in its state file, so a kill
+among the writes leaves a record.
+
 A worker driving several NPUs gets, per role, the union of those NPUs' role
 CPUs (the role split is defined per NPU; the union keeps multi-NPU workers on their
 NPUs' pools instead of picking one).
