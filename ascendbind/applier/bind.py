@@ -187,22 +187,7 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
            pin: ProcessPin | None, npu_irqs: NpuIrqLookup | None, move_memory: bool,
            hooks: tuple) -> Applied:
     pid, proc_root = worker.pid, config.proc_root
-    if view is not None:
-        identity = require_live(view.identity, pid)
-        refuse_non_worker(identity)
-        tasks = view.tasks  # (tid, comm, ...) tuples: the affinity step reads the first two
-    else:
-        identity = require_worker(pid, proc_root)
-        tasks = None
-    if identity.pid != pid:
-        raise ProcessGone(f"the observation is of process {identity.pid}, not {pid}", code="pid_recycled")
-    if worker.start_time is not None and identity.start_time != worker.start_time:
-        raise recycled(pid, identity.start_time, worker.start_time)
-    start = identity.start_time
-    check_may_bind(identity if view is not None else pid, proc_root)
-    gone = _gone(pid, start, proc_root, pin)
-    if gone is not None:
-        raise ProcessGone(f"process {pid} exited before it was bound; nothing was written", code=gone)
+    start, tasks = _checked(worker, view, proc_root, pin)
     merged = merge_npu_plans(plan.npus)
     record, before_writes, among_writes = hooks
     irq_prep = None
@@ -255,6 +240,28 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
         pidfd_ino=pin.ino if pin is not None else None,
     )
     return Applied(binding, bound.threads, gone)
+
+
+def _checked(worker: WorkerFacts, view: ProcessView | None, proc_root: str, pin: ProcessPin | None):
+    """(start time, the view's tasks or None) once ``worker`` is proven the process observed,
+    a worker, one the daemon may bind, and still there; ProcessGone / NotPermitted else."""
+    pid = worker.pid
+    if view is not None:
+        identity = require_live(view.identity, pid)
+        refuse_non_worker(identity)
+        tasks = view.tasks  # (tid, comm, ...) tuples: the affinity step reads the first two
+    else:
+        identity = require_worker(pid, proc_root)
+        tasks = None
+    if identity.pid != pid:
+        raise ProcessGone(f"the observation is of process {identity.pid}, not {pid}", code="pid_recycled")
+    if worker.start_time is not None and identity.start_time != worker.start_time:
+        raise recycled(pid, identity.start_time, worker.start_time)
+    check_may_bind(identity if view is not None else pid, proc_root)
+    gone = _gone(pid, identity.start_time, proc_root, pin)
+    if gone is not None:
+        raise ProcessGone(f"process {pid} exited before it was bound; nothing was written", code=gone)
+    return identity.start_time, tasks
 
 
 def _guard_prep(run: Callable[[], IrqPrep]) -> IrqPrep:
