@@ -339,6 +339,6 @@ def _stop_points(daemon: Daemon, points: str) -> None:
                           "known: record, irq, written")
     if "record" in names:
         daemon.before_writes = stop
-    steps = {Step.IRQ for n in names if n == "irq"} | {Step.MEMORY for n in names if n == "written"}
+    steps = {step for name, step in (("irq", Step.IRQ), ("written", Step.MEMORY)) if name in names}
     if steps:
         daemon.among_writes = lambda _pid, step: stop() if step in steps else None
