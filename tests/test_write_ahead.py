@@ -56,8 +56,11 @@ def _daemon(tmp_path: Path, stop_at: str = "", port: int | None = None) -> Daemo
 
 
 def _started(d: DaemonProc) -> DaemonProc:
-    d.start()
-    d.wait_discovered()
+    """``d`` serving, its host discovered: a restart over a 301-thread worker competes with that
+    worker's first look and, in the stress runs, with busy loops on every CPU, so the waits are long."""
+    d.start(wait=False)
+    d.wait_ready(60 * PATIENCE)
+    d.wait_discovered(60 * PATIENCE)
     return d
 
 
