@@ -59,8 +59,12 @@ def _started(d: DaemonProc) -> DaemonProc:
     """``d`` serving, its host discovered: a restart over a 301-thread worker competes with that
     worker's first look and, in the stress runs, with busy loops on every CPU, so the waits are long."""
     d.start(wait=False)
-    d.wait_ready(60 * PATIENCE)
-    d.wait_discovered(60 * PATIENCE)
+    try:
+        d.wait_ready(60 * PATIENCE)
+        d.wait_discovered(60 * PATIENCE)
+    except BaseException:
+        d.stop()  # never left running behind a failed test
+        raise
     return d
 
 
