@@ -43,6 +43,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "ASCENDBIND_FAKE_CHIP": "950PR: the fixture npu-smi prints an Ascend 950's tables (tests)",
     "ASCENDBIND_PLUGIN_WAIT_SECONDS": "how long the vLLM plugin waits for its process to drive an NPU (workers)",
     "ASCENDBIND_HOST_NPU_SMI": "the host npu-smi the container image's wrapper runs (deploy/kubernetes)",
+    "ASCENDBIND_TEST_STOP_AT": "record, irq, written: the daemon stops itself (SIGSTOP) at that point of every bind (tests)",
 }
 
 

@@ -27,7 +27,7 @@ contenders, alternated within each round so drift hits them all alike:
 * ``daemon-core`` the same bind in-process (``Daemon.bind_request`` with the peer
                   the socket would give): the daemon without socket, HTTP and
                   client, state file included;
-* ``core-no-state`` diagnostic: ``daemon-core`` with the state-file write left out
+* ``core-no-state`` diagnostic: ``daemon-core`` with the state-file writes left out
                   (a daemon must never answer a bind before it is durable; this
                   row only shows how much of the bind the state file is);
 * ``round-trip``  GET /v1/health through the same client: what the socket, HTTP
@@ -148,8 +148,9 @@ class CoreContender:
         cfg = Config(small_pool="share", state_dir=f"{tmp}/{name}",
                      npu_smi=os.path.join(FIXTURE_BIN, "npu-smi"))
         self.daemon = Daemon(cfg)
-        if not write_state:
+        if not write_state:  # both writes of a bind: its in-flight record and its final one
             self.daemon.save = lambda *args, **kwargs: None
+            self.daemon._save_in_flight = lambda binding: None
         self.root = Peer(os.getpid(), 0, 0)
         self.bound = False
 

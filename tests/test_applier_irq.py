@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from ascendbind.applier.irq import bind_irqs, bind_npu_irqs, restore_irq_masks, set_irq_affinity, with_planned_irqs
+from ascendbind.applier.irq import (bind_irqs, bind_npu_irqs, prepare_npu_irqs, restore_irq_masks, set_irq_affinity,
+                                   with_planned_irqs)
 from ascendbind.values.config import Config
 from ascendbind.values.cpulist import parse_mask
 from ascendbind.values.decisions import IrqBinding
@@ -149,6 +150,20 @@ def test_the_writes_come_back_as_typed_values_beside_the_report(tree):
     # the same IRQs `plan` shows for this NPU, read through the same discovery
     shown = with_planned_irqs(plan(), host(), cfg(tree), LiveHost.from_config(cfg(tree))).irqs[0]
     assert [(irq, cpus) for irq, cpus in shown.moves] == [(b.irq, b.cpus) for b in step.bindings]
+
+
+def test_the_step_is_decided_and_its_masks_read_before_any_write(tree):
+    prep = prepare_npu_irqs(plan(), host(), cfg(tree))
+    assert prep.skipped is None and dict(prep.originals) == {423: "f", 421: "f"}
+    assert mask(tree, 423) == "f" and mask(tree, 421) == "f"  # read only
+    (tree[0] / "irq" / "423" / "smp_affinity").write_text("1\n")  # moved by someone meanwhile
+    step = bind_npu_irqs(plan(), host(), cfg(tree), prepared=prep)
+    # exactly the IRQs prepared are written, each read again right before its write
+    assert [(b.irq, b.previous) for b in step.bindings] == [(423, "1"), (421, "f")]
+    assert mask(tree, 423) == "00000004" and mask(tree, 421) == "00000008"
+    off = prepare_npu_irqs(plan(), host(), cfg(tree, irq_binding=False))
+    assert off.skipped is not None and not off.originals
+    assert bind_npu_irqs(plan(), host(), cfg(tree, irq_binding=False), prepared=off).result == off.skipped
 
 
 def test_release_writes_the_saved_masks_back(tree):

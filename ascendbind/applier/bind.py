@@ -25,6 +25,12 @@ is read again after the affinity step instead. Whoever calls, pid 1, a kernel
 thread or the binding process itself is refused first (NotPermitted
 ``not_a_worker``).
 
+Write-ahead: with ``record``, the caller is handed the binding as it stands
+before any write, with everything undoing it needs (the worker's identity and
+original CPUs, the plan, the masks of the IRQs the step will write, read first),
+right before the first write; the daemon keeps it in its state file, so a kill
+among the writes leaves a record.
+
 A worker driving several NPUs gets, per role, the union of those NPUs' role
 CPUs (the role split is defined per NPU; the union keeps multi-NPU workers on their
 NPUs' pools instead of picking one).
@@ -53,7 +59,7 @@ from ..values.model import (
 )
 from ..values.reasons import Outcome, Reason, Step
 from .affinity import AffinityResult, ThreadMask, bind_tasks, set_all_threads
-from .irq import IrqStep, bind_npu_irqs, hand_back_bans, restore_irq_masks
+from .irq import IrqPrep, IrqStep, bind_npu_irqs, hand_back_bans, prepare_npu_irqs, restore_irq_masks
 from .memory import memory_target, migrate_memory, pending_memory
 from .uvb import UvbStep, bind_uvb, restore_uvb_threads
 
@@ -138,7 +144,9 @@ def apply_plan(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config,
 def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, *,
                    view: ProcessView | None = None, npu_irqs: NpuIrqLookup | None = None,
                    move_memory: bool = True, pin: ProcessPin | None = None,
-                   before_writes: Callable[[int], None] | None = None) -> Applied:
+                   before_writes: Callable[[int], None] | None = None,
+                   record: Callable[[Binding], None] | None = None,
+                   among_writes: Callable[[int, Step], None] | None = None) -> Applied:
     """``apply_plan``, also returning the masks the affinity step read back.
 
     With ``view`` (the request's one observation of the worker), the identity checks
@@ -151,8 +159,14 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     IRQ step looks them up on the host. ``move_memory`` False leaves the pages to the
     caller: the memory step is then ``pending`` with its target node (the daemon moves
     them in the background), or skipped when there is nowhere to move them.
-    ``before_writes(pid)`` runs once every check has passed, right before the first
-    write (tests recycle the pid there).
+    ``record(intended)`` runs once every check has passed, right before the first write:
+    ``intended`` is the binding as it stands before any write, with everything undoing
+    it needs (the worker's identity and original allowed CPUs, the plan, and each IRQ
+    the step will write with its mask read now; no step results yet). The daemon writes
+    it to its state file there, so that a kill among the writes leaves a record. Then
+    ``before_writes(pid)`` runs (tests recycle the pid there). ``among_writes(pid, step)``
+    runs between steps, naming the next: after the task masks (``Step.IRQ``) and after
+    the IRQ masks (``Step.MEMORY``); tests stop the daemon at these points to kill it there.
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
@@ -162,7 +176,8 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     own = open_pin(pid) if pin is None and view is None and proc_root == LIVE_PROC else None
     pin = pin or own
     try:
-        return _apply(plan, worker, host, config, view, pin, npu_irqs, move_memory, before_writes)
+        return _apply(plan, worker, host, config, view, pin, npu_irqs, move_memory,
+                      (record, before_writes, among_writes))
     finally:
         if own is not None:
             own.close()
@@ -170,25 +185,16 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
 
 def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, view: ProcessView | None,
            pin: ProcessPin | None, npu_irqs: NpuIrqLookup | None, move_memory: bool,
-           before_writes: Callable[[int], None] | None) -> Applied:
+           hooks: tuple) -> Applied:
     pid, proc_root = worker.pid, config.proc_root
-    if view is not None:
-        identity = require_live(view.identity, pid)
-        refuse_non_worker(identity)
-        tasks = view.tasks  # (tid, comm, ...) tuples: the affinity step reads the first two
-    else:
-        identity = require_worker(pid, proc_root)
-        tasks = None
-    if identity.pid != pid:
-        raise ProcessGone(f"the observation is of process {identity.pid}, not {pid}", code="pid_recycled")
-    if worker.start_time is not None and identity.start_time != worker.start_time:
-        raise recycled(pid, identity.start_time, worker.start_time)
-    start = identity.start_time
-    check_may_bind(identity if view is not None else pid, proc_root)
-    gone = _gone(pid, start, proc_root, pin)
-    if gone is not None:
-        raise ProcessGone(f"process {pid} exited before it was bound; nothing was written", code=gone)
+    start, tasks = _checked(worker, view, proc_root, pin)
     merged = merge_npu_plans(plan.npus)
+    record, before_writes, among_writes = hooks
+    irq_prep = None
+    if record is not None:
+        # the IRQ masks are read before the first write of any kind, so the record has them
+        irq_prep = _guard_prep(lambda: prepare_npu_irqs(plan, host, config, lookup=npu_irqs))
+        record(_intended(plan, worker, start, irq_prep, pin))
     if before_writes is not None:
         before_writes(pid)
 
@@ -200,11 +206,15 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
         affinity = StepResult(Step.AFFINITY, Outcome.FAILED, Reason(gone),
                               f"process {pid} exited while it was being bound ({gone})", affinity.data)
     steps.append(affinity)
+    if gone is None and among_writes is not None:
+        among_writes(pid, Step.IRQ)
     if gone is None:
-        irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs))
+        irq = _guard_irq(lambda: bind_npu_irqs(plan, host, config, lookup=npu_irqs, prepared=irq_prep))
     else:
         irq = IrqStep(_not_for_a_stranger(Step.IRQ, pid, gone))
     steps.append(irq.result)
+    if gone is None and among_writes is not None:
+        among_writes(pid, Step.MEMORY)
     if gone is None and not move_memory:
         target = memory_target(plan, host)
         steps.append(target if isinstance(target, StepResult) else pending_memory(target))
@@ -230,6 +240,49 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
         pidfd_ino=pin.ino if pin is not None else None,
     )
     return Applied(binding, bound.threads, gone)
+
+
+def _checked(worker: WorkerFacts, view: ProcessView | None, proc_root: str, pin: ProcessPin | None):
+    """(start time, the view's tasks or None) once ``worker`` is proven the process observed,
+    a worker, one the daemon may bind, and still there; ProcessGone / NotPermitted else."""
+    pid = worker.pid
+    if view is not None:
+        identity = require_live(view.identity, pid)
+        refuse_non_worker(identity)
+        tasks = view.tasks  # (tid, comm, ...) tuples: the affinity step reads the first two
+    else:
+        identity = require_worker(pid, proc_root)
+        tasks = None
+    if identity.pid != pid:
+        raise ProcessGone(f"the observation is of process {identity.pid}, not {pid}", code="pid_recycled")
+    if worker.start_time is not None and identity.start_time != worker.start_time:
+        raise recycled(pid, identity.start_time, worker.start_time)
+    check_may_bind(identity if view is not None else pid, proc_root)
+    gone = _gone(pid, identity.start_time, proc_root, pin)
+    if gone is not None:
+        raise ProcessGone(f"process {pid} exited before it was bound; nothing was written", code=gone)
+    return identity.start_time, tasks
+
+
+def _guard_prep(run: Callable[[], IrqPrep]) -> IrqPrep:
+    try:
+        return run()
+    except OSError as exc:  # the IRQ step then reports it, and writes nothing
+        return IrqPrep(_unexpected(Step.IRQ, exc))
+
+
+def _intended(plan: Plan, worker: WorkerFacts, start: int, irq: IrqPrep, pin: ProcessPin | None) -> Binding:
+    """The binding before its first write: what the record of a bind in flight keeps."""
+    return Binding(
+        pid=worker.pid,
+        start_time=worker.start_time if worker.start_time is not None else start,
+        npus=tuple(p.npu for p in plan.npus),
+        plan=plan,
+        original_cpus=frozenset(worker.allowed_cpus),
+        saved_irq_masks=irq.originals,
+        steps=(),
+        pidfd_ino=pin.ino if pin is not None else None,
+    )
 
 
 def _gone(pid: int, start: int, proc_root: str, pin: ProcessPin | None) -> str | None:

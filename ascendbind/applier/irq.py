@@ -24,6 +24,11 @@ Kernel behaviour this code respects:
   told the masks are still written (``irqbalance_unreachable``). ``warn`` only
   reports it (``irqbalance_active``); ``stop`` stops it (applier/irqbalance.py).
 
+What the step will write, and every target IRQ's mask as it stands, can be
+decided before any write (``prepare_npu_irqs``): the daemon records those
+masks in its state file before the bind's first write, so a daemon killed
+among the writes still knows what to put back.
+
 Every mask is read before the first write (kept in ``data["previous"]``,
 ``IrqBinding.previous`` and ``Binding.saved_irq_masks`` so release can restore
 it) and read back after. ``bind_npu_irqs`` returns the writes as typed values
@@ -52,6 +57,8 @@ from .irqbalance import BanResult, Unreachable, ban_irqs, hand_back, stop_irqbal
 __all__ = [
     "IrqWrite",
     "IrqStep",
+    "IrqPrep",
+    "prepare_npu_irqs",
     "set_irq_affinity",
     "bind_irqs",
     "bind_npu_irqs",
@@ -146,19 +153,50 @@ def bind_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | 
     return bind_npu_irqs(plan, host, config, source).result
 
 
-def bind_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None, *,
-                  lookup: NpuIrqLookup | None = None) -> IrqStep:
-    """The IRQ step for every NPU of ``plan``; see the module docstring. ``source``
-    answers the discovery reads (default: this host under ``config``'s roots);
-    ``lookup``, when given, answers which IRQs each NPU owns."""
-    proc_root = config.proc_root
+@dataclass(frozen=True)
+class IrqPrep:
+    """The IRQ step decided before its first write: ``skipped`` (the step's report when
+    it writes nothing: off, or ``/proc/irq`` read-only), else the planned moves per NPU
+    and ``originals``, each target IRQ's mask text as read now (what undoing the step
+    writes back)."""
+
+    skipped: StepResult | None
+    planned: Mapping[int, NpuIrqPlan] = field(default_factory=frozen_map)
+    originals: Mapping[int, str] = field(default_factory=frozen_map)
+
+
+def prepare_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None, *,
+                     lookup: NpuIrqLookup | None = None) -> IrqPrep:
+    """What ``bind_npu_irqs`` will write for ``plan``, and the masks it will change as
+    they are now; reads only."""
     off = step_off(plan, config.irq_binding)
     if off is not None:
-        return IrqStep(_result(Outcome.SKIPPED, off[0], off[1]))
-    writable, where = irq_masks_writable(proc_root)
+        return IrqPrep(_result(Outcome.SKIPPED, off[0], off[1]))
+    writable, where = irq_masks_writable(config.proc_root)
     if not writable:
-        return IrqStep(_result(Outcome.SKIPPED, Reason.IRQ_NOT_WRITABLE, f"{where} is not writable (read-only mount?)"))
+        return IrqPrep(_result(Outcome.SKIPPED, Reason.IRQ_NOT_WRITABLE, f"{where} is not writable (read-only mount?)"))
     planned = planned_irqs(plan, host, config, source or LiveHost.from_config(config), lookup=lookup)
+    originals = {}
+    for p in planned.values():
+        for irq, _cpus in p.moves:
+            mask = read_irq_mask(irq, proc_root=config.proc_root)
+            if mask is not None:
+                originals[irq] = mask
+    return IrqPrep(None, frozen_map(planned), frozen_map(originals))
+
+
+def bind_npu_irqs(plan: Plan, host: HostFacts, config: Config, source: HostSource | None = None, *,
+                  lookup: NpuIrqLookup | None = None, prepared: IrqPrep | None = None) -> IrqStep:
+    """The IRQ step for every NPU of ``plan``; see the module docstring. ``source``
+    answers the discovery reads (default: this host under ``config``'s roots);
+    ``lookup``, when given, answers which IRQs each NPU owns. ``prepared``: the step
+    as ``prepare_npu_irqs`` decided it earlier (its masks are read again right before
+    each write all the same: that is the ``previous`` release restores)."""
+    proc_root = config.proc_root
+    prep = prepared or prepare_npu_irqs(plan, host, config, source, lookup=lookup)
+    if prep.skipped is not None:
+        return IrqStep(prep.skipped)
+    planned = prep.planned
 
     per_npu: list[dict] = []
     targets: list[tuple[int, int, frozenset[int], dict]] = []  # (npu, irq, cpus, entry)

@@ -93,8 +93,10 @@ class Daemon(Ownership):
     def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None,
                  before_writes: Callable[[int], None] | None = None, confine_self: bool = False) -> None:
         self.config = config
-        # the applier's hook right before a bind's first write (apply_observed): tests recycle the pid there
+        # the applier's hooks right before a bind's first write (apply_observed): tests recycle the pid
+        # there; and between its steps, naming the next (tests kill the daemon at these points)
         self.before_writes = before_writes
+        self.among_writes: Callable[[int, Step], None] | None = None
         self.metrics = metrics or Metrics()
         self.hosts = HostCache(config, self.metrics, source=source)
         self.state = StateFile(config.state_dir, proc_root=config.proc_root)
@@ -330,9 +332,11 @@ class Daemon(Ownership):
             clock.mark("plan")
             if proof.proven:  # an unproven binding isolates nothing, so cannot leave the host without CPUs
                 self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
-            with recycled_is_a_conflict():
+            # the bind is in the state file before its first write (ownership.py: write-ahead)
+            with self.write_ahead(pid, view.pin) as record, recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
-                                         move_memory=False, before_writes=self.before_writes)
+                                         move_memory=False, before_writes=self.before_writes, record=record,
+                                         among_writes=self.among_writes)
                 self.metrics.recycled_writes(applied.binding.step(Step.AFFINITY))
                 if applied.gone is not None:
                     self._gone_while_binding(applied, prev)

@@ -14,14 +14,32 @@ host when a worker leaves (lifecycle.restoration: IRQ masks of NPUs nobody
 live owns, bans nobody live pins, the UVB masks with the last 950 worker),
 dropping a gone worker, executing a look's actions, and the locality and
 re-plan bookkeeping.
+
+Write-ahead: a bind is in the state file before its first write. Once every
+check has passed, the applier hands over the binding as it stands before any
+write (``record``); ``write_ahead`` gives it the host's originals the held table
+already knows (an earlier binding's original CPUs and bans, the saved IRQ masks
+of the NPU's holders) and writes it as an *in-flight* record, in place of the
+worker's earlier record if any. The bind's own save at its end replaces it with
+the held record. A daemon killed in between leaves the in-flight record, and
+the next daemon undoes it at start (``restore``): the worker's threads go back
+to its original CPUs, the IRQ masks it recorded back to what they were (those of
+NPUs no other live worker owns), its bans back to irqbalance. Undone, not
+completed: whatever subset of the writes landed, undoing needs only what the
+record holds, no discovery, no planning and no guess at how far the bind got;
+and the caller's request died with the daemon unanswered, so "not bound" is
+what it was told (``ascendbind run`` runs its command unbound, a client asks
+again). A bind that fails after its record is undone the same way at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -43,7 +61,8 @@ from .watch.locality import ratios_by_npu
 from .watch.memmove import STOPPING
 from .watch.proof import prove
 from .watch.observe import role_cpus
-from .state.staterecord import binding_from_json
+from .state.state import encode_record
+from .state.staterecord import IN_FLIGHT, binding_from_json, binding_to_json
 
 __all__ = ["Ownership"]
 
@@ -69,6 +88,7 @@ class Ownership:
         with self.lock:
             candidates: list[Held] = []
             alive: list[bool] = []
+            flying: set[int] = set()
             for raw in loaded.workers:
                 try:
                     b = binding_from_json(raw)
@@ -77,6 +97,8 @@ class Ownership:
                     log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
                     continue
                 h = Held.from_state(b, raw, time.time())
+                if raw.get(IN_FLIGHT) is True:
+                    flying.add(b.pid)
                 try:  # the pidfd first, then the start time and the pidfd inode the file kept
                     h.pin = pin_identity(b.pid, b.start_time, b.pidfd_ino, self.config.proc_root)
                     alive.append(True)
@@ -90,6 +112,7 @@ class Ownership:
                 if not ok:
                     gone += 1
                     self._undo_gone(h, "exited")
+            self._undo_interrupted(flying)
             for pid, h in list(self.held.items()):
                 ident = read_identity(pid, self.config.proc_root)
                 why = ident.not_a_worker(self.pid) if ident is not None else None
@@ -111,6 +134,74 @@ class Ownership:
         log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
                  skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
         return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
+
+    def _undo_interrupted(self, flying: set[int]) -> None:
+        """Undo the binds a killed daemon left in flight (their workers still live)."""
+        for pid in sorted(flying & set(self.held)):
+            h = self.held.pop(pid)
+            self._roll_back(h, "restart")
+            h.close()
+            self.metrics.dropped_worker("interrupted")
+
+    # ---------------------------------------------------------- write-ahead
+
+    @contextlib.contextmanager
+    def write_ahead(self, pid: int, pin) -> Iterator[Callable[[Binding], None]]:
+        """The applier's ``record`` for a bind of ``pid`` (under the lock): writes the bind as
+        in flight before its first write. A bind that fails after that is undone here, unless
+        an earlier binding of the worker is still held (its record, written again, covers
+        it); either way the in-flight record leaves the file."""
+        recorded: list[Binding] = []
+
+        def record(intended: Binding) -> None:
+            b = self._with_originals(intended)
+            self._save_in_flight(b)
+            recorded.append(b)
+
+        try:
+            yield record
+        except BaseException:
+            if recorded:
+                if pid not in self.held:
+                    self._roll_back(Held(recorded[0], time.time(), pin=pin), "failed")
+                self.save()
+            raise
+
+    def _with_originals(self, intended: Binding) -> Binding:
+        """``intended`` with the host's originals that records of the table hold: the worker's
+        earlier binding's original CPUs, bans and UVB masks, and, for each IRQ the bind will
+        write, the mask a holder of that NPU saved (what it read may be our own)."""
+        masks = dict(intended.saved_irq_masks)
+        original, bans, uvb = intended.original_cpus, None, intended.uvb_previous
+        for pid, h in self.held.items():
+            b = h.binding
+            if pid == intended.pid:
+                original, bans, uvb = b.original_cpus, b.irqbalance_bans, b.uvb_previous
+            elif not set(b.npus) & set(intended.npus):
+                continue
+            masks.update({irq: m for irq, m in b.saved_irq_masks.items() if irq in masks})
+        return dataclasses.replace(intended, saved_irq_masks=frozen_map(masks), original_cpus=original,
+                                   irqbalance_bans=bans, uvb_previous=uvb)
+
+    def _save_in_flight(self, b: Binding) -> None:
+        """The state file with ``b`` as an in-flight record beside the other held workers'. A
+        failed write is logged and the bind goes on, as after any failed save: the daemon's
+        bindings never wait on its disk."""
+        records = [h.state_record() for pid, h in self.held.items() if pid != b.pid]
+        records.append(encode_record(binding_to_json(b, **{IN_FLIGHT: True})))
+        try:
+            self.state.save_encoded(records, isolation=self.isolation.state_json())
+        except (OSError, ConfigError) as exc:
+            log.error("could not record the bind before its writes", pid=b.pid, path=self.state.path,
+                      error=exc.strerror if isinstance(exc, OSError) else str(exc))
+
+    def _roll_back(self, h: Held, why: str) -> None:
+        """Undo a bind that was in flight (``h`` is out of the table): its threads back on its
+        original CPUs, and what it recorded of the IRQs back as ``release`` would put it."""
+        b = self._restorable(h)
+        steps = release_binding(b, self.config, restore_irqs=True, restore_uvb=self._last_950(h), pin=h.pin)
+        log.warning("bind in flight undone", pid=b.pid, why=why, irqs_restored=sorted(b.saved_irq_masks),
+                    steps={s.step.value: s.outcome.value for s in steps})
 
     # ---------------------------------------------------------- liveness
 

@@ -61,6 +61,7 @@ from ..values.config import Config
 from ..discovery.read.deadline import READERS
 from ..errors import AscendbindError, ConfigError
 from ..values.model import HostFacts
+from ..values.reasons import Step
 from ..planner import lint_config
 from .runtime import systemd
 from .runtime.threadname import name_os_thread
@@ -98,6 +99,7 @@ class _Service:
         READERS.thread_init = name_os_thread  # a stuck reader shows as worker-read in ps -L
         # this process is the daemon: its own threads keep to the housekeeping CPUs (isolate/)
         self.daemon = Daemon(config, metrics=self.metrics, confine_self=True)
+        _stop_points(self.daemon, os.environ.get("ASCENDBIND_TEST_STOP_AT", ""))
         self.server: ApiServer | None = None
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
@@ -318,3 +320,26 @@ def serve(config: Config, *, reload=None) -> int:
         break
     svc.stop_within(STOP_SECONDS)
     return 0
+
+
+def _stop_points(daemon: Daemon, points: str) -> None:
+    """Tests only (``ASCENDBIND_TEST_STOP_AT``, a comma list of points): the daemon stops
+    itself (SIGSTOP) in every bind right after its in-flight record, before its first write
+    (``record``), after the task masks, before the IRQ masks (``irq``), or after the IRQ
+    masks, before the bind's record is final (``written``), so that a test kills it exactly
+    there."""
+    def stop(*_args) -> None:
+        # sent to this thread: it stops before its next instruction; sent to the process, the
+        # kernel may hand it to another thread, and this one writes on until that one stops
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+
+    names = {p.strip() for p in points.split(",") if p.strip()}
+    unknown = names - {"record", "irq", "written"}
+    if unknown:
+        raise ConfigError(f"ASCENDBIND_TEST_STOP_AT: unknown point(s) {', '.join(sorted(unknown))}; "
+                          "known: record, irq, written")
+    if "record" in names:
+        daemon.before_writes = stop
+    steps = {step for name, step in (("irq", Step.IRQ), ("written", Step.MEMORY)) if name in names}
+    if steps:
+        daemon.among_writes = lambda _pid, step: stop() if step in steps else None

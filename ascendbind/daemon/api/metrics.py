@@ -34,7 +34,7 @@ STEP_OUTCOMES = ("applied", "skipped", "failed")
 # who moved a bound thread's or IRQ's mask: the verdicts of the blame rule (blame.py), decided on evidence
 CULPRITS = ("self", "env", "irqbalance", "external")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
-DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot", "npu_mismatch")
+DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot", "npu_mismatch", "interrupted")
 # npu-smi's verdict on a bind that named its NPU (watch/npucheck.py)
 NPU_CHECK_VERDICTS = ("confirmed", "unlisted", "unverified", "contradicted")
 # what became of an affinity write that reached another process's thread (applier/confirm.py)

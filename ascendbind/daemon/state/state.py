@@ -10,6 +10,12 @@ cpu lists ("0-23,48"): a 192-CPU set is a few bytes instead of 192 numbers. A
 restarted daemon keeps reconciling its workers and ``release`` can still undo
 what an earlier daemon did.
 
+A bind is written here before its first mask write, as an *in-flight* record
+(``"in_flight": true``, no step results yet, the IRQ masks it will write as
+they were): a daemon killed among the writes leaves it, and the next one
+undoes it at start. The bind's final record replaces it. The key is one more
+in a record of the same version: an older daemon reads it as a held worker.
+
 Beside the workers, one host-wide record (``isolation``, isolationrecord.py):
 every mask isolation changed on the host (other devices' IRQs, the default
 mask of new IRQs, the NPU driver's threads and workqueues) with the value it
@@ -31,7 +37,8 @@ Invariants:
   one, never half of one, and never no file. Every operation goes through one
   descriptor of the directory opened without following links, so no path is
   looked up twice.
-* Written once per change, before the change is answered, and not fsynced. The
+* Written once per change, before the change is answered (a bind: also once
+  before its first write), and not fsynced. The
   file has to outlive the daemon process, not the machine: its entries name
   pids and IRQ masks of this boot, and after a reboot they are dropped unread
   (the boot id). A crashed or killed daemon loses nothing: write(2) and

@@ -26,7 +26,11 @@ from ...values.decisions import IrqBinding, PlanAlignment
 from ...values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, PlanIssue, PoolChoice, StepResult
 from ...values.reasons import Outcome, Reason, Step
 
-__all__ = ["binding_to_json", "binding_from_json", "binding_from_v1"]
+__all__ = ["binding_to_json", "binding_from_json", "binding_from_v1", "IN_FLIGHT"]
+
+# the key, true, of a bind's record written before its first write (the held record replaces
+# it when the bind ends); absent from every held record
+IN_FLIGHT = "in_flight"
 
 ROLES = ("pool", "irq", "main", "acl", "release", "numa_nodes")
 IRQ_STATUSES = ("ok", "unchangeable", "failed")
