@@ -84,6 +84,12 @@ class Held:
     pin: ProcessPin | None = field(default=None, repr=False, compare=False)
     # the request's pool_source, None: the node's
     pool_source: str | None = None
+    # the cgroup cpuset the binding was last planned (or re-planned) for; None: the plan's
+    # allowed CPUs. The reconcile loop plans the worker again when its cpuset is not this one.
+    cpuset_seen: frozenset[int] | None = None
+    # why the last re-plan for a changed cpuset found no plan (its threads are left alone
+    # until the cpuset, or kubelet's checkpoint, changes again); None: it found one
+    cpuset_stuck: str | None = None
     # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
     _saved: tuple | None = field(default=None, repr=False, compare=False)
 
