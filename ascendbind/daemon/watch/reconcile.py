@@ -78,6 +78,7 @@ log = structlog.get_logger("ascendbind.reconcile")
 
 
 _NOTHING = Observation()
+_UNSEEN = object()  # the checkpoint not looked at yet
 
 # seconds a pass woken by events waits before the next wake: a worker that starts and ends
 # threads all the time costs at most 1 / WAKE_GAP looks a second, and a late role thread
@@ -119,7 +120,7 @@ class Reconciler:
         self.locality = daemon.locality
         # pid -> (_token of the record it was opened for, its cpuset probe or None: nothing to watch)
         self._probes: dict[int, tuple[object, CpusetProbe | None]] = {}
-        self._stamp: tuple[int, int, int] | None = None  # kubelet's checkpoint as last seen
+        self._stamp: object = _UNSEEN  # kubelet's checkpoint as last seen (None: absent)
         self._proof_due: set[int] = set()  # workers whose pool proof to check again (the checkpoint changed)
 
     @property
@@ -324,9 +325,9 @@ class Reconciler:
         stamp = checkpoint_stamp(self.daemon.hosts.source)
         if stamp == self._stamp:
             return
-        first, self._stamp = self._stamp is None and stamp is not None, stamp
-        if first:
-            return  # the first sight of it: the binds read it themselves
+        # the first sight of it counts as a change too: it may have changed since a bind read it
+        # (a look that finds no new proof re-plans nothing)
+        self._stamp = stamp
         self._proof_due.update(pid for pid in auto
                                if held[pid].binding.plan.pool_source is None or held[pid].cpuset_stuck is not None)
 
