@@ -167,6 +167,14 @@ def test_a_changed_cpuset_is_replanned_never_reasserted_nor_blamed_on_a_tool(rec
     assert "from CPUs 1 to 0" in actions[0].blame.why and "external" not in actions[0].blame.why
 
 
+def test_a_changed_checkpoint_asks_for_a_replan_beside_the_looks_own_actions():
+    # only kubelet's checkpoint changed: no thread was moved, so the look's drift is still drift
+    news = CpusetNews(frozenset({0}), frozenset({0}), "checkpoint_changed")
+    actions = decide(R, Observation(drifted=(8,), cpuset=news), NOW, LIMITS)
+    assert [type(a) for a in actions] == [Replan, Reassert]
+    assert actions[0].blame is None and actions[1].blame.culprit == "external"
+
+
 def test_a_changed_cpuset_leaves_the_irq_and_memory_rules_as_they_are():
     actions = decide(R, Observation(cpuset=MOVED, moved_irqs=IRQS, memory_measured=True, memory_ratio=0.95),
                      NOW, LIMITS)

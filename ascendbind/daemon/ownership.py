@@ -445,10 +445,10 @@ class Ownership:
         """Record what a re-plan for a changed cpuset came to on ``h`` (under the lock)."""
         news = a.news
         h.cpuset_seen = done.allowed if done.allowed is not None else news.after
-        if news.moved:
-            h.drift_events += 1
-            self.metrics.drifted(a.blame.culprit)
-        if news.why == "cpuset_changed":
+        if a.blame is not None:  # the kernel moved the threads
+            if news.moved:
+                h.drift_events += 1
+                self.metrics.drifted(a.blame.culprit)
             h.culprit, h.blame = a.blame.culprit, a.blame.why
         h.reasserts.clear()
         if done.outcome == "failed":

@@ -18,11 +18,13 @@ Invariants ``decide`` keeps:
   and the shell does not even look at them (``wanted``); the same holds, on its
   own, for its IRQ masks. Being left alone ends only with the binding (a new
   bind, a release, or a re-plan for a changed cpuset).
-* A cpuset that is no longer the one the binding was planned from (``CpusetNews``)
-  calls for a ``Replan`` instead of any thread action, left alone or not: the
-  kernel moved the threads into the new set, which is no one's drift to fight
-  (blamed ``cpuset``), and the old plan's masks may not even be settable. The
-  re-plan starts the binding over (its re-assert budget, its verdicts).
+* A cpuset that is no longer the one the binding was planned from (``CpusetNews``,
+  ``cpuset_changed``) calls for a ``Replan`` instead of any thread action, left
+  alone or not: the kernel moved the threads into the new set, which is no one's
+  drift to fight (blamed ``cpuset``), and the old plan's masks may not even be
+  settable. The re-plan starts the binding over (its re-assert budget, its
+  verdicts). A changed checkpoint (``checkpoint_changed``) calls for a ``Replan``
+  beside the look's other actions: no thread was moved.
 * A look that saw nothing (``Observation()``) calls for no action, whatever
   the record says: the shell may skip asking.
 * Every drift seen counts as one drift event and gets a culprit from evidence
@@ -189,7 +191,7 @@ class Replan:
     it outside the daemon's lock: it reads the worker's facts)."""
 
     news: CpusetNews
-    blame: Blame
+    blame: Blame | None  # the kernel's move (culprit ``cpuset``); None when only the checkpoint changed
 
 
 @dataclass(frozen=True)
@@ -246,10 +248,12 @@ def decide(record: Record, obs: Observation, now: float, limits: Limits) -> tupl
     if obs.gone is not None:
         return (Drop(obs.gone),)
     actions: list[Action] = []
-    if obs.cpuset is not None:
-        news = obs.cpuset
-        actions.append(Replan(news, blame_cpuset(format_cpulist(news.before), format_cpulist(news.after))))
-    elif not record.threads_left_alone:
+    news = obs.cpuset
+    moved = news is not None and news.why == "cpuset_changed"  # the kernel's move: no thread action
+    if news is not None:
+        blame = blame_cpuset(format_cpulist(news.before), format_cpulist(news.after)) if moved else None
+        actions.append(Replan(news, blame))
+    if not moved and not record.threads_left_alone:
         if obs.to_pin:
             actions.append(PinThreads(tuple(obs.to_pin)))
         if obs.drifted:

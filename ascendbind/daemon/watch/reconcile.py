@@ -433,13 +433,14 @@ class Reconciler:
         drifted: list[int] = []
         # first the cpuset: threads the kernel moved into a changed one are no one's drift
         news = self._cpuset_news(h)
-        if looks.threads and news is None:
+        kernel_moved = news is not None and news.why == "cpuset_changed"
+        if looks.threads and not kernel_moved:
             seen = self._look_at_threads(h, events)
             if seen is not None:  # None: the task list vanished; the next pass drops the worker
                 to_pin, drifted = seen
-            if drifted:  # the worker may have been moved to another cgroup
+            if drifted and news is None:  # the worker may have been moved to another cgroup
                 news = self._cpuset_news(h, reopen=True)
-        if news is not None:
+        if news is not None and news.why == "cpuset_changed":
             to_pin, drifted = [], []
         moved = self._moved_irqs(h) if looks.irqs else []
         return Observation(
