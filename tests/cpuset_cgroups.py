@@ -3,6 +3,7 @@
     why = why_not()                       # None, or why no cpuset cgroup can be made here
     with cpuset_tree(["kubepods", "pod<uid>", "<id>"], "3") as leaf:
         move(leaf, pid)                   # every thread of ``pid`` moves with it
+        set_cpus(leaf, "2")               # what kubelet does on a resize: the kernel moves the tasks
     EFFECTIVE                             # the file the kernel keeps the leaf's CPUs in
 
 * cgroup v1: under the ``cpuset`` hierarchy (``/sys/fs/cgroup/cpuset``); each new
@@ -23,7 +24,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 
-__all__ = ["VERSION", "ROOT", "EFFECTIVE", "why_not", "cpuset_tree", "move"]
+__all__ = ["VERSION", "ROOT", "EFFECTIVE", "why_not", "cpuset_tree", "move", "set_cpus", "effective"]
 
 _V1 = "/sys/fs/cgroup/cpuset"
 _V2 = "/sys/fs/cgroup"
@@ -66,14 +67,27 @@ def move(cgroup: str, pid: int) -> None:
     _write(os.path.join(cgroup, "cgroup.procs"), str(pid))
 
 
+def set_cpus(cgroup: str, cpus: str) -> None:
+    """Give ``cgroup`` the CPUs ``cpus`` (a cpulist); the kernel narrows its tasks to them."""
+    _write(os.path.join(cgroup, "cpuset.cpus"), cpus)
+
+
+def effective(cgroup: str) -> str:
+    """The CPUs the kernel keeps ``cgroup``'s tasks on, as it prints them."""
+    with open(os.path.join(cgroup, EFFECTIVE)) as fh:
+        return fh.read().strip()
+
+
 def _enabled(cgroup: str) -> bool:
     with open(os.path.join(cgroup, "cgroup.subtree_control")) as fh:
         return "cpuset" in fh.read().split()
 
 
 @contextlib.contextmanager
-def cpuset_tree(levels: Sequence[str], cpus: str) -> Iterator[str]:
-    """``ascendbind-test-<pid>/<levels...>`` limited to ``cpus``; yields the leaf's path."""
+def cpuset_tree(levels: Sequence[str], cpus: str, *, parents: str | None = None) -> Iterator[str]:
+    """``ascendbind-test-<pid>/<levels...>`` limited to ``cpus``; yields the leaf's path.
+    ``parents``: the CPUs of the levels above the leaf on v1 (default ``cpus``), so that the
+    leaf can later be given others of them (``set_cpus``); v2 parents set none."""
     why = why_not()
     if why is not None:
         raise RuntimeError(why)
@@ -91,7 +105,7 @@ def cpuset_tree(levels: Sequence[str], cpus: str) -> Iterator[str]:
                 os.mkdir(path)
                 made.append(path)
                 _write(os.path.join(path, "cpuset.mems"), mems)
-                _write(os.path.join(path, "cpuset.cpus"), cpus)
+                _write(os.path.join(path, "cpuset.cpus"), cpus if path == paths[-1] or parents is None else parents)
         else:
             if not _enabled(ROOT):
                 _write(os.path.join(ROOT, "cgroup.subtree_control"), "+cpuset")

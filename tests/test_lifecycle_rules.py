@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from ascendbind.daemon.watch.blame import Evidence
-from ascendbind.daemon.watch.lifecycle import (Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality, Observation,
-                                               PinThreads, Reassert, Record, ReplaceHolder, RerunMemory, claim, decide,
+from ascendbind.daemon.watch.lifecycle import (CpusetNews, Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality,
+                                               Observation, PinThreads, Reassert, Record, Replan, ReplaceHolder,
+                                               RerunMemory, claim, decide,
                                                MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration,
                                                wanted)
 from ascendbind.values.decisions import IrqBinding
@@ -147,6 +148,38 @@ def test_a_limit_of_one_leaves_alone_at_the_second_drift():
     assert isinstance(second[0], LeaveAlone) and "after 1 re-asserts within 10 s" in second[0].why
     later = decide(Record(42, reasserts=first[0].times), Observation(drifted=(8,)), NOW + 11, one)
     assert isinstance(later[0], Reassert) and later[0].times == (NOW + 11,)
+
+
+# ---------------------------------------------------------------- a cpuset changed
+
+MOVED = CpusetNews(frozenset({1}), frozenset({0}), "cpuset_changed", moved=True)
+
+
+@pytest.mark.parametrize("record", [R, Record(42, threads_left_alone=True),
+                                    Record(42, reasserts=(NOW - 50, NOW - 30, NOW - 10))],
+                         ids=["bound", "left alone", "budget spent"])
+def test_a_changed_cpuset_is_replanned_never_reasserted_nor_blamed_on_a_tool(record):
+    # the kernel moved the threads into the new cpuset: the look's drift is its move, not a
+    # tool's, and a worker left alone (for that very drift, say) is looked at again
+    actions = decide(record, Observation(drifted=(8, 9), to_pin=((7, "acl"),), cpuset=MOVED), NOW, LIMITS)
+    assert [type(a) for a in actions] == [Replan]
+    assert actions[0].news == MOVED and actions[0].blame.culprit == "cpuset"
+    assert "from CPUs 1 to 0" in actions[0].blame.why and "external" not in actions[0].blame.why
+
+
+def test_a_changed_checkpoint_asks_for_a_replan_beside_the_looks_own_actions():
+    # only kubelet's checkpoint changed: no thread was moved, so the look's drift is still drift
+    news = CpusetNews(frozenset({0}), frozenset({0}), "checkpoint_changed")
+    actions = decide(R, Observation(drifted=(8,), cpuset=news), NOW, LIMITS)
+    assert [type(a) for a in actions] == [Replan, Reassert]
+    assert actions[0].blame is None and actions[1].blame.culprit == "external"
+
+
+def test_a_changed_cpuset_leaves_the_irq_and_memory_rules_as_they_are():
+    actions = decide(R, Observation(cpuset=MOVED, moved_irqs=IRQS, memory_measured=True, memory_ratio=0.95),
+                     NOW, LIMITS)
+    assert [type(a) for a in actions] == [Replan, Reassert, NoteLocality]
+    assert actions[1].what == "irqs" and actions[1].blame.culprit == "external"
 
 
 # ---------------------------------------------------------------- memory locality

@@ -13,7 +13,8 @@ start time and, with pidfs, the pidfd inode the state file kept), what goes back
 host when a worker leaves (lifecycle.restoration: IRQ masks of NPUs nobody
 live owns, bans nobody live pins, the UVB masks with the last 950 worker),
 dropping a gone worker, executing a look's actions, and the locality and
-re-plan bookkeeping.
+re-plan bookkeeping (a worker whose cpuset changed is planned again here:
+``replan_cpuset``).
 
 Write-ahead: a bind is in the state file before its first write. Once every
 check has passed, the applier hands over the binding as it stands before any
@@ -51,12 +52,15 @@ from ..discovery.gather.identity import pin_identity, verify_identity
 from ..applier.irq import set_irq_affinity
 from ..discovery.gather.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone
+from ..values.cpulist import format_cpulist
 from ..values.frozen import frozen_map
 from ..values.model import Binding, Mode, StepResult
 from ..values.reasons import Outcome, Reason, Step
 from .watch.bans import carried_bans
+from .watch.blame import FIX
 from .watch.held import Held, SeenThread, accepted
-from .watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Restoration, restoration
+from .host.replan import Replanned, replan_worker
+from .watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan, Restoration, restoration
 from .watch.locality import ratios_by_npu
 from .watch.memmove import STOPPING
 from .watch.proof import prove
@@ -532,3 +536,57 @@ class Ownership:
             h.bound_at = time.time()
             h.remember_threads(masks, role_cpus(binding.plan))
             h.facts = facts
+
+    def replan_cpuset(self, h: Held, a: Replan) -> Replanned:
+        """Plan ``h`` again because its cpuset, or kubelet's checkpoint, changed (lifecycle's
+        ``Replan``; called outside the lock: the worker's facts are read). The kernel's move
+        of its threads is blamed ``cpuset``, never a tool; the re-plan starts the binding's
+        drift verdicts over, and a cpuset no plan fits leaves the threads alone until the
+        cpuset changes again. A checkpoint change re-plans only a worker the new proof moves
+        onto its own cpuset (planned by the placement rules, or stuck): a lost proof with an
+        unchanged cpuset is kubelet writing its checkpoint before the container's cgroup,
+        whose change re-plans the worker."""
+        news = a.news
+        try:
+            host = self.hosts.get()
+        except AscendbindError as exc:
+            log.warning("cpuset changed, host facts unavailable; binding kept", pid=h.binding.pid, error=str(exc))
+            return Replanned("failed", None, str(exc))
+        wanted = None
+        if news.why == "checkpoint_changed":
+            stuck, old = h.cpuset_stuck is not None, h.binding.plan.pool_source
+            wanted = lambda plan, _worker: plan.pool_source is not None and (old is None or stuck)  # noqa: E731
+        done = replan_worker(self, h, host, reason=news.why, wanted=wanted)
+        if done.outcome in ("gone", "skipped") or (news.why == "checkpoint_changed" and done.outcome == "failed"):
+            return done
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h:
+                return done
+            self._cpuset_verdict(h, a, done)
+            self.save()
+        return done
+
+    def _cpuset_verdict(self, h: Held, a: Replan, done: Replanned) -> None:
+        """Record what a re-plan for a changed cpuset came to on ``h`` (under the lock)."""
+        news = a.news
+        h.cpuset_seen = done.allowed if done.allowed is not None else news.after
+        if a.blame is not None:  # the kernel moved the threads
+            if news.moved:
+                h.drift_events += 1
+                self.metrics.drifted(a.blame.culprit)
+            h.culprit, h.blame = a.blame.culprit, a.blame.why
+        h.reasserts.clear()
+        if done.outcome == "failed":
+            h.cpuset_stuck = done.error or "no plan"
+            h.left_alone = True
+            h.left_alone_why = (f"the worker's cpuset is now CPUs {format_cpulist(h.cpuset_seen)} and no plan fits it "
+                                f"({h.cpuset_stuck}); its threads stay where the kernel put them until the cpuset or "
+                                f"kubelet's checkpoint changes again. Fix: {FIX['cpuset']}")
+            log.warning("cpuset changed; no plan fits it, threads left where the kernel put them",
+                        pid=h.binding.pid, cpuset=format_cpulist(h.cpuset_seen), why=news.why, error=done.error)
+            return
+        h.cpuset_stuck = None
+        h.left_alone, h.left_alone_why = False, None
+        log.info("cpuset changed; worker planned again" if done.outcome == "rebound" else
+                 "cpuset changed; the plan stands", pid=h.binding.pid, why=news.why,
+                 before=format_cpulist(news.before), after=format_cpulist(h.cpuset_seen), outcome=done.outcome)

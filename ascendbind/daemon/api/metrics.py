@@ -22,7 +22,7 @@ from ...discovery.read.deadline import READ_FILES, READERS, Readers
 from ...planner import ALIGNMENT_FAILURE_REASONS
 
 __all__ = ["Metrics", "BindClock", "BIND_PHASES", "OUTCOMES", "CULPRITS",
-           "DISCOVERY_ERRORS", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "MOVE_OUTCOMES",
+           "DISCOVERY_ERRORS", "REPLAN_REASONS", "REPLAN_OUTCOMES", "HTTP_PATHS", "ALIGNMENT_REASONS", "MEMORY_CHECK_RESULTS", "MOVE_OUTCOMES",
            "RECONCILE_MODES", "LISTING_REASONS"]
 
 # `_created` series double every counter for no operator value
@@ -32,7 +32,12 @@ OUTCOMES = ("aligned", "unaligned", "failed", "rejected")
 STEPS = ("affinity", "irq", "memory", "uvb")
 STEP_OUTCOMES = ("applied", "skipped", "failed")
 # who moved a bound thread's or IRQ's mask: the verdicts of the blame rule (blame.py), decided on evidence
-CULPRITS = ("self", "env", "irqbalance", "external")
+# (``cpuset``: the kernel, narrowing the worker to its changed cpuset)
+CULPRITS = ("self", "env", "irqbalance", "external", "cpuset")
+# why a bound worker was planned again (lifecycle.REPLAN_REASONS), and what came of it: bound by
+# the new plan, the same plan kept, or no plan fits (the binding kept)
+REPLAN_REASONS = ("host_changed", "cpuset_changed", "checkpoint_changed")
+REPLAN_OUTCOMES = ("rebound", "unchanged", "failed")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot", "npu_mismatch", "interrupted")
 # npu-smi's verdict on a bind that named its NPU (watch/npucheck.py)
@@ -143,6 +148,10 @@ class Metrics:
         )
         self.rediscoveries = Counter(
             "ascendbind_rediscoveries", "Host rediscoveries triggered by hot-plug events or SIGHUP", registry=r
+        )
+        self.replans = Counter(
+            "ascendbind_replans", "Bound workers planned again, by why (host_changed, cpuset_changed, "
+            "checkpoint_changed) and outcome (rebound, unchanged, failed)", ["reason", "outcome"], registry=r,
         )
         self.drift = Counter(
             "ascendbind_drift", "Bound thread or IRQ masks found changed by someone else, by culprit (on evidence)",
@@ -280,6 +289,9 @@ class Metrics:
             self.drift.labels(c)
         for c in DISCOVERY_ERRORS:
             self.discovery_errors.labels(c)
+        for why in REPLAN_REASONS:
+            for o in REPLAN_OUTCOMES:
+                self.replans.labels(why, o)
         for d in DROP_REASONS:
             self.dropped.labels(d)
         for v in NPU_CHECK_VERDICTS:
@@ -336,6 +348,10 @@ class Metrics:
 
     def drifted(self, culprit: str) -> None:
         self.drift.labels(culprit if culprit in CULPRITS else "external").inc()
+
+    def replanned(self, reason: str, outcome: str) -> None:
+        if reason in REPLAN_REASONS and outcome in REPLAN_OUTCOMES:
+            self.replans.labels(reason, outcome).inc()
 
     def dropped_worker(self, reason: str) -> None:
         if reason in DROP_REASONS:

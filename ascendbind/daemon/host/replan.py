@@ -1,15 +1,19 @@
-"""Rediscover the host and bind again only the workers whose plan changed.
+"""Plan bound workers again and bind again only those whose plan changed.
 
-Called after a hot-plug burst and on SIGHUP. A transient discovery failure
-keeps every current binding (unbinding a healthy worker because npu-smi hiccuped
-would be worse than a stale plan); a worker whose NPU can no longer be planned
-keeps its binding too, with a warning. The new binding is handed to the daemon
-(``Daemon.rebound``), which alone changes the held record.
+Called after a hot-plug burst and on SIGHUP (``rediscover_and_replan``: every
+worker, on the rediscovered host), and by the reconcile loop for one worker whose
+cgroup cpuset changed or whose kubelet checkpoint changed (``replan_worker``). A
+transient discovery failure keeps every current binding (unbinding a healthy
+worker because npu-smi hiccuped would be worse than a stale plan); a worker whose
+NPU can no longer be planned keeps its binding too, with a warning. The new
+binding is handed to the daemon (``Daemon.rebound``), which alone changes the
+held record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import structlog
 
@@ -17,14 +21,25 @@ from ...applier import apply_plan
 from ...discovery import discover_worker
 from ...discovery.gather.process import thread_masks
 from ...errors import AscendbindError, DiscoveryError
-from ...values.model import DeviceType
+from ...values.model import DeviceType, Plan, WorkerFacts
 from ...planner import make_plan
 from ...values.reasons import Outcome, Step
 from ..api.requests import resolve_policy
 
-__all__ = ["rediscover_and_replan"]
+__all__ = ["rediscover_and_replan", "replan_worker", "Replanned"]
 
 log = structlog.get_logger("ascendbind.replan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Replanned:
+    """What one re-plan came to: ``outcome`` (metrics.REPLAN_OUTCOMES, or ``gone`` /
+    ``skipped``), the worker's allowed CPUs it was planned from (None: not read), and
+    the plan error's sentence when no plan fits."""
+
+    outcome: str
+    allowed: frozenset[int] | None = None
+    error: str | None = None
 
 
 def rediscover_and_replan(daemon) -> dict:
@@ -43,37 +58,59 @@ def rediscover_and_replan(daemon) -> dict:
     for pid, h in held:
         if not daemon.is_alive(h):
             continue
-        try:
-            # the worker's facts are read outside the lock (for a 950, ps -Te runs)
-            config = resolve_policy(h.ask, daemon.config)
-            worker = discover_worker(daemon.hosts.source, pid, config,
-                                     want_uvb=host.device_type is DeviceType.A950)
-            if not daemon.still_bound(h, worker.start_time):
-                continue  # recycled: the reconcile loop drops the entry; never bind the newcomer
-            if worker.allowed_source == "status":
-                worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
-            # the same NPUs as bound, for the same reasons: the decision travels on
-            plan = dataclasses.replace(make_plan(host, worker, h.binding.npus, config),
-                                       targets=h.binding.plan.targets)
-            if plan.errors:
-                log.warning("worker no longer plannable on the changed host; binding kept",
-                            pid=pid, reason=plan.errors[0].reason)
-                continue
-            if plan.npus == h.binding.plan.npus and plan.uvb_cpus == h.binding.plan.uvb_cpus:
-                continue
-            with daemon.lock:
-                if daemon.held.get(pid) is not h:
-                    continue  # released or bound again meanwhile
-                # its pages move afterwards, on the mover, like a bind's
-                binding = apply_plan(plan, worker, host, config, move_memory=False, pin=h.pin)
-                daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
-                memory = binding.step(Step.MEMORY)
-                if memory is not None and memory.outcome is Outcome.PENDING:
-                    daemon.move_memory(h, memory.data["target_node"], "replan")
-            daemon.metrics.step_results(binding.steps)
+        done = replan_worker(daemon, h, host, reason="host_changed")
+        if done.outcome == "rebound":
             rebound.append(pid)
-        except AscendbindError as exc:
-            log.warning("re-plan failed; binding kept", pid=pid, error=str(exc))
     daemon.save()
     log.info("rediscovered: host changed", rebound=rebound)
     return {"changed": True, "rebound": rebound}
+
+
+def replan_worker(daemon, h, host, *, reason: str,
+                  wanted: Callable[[Plan, WorkerFacts], bool] | None = None) -> Replanned:
+    """Plan ``h``'s worker again on ``host`` from its facts now (read outside the lock)
+    and bind it by the new plan when the plan changed (pools, UVB CPUs, or the allowed
+    CPUs it was made from: the kernel may have moved the threads). ``wanted(plan,
+    worker)``: whether to go on with the new plan at all (False: ``skipped``). Counted
+    in ``ascendbind_replans_total{reason,outcome}``; the caller saves the state file."""
+    pid = h.binding.pid
+    try:
+        # the worker's facts are read outside the lock (for a 950, ps -Te runs)
+        config = resolve_policy(h.ask, daemon.config)
+        worker = discover_worker(daemon.hosts.source, pid, config, want_uvb=host.device_type is DeviceType.A950)
+        if not daemon.still_bound(h, worker.start_time):
+            return Replanned("gone")  # recycled: the reconcile loop drops the entry; never bind the newcomer
+        if worker.allowed_source == "status":
+            worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
+        # the same NPUs as bound, for the same reasons: the decision travels on
+        plan = dataclasses.replace(make_plan(host, worker, h.binding.npus, config), targets=h.binding.plan.targets)
+        allowed = worker.allowed_cpus
+        if wanted is not None and not wanted(plan, worker):
+            return Replanned("skipped", allowed)
+        if plan.errors:
+            log.warning("worker no longer plannable; binding kept", pid=pid, why=reason,
+                        reason=plan.errors[0].reason)
+            daemon.metrics.replanned(reason, "failed")
+            return Replanned("failed", allowed, f"{plan.errors[0].code}: {plan.errors[0].reason}")
+        old = h.binding.plan
+        if plan.npus == old.npus and plan.uvb_cpus == old.uvb_cpus and plan.allowed_cpus == old.allowed_cpus:
+            daemon.metrics.replanned(reason, "unchanged")
+            return Replanned("unchanged", allowed)
+        with daemon.lock:
+            if daemon.held.get(pid) is not h:
+                return Replanned("gone")  # released or bound again meanwhile
+            # its pages move afterwards, on the mover, like a bind's
+            binding = apply_plan(plan, worker, host, config, move_memory=False, pin=h.pin)
+            daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
+            memory = binding.step(Step.MEMORY)
+            if memory is not None and memory.outcome is Outcome.PENDING:
+                daemon.move_memory(h, memory.data["target_node"], "replan")
+        daemon.metrics.step_results(binding.steps)
+        daemon.metrics.replanned(reason, "rebound")
+        log.info("worker planned again", pid=pid, why=reason,
+                 pools={p.npu: list(p.pool) for p in plan.npus}, allowed=sorted(allowed))
+        return Replanned("rebound", allowed)
+    except AscendbindError as exc:
+        log.warning("re-plan failed; binding kept", pid=pid, why=reason, error=str(exc))
+        daemon.metrics.replanned(reason, "failed")
+        return Replanned("failed", None, str(exc))

@@ -22,6 +22,12 @@ disabled/none, ``GOMP_CPU_AFFINITY``). Anything else is ``external``: taskset,
 another tuner, a container runtime. IRQ masks: ``irqbalance`` while it runs,
 else ``external``. The verdict never changes whether a worker is left alone
 after the re-assert limit, only what its status says about why.
+
+``cpuset``: the worker's cgroup cpuset is no longer the one its plan was made
+from. The kernel narrows every task of a cgroup to its new CPUs itself, so
+threads found outside their plan then were moved by the kernel, not by a tool;
+that is never drift to fight (a mask outside the cpuset cannot even be set):
+the worker is planned again from its new CPUs (lifecycle.py's ``Replan``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 
 __all__ = ["Evidence", "Blame", "environ_evidence", "vllm_setting", "first_vllm_setting",
            "split_cmdline",
-           "blame_threads", "blame_irqs", "left_alone_sentence", "OPENMP_ENV"]
+           "blame_threads", "blame_irqs", "blame_cpuset", "left_alone_sentence", "OPENMP_ENV", "FIX"]
 
 OPENMP_ENV = ("OMP_PROC_BIND", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
 _OPENMP_OFF = {"OMP_PROC_BIND": ("false",), "KMP_AFFINITY": ("disabled", "none")}
@@ -160,12 +166,23 @@ def blame_irqs(irqbalance_running: bool) -> Blame:
     return Blame("external", "irqbalance does not run: another tool wrote these IRQs' smp_affinity")
 
 
-_FIX = {
+def blame_cpuset(before: str, after: str) -> Blame:
+    """The verdict on threads the kernel moved when the cpuset went from ``before`` to ``after``
+    (cpulists)."""
+    return Blame("cpuset", f"the worker's cgroup cpuset changed from CPUs {before[:200]} to {after[:200]} "
+                           "(kubelet's CPU manager, a pod update or an operator); the kernel moved its threads "
+                           "into the new set, and ascendbind plans the worker again from it")
+
+
+# what to do about each culprit: the end of a left-alone sentence
+FIX = {
     "self": "turn the worker's own binder off (vllm-ascend: --additional-config '{\"enable_cpu_binding\": false}'; "
             "torch_npu: unset CPU_AFFINITY_CONF), or release the worker and let it bind itself",
     "env": "unset those variables in the worker's environment",
     "external": "find and stop what moves it (a taskset in a start script, a tuning daemon, the container runtime), "
                 "then bind the worker again",
+    "cpuset": "give the worker CPUs its NPU's plan fits in (a cpuset large enough for its roles, or "
+              "small_pool = \"share\"); it is planned again whenever its cpuset changes",
     "irqbalance": "ban the NPU IRQs in irqbalance or set irqbalance = \"stop\", then bind the worker again",
 }
 
@@ -173,4 +190,4 @@ _FIX = {
 def left_alone_sentence(what: str, blame: Blame, reasserts: int, window_s: float) -> str:
     """Why the loop gave up on ``what`` ("thread masks", "IRQ masks"): the count, the blame, the fix."""
     return (f"{what} moved again after {reasserts} re-asserts within {window_s:g} s, so ascendbind no longer "
-            f"re-asserts them; blamed {blame.culprit}: {blame.why}. Fix: {_FIX[blame.culprit]}")
+            f"re-asserts them; blamed {blame.culprit}: {blame.why}. Fix: {FIX[blame.culprit]}")

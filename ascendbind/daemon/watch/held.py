@@ -88,6 +88,12 @@ class Held:
     # what proves the worker drives its NPUs (proof.py): only a proven binding is isolated and
     # holds its NPUs against others. Kept in the state file.
     proof: Proof = field(default_factory=lambda: Proof(False, "claim", "nothing weighed yet"))
+    # the cgroup cpuset the binding was last planned (or re-planned) for; None: the plan's
+    # allowed CPUs. The reconcile loop plans the worker again when its cpuset is not this one.
+    cpuset_seen: frozenset[int] | None = None
+    # why the last re-plan for a changed cpuset found no plan (its threads are left alone
+    # until the cpuset, or kubelet's checkpoint, changes again); None: it found one
+    cpuset_stuck: str | None = None
     # (binding, state_json(), its encoded record): a save re-encodes only the records that changed
     _saved: tuple | None = field(default=None, repr=False, compare=False)
 

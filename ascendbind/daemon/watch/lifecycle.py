@@ -17,11 +17,19 @@ Invariants ``decide`` keeps:
 * Threads of a worker that is *left alone* are never pinned nor re-asserted,
   and the shell does not even look at them (``wanted``); the same holds, on its
   own, for its IRQ masks. Being left alone ends only with the binding (a new
-  bind, a release).
+  bind, a release, or a re-plan for a changed cpuset).
+* A cpuset that is no longer the one the binding was planned from (``CpusetNews``,
+  ``cpuset_changed``) calls for a ``Replan`` instead of any thread action, left
+  alone or not: the kernel moved the threads into the new set, which is no one's
+  drift to fight (blamed ``cpuset``), and the old plan's masks may not even be
+  settable. The re-plan starts the binding over (its re-assert budget, its
+  verdicts). A changed checkpoint (``checkpoint_changed``) calls for a ``Replan``
+  beside the look's other actions: no thread was moved.
 * A look that saw nothing (``Observation()``) calls for no action, whatever
   the record says: the shell may skip asking.
 * Every drift seen counts as one drift event and gets a culprit from evidence
-  only (blame.py): ``self``, ``env`` or ``external`` for threads,
+  only (blame.py): ``self``, ``env`` or ``external`` for threads (``cpuset``
+  for the kernel's own move),
   ``irqbalance`` or ``external`` for IRQ masks.
 * A drift is re-asserted while fewer than ``Limits.reassert_limit`` re-asserts
   lie within the last ``Limits.window`` seconds; the next one leaves the
@@ -63,12 +71,14 @@ from ...discovery.parse.numa_maps import NumaResidency
 from ...values.frozen import frozen_map
 from ...values.model import Binding
 from .bans import split_bans
-from .blame import Blame, Evidence, blame_irqs, blame_threads, left_alone_sentence
+from ...values.cpulist import format_cpulist
+from .blame import Blame, Evidence, blame_cpuset, blame_irqs, blame_threads, left_alone_sentence
 from ..api.requests import claim_npus, irq_owners
 
 __all__ = [
     "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation", "Looks",
     "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory", "ReplaceHolder", "Evict",
+    "CpusetNews", "Replan",
     "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "claim",
 ]
 
@@ -108,6 +118,20 @@ class Record:
 
 
 @dataclass(frozen=True)
+class CpusetNews:
+    """The worker's cpuset (or the checkpoint that proves it its own) changed since its binding
+    was planned: ``before`` the CPUs it was planned from, ``after`` its cgroup's CPUs now,
+    ``why`` ``cpuset_changed`` (its cgroup's CPUs) or ``checkpoint_changed`` (kubelet's
+    CPU manager checkpoint, which may now prove the cpuset its own), ``moved``: CPUs of its plan left the cpuset, so the
+    kernel moved threads."""
+
+    before: frozenset[int]
+    after: frozenset[int]
+    why: str = "cpuset_changed"
+    moved: bool = False
+
+
+@dataclass(frozen=True)
 class Observation:
     """What one look at a worker saw. Empty fields: nothing of that kind to report."""
 
@@ -120,6 +144,7 @@ class Observation:
     memory_measured: bool = False  # a locality check ran in this look
     memory_ratio: float | None = None  # its result; None: nothing resident or unreadable
     memory_residency: NumaResidency | None = None  # the bytes per node it read, private and shared
+    cpuset: CpusetNews | None = None  # its cpuset is not the one its binding was planned from
 
 
 @dataclass(frozen=True)
@@ -162,6 +187,15 @@ class LeaveAlone:
 
 
 @dataclass(frozen=True)
+class Replan:
+    """Plan the worker again from its cpuset now and bind it by the new plan (the shell runs
+    it outside the daemon's lock: it reads the worker's facts)."""
+
+    news: CpusetNews
+    blame: Blame | None  # the kernel's move (culprit ``cpuset``); None when only the checkpoint changed
+
+
+@dataclass(frozen=True)
 class Drop:
     """Forget the worker (``reason``: exited or recycled); restore what ``restoration`` allows."""
 
@@ -200,7 +234,7 @@ class Evict:
     pid: int
 
 
-Action = PinThreads | Reassert | LeaveAlone | Drop | NoteLocality | RerunMemory
+Action = PinThreads | Reassert | LeaveAlone | Drop | NoteLocality | RerunMemory | Replan
 
 
 # ------------------------------------------------------------------ rules
@@ -216,7 +250,12 @@ def decide(record: Record, obs: Observation, now: float, limits: Limits) -> tupl
     if obs.gone is not None:
         return (Drop(obs.gone),)
     actions: list[Action] = []
-    if not record.threads_left_alone:
+    news = obs.cpuset
+    moved = news is not None and news.why == "cpuset_changed"  # the kernel's move: no thread action
+    if news is not None:
+        blame = blame_cpuset(format_cpulist(news.before), format_cpulist(news.after)) if moved else None
+        actions.append(Replan(news, blame))
+    if not moved and not record.threads_left_alone:
         if obs.to_pin:
             actions.append(PinThreads(tuple(obs.to_pin)))
         if obs.drifted:

@@ -15,7 +15,16 @@ rules decide what it calls for, and the ``Daemon`` does it:
    the rules blame a culprit (blame.py) and re-assert, or, past
    ``REASSERT_LIMIT`` re-asserts within ``window`` seconds, leave it alone;
 4. IRQ masks we wrote are checked the same way (``irqbalance`` / ``external``);
-5. every ``memory_check_seconds``, the share of its memory on its pool's NUMA
+5. its cgroup cpuset: one ``pread`` of the effective-CPUs file held open
+   (discovery/gather/cpusetprobe.py) says whether it is still the one the
+   binding was planned from, and one ``stat`` a pass whether kubelet's CPU
+   manager checkpoint changed (for ``pool_source = auto`` workers). A changed
+   cpuset, found before the threads are looked at, is never drift: the kernel
+   moved them (blame ``cpuset``), and the worker is planned again from its new
+   CPUs after the pass's looks, outside the lock, left alone or not. A drift seen
+   while the probe's cgroup is unchanged opens the probe again (the worker may
+   have been moved to another cgroup), and the same look decides;
+6. every ``memory_check_seconds``, the share of its memory on its pool's NUMA
    nodes is measured in the background (locality.py), and the memory step run
    again when the rules say so.
 
@@ -55,8 +64,9 @@ from ...discovery.gather.irqhost import irqbalance_pids, read_irq_mask
 from ...discovery.read.pin import LIVE_PROC
 from ...discovery.read.tasks import exited_pidfds, open_pidfd
 from ...errors import ProcessGone
+from ...discovery.gather.cpusetprobe import CpusetProbe, checkpoint_stamp, open_cpuset_probe
 from .evidence import read_evidence
-from .lifecycle import REASSERT_LIMIT, Limits, Observation, decide, wanted
+from .lifecycle import REASSERT_LIMIT, CpusetNews, Limits, Observation, Replan, decide, wanted
 from .observe import Slot, observe_marked, observe_threads, role_cpus, slot_quiet, sweep_slots
 from ..runtime.stopflag import StopFlag
 from .threadevents import EventLook, ThreadEvents
@@ -68,6 +78,7 @@ log = structlog.get_logger("ascendbind.reconcile")
 
 
 _NOTHING = Observation()
+_UNSEEN = object()  # the checkpoint not looked at yet
 
 # seconds a pass woken by events waits before the next wake: a worker that starts and ends
 # threads all the time costs at most 1 / WAKE_GAP looks a second, and a late role thread
@@ -107,6 +118,10 @@ class Reconciler:
         self._quiet_poll = None  # select.poll over the events socket and the pidfds (_arm_quiet)
         self._quiet_pids: frozenset[int] = frozenset()
         self.locality = daemon.locality
+        # pid -> (_token of the record it was opened for, its cpuset probe or None: nothing to watch)
+        self._probes: dict[int, tuple[object, CpusetProbe | None]] = {}
+        self._stamp: object = _UNSEEN  # kubelet's checkpoint as last seen (None: absent)
+        self._pool_proof_due: set[int] = set()  # workers whose pool proof to check again (the checkpoint changed)
 
     @property
     def interval(self) -> float:
@@ -181,6 +196,7 @@ class Reconciler:
         self.passes += 1
         with d.lock:
             held = dict(d.held)
+        self._checkpoint(held)
         if self._quiet(held):
             d.metrics.reconcile_quiet_runs.inc()
         else:
@@ -204,10 +220,12 @@ class Reconciler:
             return False
         if self.thread_events.budget.listing():
             return False  # a worker over its event budget sends no events: only a listing sees its threads
-        if poller.poll(0):
+        if poller.poll(0) or self._pool_proof_due:
             return False  # events queued (or the socket's error: lost events), or a worker exited
         with self.daemon.lock:  # the records as the full look would see them
             for pid, h in held.items():
+                if self._cpuset_news(h) is not None:
+                    return False
                 looks = wanted(h.record())
                 if looks.threads and (self._looked.get(pid) is not h.threads  # bound (again) since its last look
                                       or not slot_quiet(self._slot(h))):
@@ -240,6 +258,7 @@ class Reconciler:
                   if pid in held and token == _token(held[pid]) and pid not in self._unchecked}
         exited = {pid for pid, fd in proven.items() if fd in exited_pidfds([fd])}
         limits, dirty = self.limits, False
+        replans: list[tuple[object, Replan]] = []
         for pid in news:
             with d.lock:
                 h = d.held.get(pid)
@@ -247,7 +266,8 @@ class Reconciler:
                     continue
                 obs = self.observe(h, check_identity=pid not in proven or pid in exited, events=events)
                 if obs != _NOTHING:
-                    dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
+                    dirty |= self._act(h, obs, limits, replans)
+        self._replan(replans)
         if dirty:
             d.save()
 
@@ -261,9 +281,11 @@ class Reconciler:
             del self._looked[pid]
             self._roles.pop(pid, None)
             self._slots.pop(pid, None)
+        self._forget_probes(held)
         maybe_gone = self._maybe_gone(held)
         limits = self.limits
         dirty = False
+        replans: list[tuple[object, Replan]] = []
         for pid in sorted(held):
             with d.lock:
                 h = d.held.get(pid)
@@ -271,10 +293,85 @@ class Reconciler:
                     continue
                 obs = self.observe(h, check_identity=pid in maybe_gone, events=events)
                 if obs != _NOTHING:  # a look that saw nothing calls for nothing (lifecycle's rule)
-                    dirty |= d.act(h, decide(h.record(), obs, time.monotonic(), limits), window=limits.window)
+                    dirty |= self._act(h, obs, limits, replans)
+        self._replan(replans)
         if dirty:
             d.save()
         self._arm_quiet(held, events)
+
+    def _act(self, h, obs: Observation, limits: Limits, replans: list) -> bool:
+        """Ask the rules what ``obs`` calls for and hand it to the ``Daemon`` (under its lock);
+        a re-plan waits in ``replans`` for the end of the looks. True: the state changed."""
+        actions = decide(h.record(), obs, time.monotonic(), limits)
+        replans.extend((h, a) for a in actions if isinstance(a, Replan))
+        rest = [a for a in actions if not isinstance(a, Replan)]
+        return self.daemon.act(h, rest, window=limits.window) if rest else False
+
+    def _replan(self, replans: list) -> None:
+        """The re-plans the looks called for, outside the lock: each reads its worker's facts
+        (the Daemon saves the state file for the ones it records)."""
+        for h, a in replans:
+            self.daemon.replan_cpuset(h, a)
+
+    # ------------------------------------------------------------ cpusets
+
+    def _checkpoint(self, held) -> None:
+        """One ``stat`` of kubelet's checkpoint while a held worker's pool may depend on it
+        (``pool_source = auto``); when it changed, the workers its proof could move onto
+        their own cpuset (planned by the placement rules, or stuck on a cpuset no plan
+        fit) are due a look at their proof."""
+        cfg = self.daemon.config
+        auto = [pid for pid, h in held.items() if (h.pool_source or cfg.pool_source) == "auto"]
+        if not auto:
+            return
+        stamp = checkpoint_stamp(self.daemon.hosts.source)
+        if stamp == self._stamp:
+            return
+        # the first sight of it counts as a change too: it may have changed since a bind read it
+        # (a look that finds no new proof re-plans nothing)
+        self._stamp = stamp
+        self._pool_proof_due.update(pid for pid in auto
+                               if held[pid].binding.plan.pool_source is None or held[pid].cpuset_stuck is not None)
+
+    def _probe(self, h, *, reopen: bool = False) -> CpusetProbe | None:
+        """``h``'s cpuset probe, opened at its first look (or again with ``reopen``); None for
+        a worker planned from its Cpus_allowed_list (no readable cpuset to watch)."""
+        pid, token = h.binding.pid, _token(h)
+        kept = self._probes.get(pid)
+        if kept is not None and kept[0] == token and not reopen:
+            return kept[1]
+        if kept is not None and kept[1] is not None:
+            kept[1].close()
+        facts = h.facts
+        watch = facts is None or facts[1].allowed_source == "cgroup"
+        probe = open_cpuset_probe(self.daemon.hosts.source, pid) if watch else None
+        self._probes[pid] = (token, probe)
+        return probe
+
+    def _cpuset_news(self, h, *, reopen: bool = False) -> CpusetNews | None:
+        """What changed of ``h``'s cpuset since its binding was planned (one ``pread``), or its
+        proof being due (the checkpoint changed); None: nothing."""
+        probe = self._probe(h, reopen=reopen)
+        now = probe.cpus() if probe is not None else None
+        if now is None:
+            self._pool_proof_due.discard(h.binding.pid)
+            return None
+        before = h.cpuset_seen if h.cpuset_seen is not None else frozenset(h.binding.plan.allowed_cpus)
+        if now != before:
+            self._pool_proof_due.discard(h.binding.pid)
+            planned = frozenset().union(*(p.pool for p in h.binding.plan.npus))
+            return CpusetNews(before, now, "cpuset_changed", moved=not planned <= now)
+        if h.binding.pid in self._pool_proof_due:
+            self._pool_proof_due.discard(h.binding.pid)
+            return CpusetNews(before, now, "checkpoint_changed")
+        return None
+
+    def _forget_probes(self, held) -> None:
+        for pid in [p for p in self._probes if p not in held]:
+            probe = self._probes.pop(pid)[1]
+            if probe is not None:
+                probe.close()
+        self._pool_proof_due &= set(held)
 
     def _arm_quiet(self, held, events: EventLook | None) -> None:
         """After a full pass: the poll set ``_quiet`` watches until the held set changes."""
@@ -318,6 +415,10 @@ class Reconciler:
         for _start, fd in self._pidfds.values():
             os.close(fd)
         self._pidfds.clear()
+        for _token_, probe in self._probes.values():
+            if probe is not None:
+                probe.close()
+        self._probes.clear()
 
     def observe(self, h, *, check_identity: bool = True, events: EventLook | None = None) -> Observation:
         """One look at ``h`` (under the daemon lock): what the rules need, no more.
@@ -332,16 +433,24 @@ class Reconciler:
         looks = wanted(h.record())
         to_pin: list[tuple[int, str]] = []
         drifted: list[int] = []
-        if looks.threads:
+        # first the cpuset: threads the kernel moved into a changed one are no one's drift
+        news = self._cpuset_news(h)
+        kernel_moved = news is not None and news.why == "cpuset_changed"
+        if looks.threads and not kernel_moved:
             seen = self._look_at_threads(h, events)
             if seen is not None:  # None: the task list vanished; the next pass drops the worker
                 to_pin, drifted = seen
+            if drifted and news is None:  # the worker may have been moved to another cgroup
+                news = self._cpuset_news(h, reopen=True)
+        if news is not None and news.why == "cpuset_changed":
+            to_pin, drifted = [], []
         moved = self._moved_irqs(h) if looks.irqs else []
         return Observation(
             to_pin=tuple(to_pin), drifted=tuple(drifted),
             evidence=read_evidence(b.pid, proc_root) if drifted else None,
             moved_irqs=tuple(moved),
             irqbalance_running=bool(moved) and bool(irqbalance_pids(proc_root)),
+            cpuset=news,
         )
 
     def _look_at_threads(self, h, events: EventLook | None):
