@@ -268,3 +268,23 @@ def test_pod_names_from_a_recorded_host(tmp_path):
     os.chmod(logs / "containers", 0o755)
     os.chmod(logs / "pods", 0o755)
     assert pod_names(78, proc, log) == {"namespace": "", "pod_name": "", "container_name": ""}  # no such process
+
+
+def test_a_thread_of_a_worker_of_several_npus_counts_to_the_npu_whose_cpus_it_is_on():
+    from types import SimpleNamespace
+
+    from ascendbind.daemon.api.contention import _View
+    from ascendbind.values.model import NpuPlan
+
+    plans = (NpuPlan(3, (8, 9, 10, 11, 12), (8, 9), (10,), (11,), (12,), (1,)),
+             NpuPlan(1, (0, 1, 2, 3, 4), (0, 1), (2,), (3,), (4,), (0,)))
+    binding = SimpleNamespace(pid=5, start_time=7, irqs=(), plan=SimpleNamespace(npus=plans, uvb_tids=(), irqs=None))
+    v = _View(SimpleNamespace(binding=binding, threads={}))
+    assert v.npus == (1, 3)
+    assert [v.npu_of("main", c) for c in (2, 10)] == [1, 3]
+    assert [v.npu_of("acl", c) for c in (3, 11)] == [1, 3]
+    # an ACL thread on the other NPU's main CPU: that NPU's pool holds it
+    assert v.npu_of("acl", 10) == 3
+    # off every pool, its CPU unknown, or a UVB poll thread (the UVB pool is no NPU's): the lowest NPU
+    assert v.npu_of("main", 30) == v.npu_of("main", None) == v.npu_of("uvb", 10) == 1
+    assert v.pools == {1: frozenset({2, 3, 4}), 3: frozenset({10, 11, 12})}
