@@ -9,9 +9,11 @@ relative to one descriptor of that directory (``openat``: no path walk from
 the involuntary switches (measured: 9 and 18 us a read, the kernel formats
 ``status`` whole). Host-wide, ``/proc/stat`` and ``/proc/interrupts`` once per look,
 whatever the number of workers. The pod: the worker's cgroup path names the pod
-UID and the container ID (kubelet's naming), and the kubelet's log links under
-``/var/log/containers`` name the pod, its namespace and the container; nothing
-asks the API server.
+UID and the container ID where only the kubelet can have made it (kubelet.py's
+``kubelet_place``), and the kubelet's log links under ``/var/log/containers`` (or
+its pod directories under ``/var/log/pods``) name the pod, its namespace and the
+container, read only from directories no one but root can write; nothing asks
+the API server, nothing the worker can create or set is read.
 """
 
 from __future__ import annotations

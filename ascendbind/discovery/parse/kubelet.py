@@ -31,6 +31,12 @@ or a container kubelet has not updated yet), a checkpoint of policy ``none``.
 The checksum is kubelet's own (a hash of its Go structure): it is not
 recomputed here; a checkpoint kubelet would reject is one kubelet rewrites.
 
+Which cgroup paths are the kubelet's (``kubelet_place``): only its tree at the
+top of a hierarchy, since a user may make any tree below a cgroup delegated to
+it; ``pod_place`` (the checkpoint's match) reads any path that mentions kubepods,
+and the CPUs must still equal the checkpoint's entry. The kubelet's log
+directories name a pod UID's namespace and pod, and a container ID's container.
+
 The file is root's, but it is parsed as hostile input anyway: bounded length,
 nesting and entry counts, CPU lists parsed only for the worker's own pod.
 """
