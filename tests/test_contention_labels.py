@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import pytest
 
 from ascendbind.values.cpulist import format_cpulist
-from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value, running_daemon, wait_for
-from tests.workers import PipeChild, reap, start_worker
+from tests.daemon_harness import DaemonProc, base_env, free_port, running_daemon, wait_for
+from tests.workers import PipeChild, start_worker
 
 UID = "7c1f0a2e-4b5d-4e6f-8a9b-0c1d2e3f4a5b"
 CID = "5e" * 32

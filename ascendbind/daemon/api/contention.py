@@ -284,7 +284,7 @@ class Contention:
                 continue
             if new:
                 last = (0, 0, 0)  # a thread born (or renamed in) since the first look
-            npu = v.npu_of(role, thread_cpu(fd, tid)) if several else v.npus[0]
+            npu = v.npu_of(role, thread_cpu(fd, tid)) if several and role != "uvb" else v.npus[0]
             total = self._totals[(npu, role)]
             for i in range(3):
                 total[i] += now[i] - last[i]
