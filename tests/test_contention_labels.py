@@ -15,17 +15,16 @@ Every cgroup made here is removed, leaf first, once its processes have exited.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from ascendbind.values.cpulist import format_cpulist
+from tests.cpuset_cgroups import kubepods_lock
 from tests.daemon_harness import DaemonProc, base_env, free_port, running_daemon, wait_for
 from tests.workers import PipeChild, start_worker
 
@@ -73,15 +72,6 @@ def _made(*paths: str) -> Iterator[None]:
     finally:
         for path in reversed(made):
             os.rmdir(path)
-
-
-@contextlib.contextmanager
-def _kubepods_lock() -> Iterator[None]:
-    # the kubelet's tree is made at the top of the hierarchy, where two runs of this test
-    # would share it: one at a time
-    with open(os.path.join(tempfile.gettempdir(), "ascendbind-test-kubepods.lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 _BIND_LOGS = r"""
@@ -143,7 +133,7 @@ def test_pod_names_come_from_the_kubelets_cgroup_never_from_a_delegated_one(tmp_
     kube = [os.path.join(ROOT, "kubepods"), os.path.join(ROOT, "kubepods", "burstable"),
             os.path.join(ROOT, "kubepods", "burstable", f"pod{UID}"),
             os.path.join(ROOT, "kubepods", "burstable", f"pod{UID}", CID)]
-    with _kubepods_lock(), _made(*kube, test_top, delegated):
+    with kubepods_lock(), _made(*kube, test_top, delegated):
         # systemd's Delegate=yes: the cgroup and the files that let its user manage it are the user's
         for name in ("", "cgroup.procs", "tasks", "cgroup.subtree_control", "cgroup.threads"):
             if os.path.exists(os.path.join(delegated, name)):

@@ -33,8 +33,8 @@ recomputed here; a checkpoint kubelet would reject is one kubelet rewrites.
 
 Which cgroup paths are the kubelet's (``kubelet_place``): only its tree at the
 top of a hierarchy, since a user may make any tree below a cgroup delegated to
-it; ``pod_place`` (the checkpoint's match) reads any path that mentions kubepods,
-and the CPUs must still equal the checkpoint's entry. The kubelet's log
+it, and set its cpuset to another pod's exclusive CPUs there (cgroup v2's
+delegated cpuset controller): a pod-looking cgroup deeper proves nothing. The kubelet's log
 directories name a pod UID's namespace and pod, and a container ID's container.
 
 The file is root's, but it is parsed as hostile input anyway: bounded length,
@@ -65,7 +65,6 @@ _MAX_CONTAINERS = 256
 _MAX_TEXT = 4096  # characters of one name or CPU list
 
 _UID = r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
-_POD = re.compile(rf"^(?:kubepods-(?:besteffort-|burstable-)?)?pod({_UID})(?:\.slice)?$")
 _CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 
 
@@ -142,22 +141,9 @@ def parse_cpu_manager_state(text: str, where: str = CHECKPOINT_PATH) -> CpuManag
 
 
 def pod_place(cgroup_path: str | None) -> PodPlace:
-    """The pod UID and container ID a kubepods cgroup path names (None for what it does not)."""
-    if not cgroup_path:
-        return PodPlace(None, None)
-    parts = [p for p in cgroup_path.split("/") if p]
-    if not any(p == "kubepods" or p.startswith("kubepods.") or p.startswith("kubepods-") for p in parts):
-        return PodPlace(None, None)
-    uid = container = None
-    for i, part in enumerate(parts):
-        m = _POD.match(part)
-        if m:
-            uid = m.group(1).replace("_", "-").lower()
-            if i + 1 < len(parts):
-                c = _CONTAINER.match(parts[i + 1])
-                container = c.group(1) if c else None
-            break
-    return PodPlace(uid, container)
+    """The pod UID and container ID of a cgroup the kubelet made (kubelet_place): a
+    checkpoint entry is matched only to a pod that path can prove."""
+    return kubelet_place(cgroup_path)
 
 
 # The kubelet's tree, level by level: 0 its root, 1 a QoS class, 2 a pod. cgroupfs driver:
