@@ -14,17 +14,20 @@
   if it was not enabled there before), ``cpuset.cpus`` is written at the leaf only (a v2
   cpuset with none runs on its parent's); its CPUs are in ``cpuset.cpus.effective``.
 
-The tree is ``ascendbind-test-<pid>/<levels...>`` at the hierarchy's top, removed leaf first
-whatever happens (its processes must have exited by then).
+The tree is ``ascendbind-test-<pid>/<levels...>`` at the hierarchy's top (or, ``at_root``, the
+levels themselves there, as the kubelet makes ``kubepods``), removed leaf first whatever
+happens (its processes must have exited by then).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 
-__all__ = ["VERSION", "ROOT", "EFFECTIVE", "why_not", "cpuset_tree", "move", "set_cpus", "effective"]
+__all__ = ["VERSION", "ROOT", "EFFECTIVE", "why_not", "cpuset_tree", "kubepods_lock", "move", "set_cpus", "effective"]
 
 _V1 = "/sys/fs/cgroup/cpuset"
 _V2 = "/sys/fs/cgroup"
@@ -84,17 +87,34 @@ def _enabled(cgroup: str) -> bool:
 
 
 @contextlib.contextmanager
-def cpuset_tree(levels: Sequence[str], cpus: str, *, parents: str | None = None) -> Iterator[str]:
+def kubepods_lock() -> Iterator[None]:
+    """Held while a test makes the kubelet's tree at the top of a hierarchy (``kubepods/...``),
+    where every run of every checkout on this machine would share it: one at a time."""
+    with open(os.path.join(tempfile.gettempdir(), "ascendbind-test-kubepods.lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def cpuset_tree(levels: Sequence[str], cpus: str, *, parents: str | None = None,
+                at_root: bool = False) -> Iterator[str]:
     """``ascendbind-test-<pid>/<levels...>`` limited to ``cpus``; yields the leaf's path.
     ``parents``: the CPUs of the levels above the leaf on v1 (default ``cpus``), so that the
-    leaf can later be given others of them (``set_cpus``); v2 parents set none."""
+    leaf can later be given others of them (``set_cpus``); v2 parents set none.
+    ``at_root``: the levels start at the hierarchy's top, where only root (the kubelet) makes
+    cgroups, under kubepods_lock; a level that exists there already is used as found."""
     why = why_not()
     if why is not None:
         raise RuntimeError(why)
-    top = os.path.join(ROOT, f"ascendbind-test-{os.getpid()}")
-    paths = [top]
+    with kubepods_lock() if at_root else contextlib.nullcontext():
+        yield from _tree(levels, cpus, at_root, parents)
+
+
+def _tree(levels: Sequence[str], cpus: str, at_root: bool, parents: str | None) -> Iterator[str]:
+    top = ROOT if at_root else os.path.join(ROOT, f"ascendbind-test-{os.getpid()}")
+    paths = [] if at_root else [top]
     for name in levels:
-        paths.append(os.path.join(paths[-1], name))
+        paths.append(os.path.join(paths[-1] if paths else top, name))
     made: list[str] = []
     root_enabled_here = False
     try:
@@ -102,6 +122,8 @@ def cpuset_tree(levels: Sequence[str], cpus: str, *, parents: str | None = None)
             with open(os.path.join(ROOT, "cpuset.mems")) as fh:
                 mems = fh.read().strip()
             for path in paths:
+                if at_root and os.path.isdir(path):
+                    continue
                 os.mkdir(path)
                 made.append(path)
                 _write(os.path.join(path, "cpuset.mems"), mems)
@@ -111,6 +133,8 @@ def cpuset_tree(levels: Sequence[str], cpus: str, *, parents: str | None = None)
                 _write(os.path.join(ROOT, "cgroup.subtree_control"), "+cpuset")
                 root_enabled_here = True
             for path in paths:
+                if at_root and os.path.isdir(path):
+                    continue
                 os.mkdir(path)
                 made.append(path)
                 if path != paths[-1]:  # a parent: no process of its own, its children get the controller

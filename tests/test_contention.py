@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from ascendbind.discovery.gather.cpuusage import pod_names
-from ascendbind.discovery.parse.schedstat import (parse_container_log, parse_cpu_busy, parse_interrupt_counts,
-                                             parse_nonvoluntary, parse_schedstat, pod_of_cgroup)
+from ascendbind.discovery.parse.kubelet import kubelet_place, parse_container_log, parse_pod_log_dir
+from ascendbind.discovery.parse.schedstat import (parse_cpu_busy, parse_interrupt_counts, parse_interrupt_counts_by,
+                                             parse_nonvoluntary, parse_schedstat, parse_stat_cpu)
 from tests.daemon_harness import metric_value, running_daemon, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 
@@ -56,7 +57,7 @@ def _grows(before: dict, after: dict) -> None:
             assert after[r][i] is not None and after[r][i] >= before[r][i], (r, f, before[r][i], after[r][i])
 
 
-def test_role_counters_agree_with_proc_and_only_grow_across_a_thread_exit_and_a_release(tmp_path):
+def test_role_counters_agree_with_proc_grow_across_a_thread_exit_and_leave_with_the_release(tmp_path):
     with running_daemon(str(tmp_path)) as d, start_worker(plain=1, acl=1, release=1) as w:
         status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
         assert status == 200, body
@@ -98,7 +99,9 @@ def test_role_counters_agree_with_proc_and_only_grow_across_a_thread_exit_and_a_
 
         assert d.curl("POST", "/v1/release", {"pid": w.pid})[0] == 200
         text = d.metrics_text()
-        _grows(m3, _exported(text))  # released: its counts stay
+        # released, the last worker on NPU 0: its series leave with it
+        assert all(v == [None, None, None] for v in _exported(text).values()), _exported(text)
+        assert metric_value(text, "ascendbind_pool_foreign_cpu_seconds_total", npu="0") is None
         assert metric_value(text, "ascendbind_worker_info", pid=str(w.pid)) is None
 
 
@@ -174,24 +177,67 @@ def test_interrupt_counts_follow_the_header_columns_and_skip_architecture_rows()
     assert parse_interrupt_counts(text, [1]) == {}
 
 
+UID = "1b2c3d4e-0000-4111-8222-123456789abc"
+_UID = UID.replace("-", "_")
+
+
 @pytest.mark.parametrize("path,expected", [
-    ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_4111_8222_123456789abc.slice/"
-     "cri-containerd-" + "a" * 64 + ".scope", ("1b2c3d4e-0000-4111-8222-123456789abc", "a" * 64)),
-    ("/kubepods/besteffort/pod1b2c3d4e-0000-4111-8222-123456789abc/" + "b" * 64,
-     ("1b2c3d4e-0000-4111-8222-123456789abc", "b" * 64)),
-    ("/kubepods/pod1b2c3d4e-0000-4111-8222-123456789abc", ("1b2c3d4e-0000-4111-8222-123456789abc", None)),
+    # what the kubelet makes: its root at the top, a QoS class, the pod, the container under it
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{_UID}.slice/cri-containerd-{'a' * 64}.scope",
+     (UID, "a" * 64)),
+    (f"/kubepods/besteffort/pod{UID}/{'b' * 64}", (UID, "b" * 64)),
+    (f"/kubepods/pod{UID}", (UID, None)),
+    (f"/kubepods.slice/kubepods-pod{_UID}.slice/crio-{'c' * 64}.scope", (UID, "c" * 64)),
+    # a cgroup the container made below its own: still that container of that pod
+    (f"/kubepods/burstable/pod{UID}/{'b' * 64}/sub", (UID, "b" * 64)),
+    # read from a cgroup namespace of its own (a DaemonSet's container on cgroup v2): the path
+    # climbs to an ancestor of the reader's cgroup, root's, and goes on the kubelet's way
+    (f"/../../kubepods-besteffort.slice/kubepods-besteffort-pod{_UID}.slice/cri-containerd-{'a' * 64}.scope",
+     (UID, "a" * 64)),
+    (f"/../../../kubepods-pod{_UID}.slice/cri-containerd-{'a' * 64}.scope", (UID, "a" * 64)),
     ("/user.slice/user-0.slice/session-1.scope", (None, None)),
     ("/system.slice/docker-" + "c" * 64 + ".scope", (None, None)),  # a container, but no pod
+    # what a user can make in a delegated cgroup of theirs, or a container below its own
+    (f"/user.slice/user-1234.slice/user@1234.service/app.slice/kubepods/pod{UID}/{'d' * 64}", (None, None)),
+    (f"/user.slice/user-1234.slice/user@1234.service/pod{UID}/{'d' * 64}", (None, None)),
+    (f"/../../user.slice/user-1234.slice/pod{UID}/{'d' * 64}", (None, None)),
+    (f"/kubepods/burstable/x/pod{UID}/{'d' * 64}", (None, None)),  # the pod must be the first level below
+    (f"/kubepods/burstable/pod{UID}/x/{'d' * 64}", (UID, None)),  # the container: directly under the pod
+    (f"/kubepods/pod{UID}/x/pod{UID.replace('1b', '2b')}/{'d' * 64}", (UID, None)),  # the first pod wins
+    (f"/kubepods.slice/kubepods-burstable-pod{_UID}.slice/x", (None, None)),  # a QoS slice out of place
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod{_UID}.slice", (None, None)),
+    (f"/kubepods/burstable.slice/pod{UID}", (None, None)),  # the drivers mixed
+    (f"/kubepods/../kubepods/pod{UID}", (None, None)),
+    (f"kubepods/pod{UID}", (None, None)),
 ])
-def test_pod_of_cgroup_reads_both_cgroup_drivers(path, expected):
-    assert pod_of_cgroup(path) == expected
+def test_a_pod_is_read_only_from_where_the_kubelet_makes_it(path, expected):
+    place = kubelet_place(path)
+    assert (place.pod_uid, place.container_id) == expected
 
 
-def test_container_log_names_give_pod_namespace_and_container():
+def test_log_names_follow_the_kubernetes_name_rules():
     cid = "d" * 64
     assert parse_container_log(f"vllm-0_infer_engine-{cid}.log") == ("vllm-0", "infer", "engine", cid)
     assert parse_container_log(f"vllm-0_infer_engine-{cid[:-1]}.log") is None
     assert parse_container_log("../etc_passwd_x-" + cid + ".log") is None
+    assert parse_container_log(f"vllm-0_Infer_engine-{cid}.log") is None  # a namespace is lower case
+    assert parse_pod_log_dir(f"infer_vllm-0_{UID}") == ("infer", "vllm-0", UID)
+    assert parse_pod_log_dir(f"in fer_vllm-0_{UID}") is None
+    assert parse_pod_log_dir(f"infer_vllm-0_{UID[:-1]}") is None
+
+
+def test_a_threads_cpu_is_read_past_a_command_with_spaces_and_parentheses():
+    fields = ["S"] + ["0"] * 35 + ["7", "0"]
+    assert parse_stat_cpu("123 (a) b (c)) " + " ".join(fields)) == 7
+    assert parse_stat_cpu("123 (a) S 1 2") is None
+
+
+def test_interrupt_counts_per_group_from_one_text():
+    text = ("           CPU0       CPU2       CPU3\n"
+            "  24:         5          7          9   PCI-MSI 1 edge  eth0\n"
+            "  25:         1          0          4   PCI-MSI 2 edge  sq_send_trigger_irq\n")
+    assert parse_interrupt_counts_by(text, {"a": [0], "b": [2, 3], "c": [1]}) == {
+        "a": {24: 5, 25: 1}, "b": {24: 16, 25: 4}, "c": {}}
 
 
 def test_pod_names_from_a_recorded_host(tmp_path):
@@ -208,6 +254,37 @@ def test_pod_names_from_a_recorded_host(tmp_path):
     assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": "engine"}
     (logs / "pods" / f"infer_vllm-0_{uid}" / "sidecar").mkdir()
     assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": ""}
-    (logs / "containers" / f"vllm-0_infer_engine-{cid}.log").symlink_to("/nonexistent")
+    # the link names the container ID, its target the pod UID: both must agree with the cgroup
+    link = logs / "containers" / f"vllm-0_infer_engine-{cid}.log"
+    link.symlink_to(f"/var/log/pods/infer_vllm-0_{uid.replace('1b', '2b')}/engine/0.log")
+    assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": ""}
+    link.unlink()
+    link.symlink_to(f"/var/log/pods/infer_vllm-0_{uid}/engine/0.log")
     assert pod_names(77, proc, log) == {"namespace": "infer", "pod_name": "vllm-0", "container_name": "engine"}
+    # log directories anyone but root may write name nothing
+    os.chmod(logs / "containers", 0o777)
+    os.chmod(logs / "pods", 0o777)
+    assert pod_names(77, proc, log) == {"namespace": "", "pod_name": "", "container_name": ""}
+    os.chmod(logs / "containers", 0o755)
+    os.chmod(logs / "pods", 0o755)
     assert pod_names(78, proc, log) == {"namespace": "", "pod_name": "", "container_name": ""}  # no such process
+
+
+def test_a_thread_of_a_worker_of_several_npus_counts_to_the_npu_whose_cpus_it_is_on():
+    from types import SimpleNamespace
+
+    from ascendbind.daemon.api.contention import _View
+    from ascendbind.values.model import NpuPlan
+
+    plans = (NpuPlan(3, (8, 9, 10, 11, 12), (8, 9), (10,), (11,), (12,), (1,)),
+             NpuPlan(1, (0, 1, 2, 3, 4), (0, 1), (2,), (3,), (4,), (0,)))
+    binding = SimpleNamespace(pid=5, start_time=7, irqs=(), plan=SimpleNamespace(npus=plans, uvb_tids=(), irqs=None))
+    v = _View(SimpleNamespace(binding=binding, threads={}))
+    assert v.npus == (1, 3)
+    assert [v.npu_of("main", c) for c in (2, 10)] == [1, 3]
+    assert [v.npu_of("acl", c) for c in (3, 11)] == [1, 3]
+    # an ACL thread on the other NPU's main CPU: that NPU's pool holds it
+    assert v.npu_of("acl", 10) == 3
+    # off every pool, its CPU unknown, or a UVB poll thread (the UVB pool is no NPU's): the lowest NPU
+    assert v.npu_of("main", 30) == v.npu_of("main", None) == v.npu_of("uvb", 10) == 1
+    assert v.pools == {1: frozenset({2, 3, 4}), 3: frozenset({10, 11, 12})}

@@ -151,6 +151,10 @@ def test_v2_checkpoint_and_both_cgroup_drivers():
     assert pod_place(f"/kubepods/besteffort/pod{UID}/crio-{CID}.scope").container_id == CID
     for path in ("/", "/system.slice/docker-" + CID + ".scope", f"/user.slice/pod{UID}", None, ""):
         assert pod_place(path).pod_uid is None
+    # a user's delegated cgroup may hold any tree, and any cpuset its parent has: no proof
+    delegated = f"/user.slice/user-1234.slice/user@1234.service/kubepods/pod{UID}/{CID}"
+    assert pod_place(delegated).pod_uid is None
+    assert not judge_own_cpus(state, None, delegated, r(200, 239), True).own
     ev = judge_own_cpus(state, None, SYSTEMD, r(200, 239), True)
     assert ev.own and "container 'vllm'" in ev.detail
 

@@ -1,7 +1,8 @@
 """pool_source on this host: a real worker in a pod-shaped cpuset cgroup, bound by a real daemon.
 
-The worker lives in ``ascendbind-test-<pid>/kubepods/pod<uid>/<id>`` limited to the host's
-last CPU, the shape kubelet's cgroupfs driver gives a Guaranteed pod's container, on
+The worker lives in ``/kubepods/pod<uid>/<id>`` at the top of the hierarchy (where only the
+kubelet can make it) limited to the host's last CPU, the shape kubelet's cgroupfs driver
+gives a Guaranteed pod's container, on
 whichever hierarchy this machine has (tests/cpuset_cgroups.py): cgroup v1's cpuset one
 (``/sys/fs/cgroup/cpuset``) or cgroup v2's unified one; kubelet's checkpoint is a file in a
 temporary ``kubelet_root``. The daemon runs the fixture npu-smi with two NPUs
@@ -46,7 +47,7 @@ def _which_hierarchy(record_property):
 
 def pod_cgroup(cpus: str):
     """A cpuset tree shaped like a pod's container, limited to ``cpus``; removed afterwards."""
-    return cpuset_cgroups.cpuset_tree(["kubepods", f"pod{UID}", CONTAINER], cpus)
+    return cpuset_cgroups.cpuset_tree(["kubepods", f"pod{UID}", CONTAINER], cpus, at_root=True)
 
 
 @contextlib.contextmanager

@@ -22,24 +22,35 @@ Counters that never go backwards. A look adds, per thread, what its counters
 grew since the thread's last read to the role the thread has now (a thread
 renamed into the ACL role counts there from then on). A thread that exits keeps
 what it had at its last read (what it ran after that is not seen); so does a
-worker released. A thread first met after a worker's first look is new (born or
+worker released, for as long as its series last (below). A thread first met after a worker's first look is new (born or
 renamed since) and counts from its birth; the threads at the first look count
 from then. A tid whose counters are lower than at its last read is another
 thread, born under a tid the kernel handed out again; one that wrapped the
 whole pid space between two reads and outgrew its predecessor would be taken
 for it, the limit the reconcile loop's thread cache has too.
 
-Labels stay bounded: ``npu`` is the worker's NPUs in one value (``"3"``, or
-``"0,1"`` for a worker that drives two: its main threads run on both NPUs'
-main CPUs, so no share of them belongs to one NPU), ``role`` one of four. A
-label set outlives its worker (a counter must not vanish), so the series count
-is the number of NPU sets ever bound, in practice the NPUs.
+Labels stay bounded by the host: ``npu`` is one NPU id and ``role`` one of four,
+so each family has at most 4 series per NPU (``pool_foreign_*``: one), however many
+workers come and go and whatever NPU sets they ask for. A worker driving one NPU
+adds everything to it. A worker driving several runs each role on the union of
+its NPUs' role CPUs (applier/bind.py), so which NPU a thread serves is unknown;
+what it ran since its last read is added to the NPU whose CPUs of that role hold
+the CPU the thread is on at the read (its ``stat``, read only for such a worker),
+else the NPU whose pool holds it, else the worker's lowest NPU: over many reads a
+thread's time lands where it ran. UVB poll threads run on the UVB pool, which is
+no NPU's: they count to the worker's lowest NPU. A series is exported from the
+first look of the first worker that feeds it (at 0) and leaves with the last
+one: when no held worker drives that NPU any more (with that role), its counters
+go, and come back from 0 with the next (a new series to Prometheus, whose
+``rate()`` reads the gap as none). A counter never goes back while it is there.
 
 Foreign load. CPU time is ``/proc/stat``'s busy time of the pool's CPUs (user,
 nice, system, irq, softirq) less the CPU time of the worker's main, ACL and
 release threads, which the binding keeps on those CPUs, since the worker's
-first look; the counter follows the largest difference seen (tick rounding
-cannot make it go back). Interrupts are the counts of numbered IRQs on those
+first look; per NPU of the worker, its pool's CPUs less its threads' time counted to
+that NPU. The counter follows the largest difference seen (tick rounding, or for
+a worker of several NPUs a thread's time counted to the other NPU, cannot make it
+go back). Interrupts are the counts of numbered IRQs on those
 CPUs, less the NPU's own SQ and CQ; the timer tick and other architecture
 rows fire everywhere and are left out.
 """
@@ -55,7 +66,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ...values.cpulist import format_cpulist
 from ...discovery.gather.cpuusage import LOG_DIR, cpu_busy_ns, interrupt_counts, open_task_dir, pod_names, task_tids, \
-    thread_sched
+    thread_cpu, thread_sched
 
 __all__ = ["Contention", "ROLE_NAMES", "MIN_INTERVAL", "MAIN_SWEEP"]
 
@@ -67,56 +78,75 @@ MAIN_SWEEP = 16
 _NS = 1e-9
 
 _FAMILIES = (
-    ("ascendbind_role_cpu_seconds", "CPU time of a bound worker's threads of one role (schedstat), by NPU set"),
-    ("ascendbind_role_run_delay_seconds", "Time a bound worker's threads of one role waited on a run queue, "
-                                          "runnable but not running (schedstat), by NPU set"),
-    ("ascendbind_role_involuntary_switches", "Involuntary context switches of a bound worker's threads of one "
-                                             "role (taken off the CPU while still runnable), by NPU set"),
+    ("ascendbind_role_cpu_seconds", "CPU time of the bound workers' threads of one role on one NPU (schedstat)"),
+    ("ascendbind_role_run_delay_seconds", "Time the bound workers' threads of one role on one NPU waited on a run "
+                                          "queue, runnable but not running (schedstat)"),
+    ("ascendbind_role_involuntary_switches", "Involuntary context switches of the bound workers' threads of one "
+                                             "role on one NPU (taken off the CPU while still runnable)"),
 )
-_FOREIGN_CPU = ("ascendbind_pool_foreign_cpu_seconds", "CPU time other tasks took on a bound worker's main, ACL "
-                "and release CPUs (busy time of those CPUs less the worker's own threads'), by NPU set")
-_FOREIGN_IRQS = ("ascendbind_pool_foreign_interrupts", "Device interrupts that fired on a bound worker's main, "
-                 "ACL and release CPUs other than its NPUs' own SQ/CQ, by NPU set")
-_INFO = ("ascendbind_worker_info", "1 per held worker: its pid, NPUs, pool CPUs, NUMA nodes and, in a pod, the "
-         "pod's namespace, name and container (empty when not known)")
+_FOREIGN_CPU = ("ascendbind_pool_foreign_cpu_seconds", "CPU time other tasks took on the main, ACL and release "
+                "CPUs of one NPU's bound workers (busy time of those CPUs less the workers' own threads')")
+_FOREIGN_IRQS = ("ascendbind_pool_foreign_interrupts", "Device interrupts that fired on the main, ACL and release "
+                 "CPUs of one NPU's bound workers other than their NPUs' own SQ/CQ")
+_INFO = ("ascendbind_worker_info", "1 per held worker and NPU it drives: its pid, the NPU, that NPU's pool CPUs and "
+         "NUMA nodes and, in a pod the kubelet made, the pod's namespace, name and container (empty when not known)")
 INFO_LABELS = ("pid", "npu", "pool", "numa", "namespace", "pod_name", "container_name")
 
 
 class _Worker:
     """What the looks remember of one held worker."""
 
-    __slots__ = ("threads", "roles", "own_ns", "busy0", "irqs0", "foreign_ns", "foreign_irqs", "pod")
+    __slots__ = ("threads", "roles", "fed", "own_ns", "busy0", "irqs0", "foreign_ns", "foreign_irqs", "pod")
 
     def __init__(self) -> None:
-        self.threads: dict[int, tuple] = {}  # tid -> (start time, cpu ns, delay ns, involuntary)
-        # role -> [cpu ns, delay ns, involuntary, threads seen] since bound, [3]: threads at the last look
+        self.threads: dict[int, tuple] = {}  # tid -> (cpu ns, delay ns, involuntary) at its last read
+        # role -> [cpu ns, delay ns, involuntary, threads seen] since bound, [4]: threads at the last look
         self.roles: dict[str, list[int]] = {}
-        self.own_ns = 0  # main/acl/release CPU time since the first look
-        self.busy0: int | None = None  # the pool's busy ns at the first look
-        self.irqs0: int | None = None
-        self.foreign_ns = 0
-        self.foreign_irqs = 0
+        self.fed: set = set()  # the series keys it feeds: (npu, role) and npu (foreign)
+        # per NPU: its threads' time counted there since the first look, the pool's busy ns and
+        # IRQ count at the first look, and the foreign figures counted so far
+        self.own_ns: dict[int, int] = {}
+        self.busy0: dict[int, int] = {}
+        self.irqs0: dict[int, int] = {}
+        self.foreign_ns: dict[int, int] = {}
+        self.foreign_irqs: dict[int, int] = {}
         self.pod: dict[str, str] | None = None
 
 
 class _View:
     """One held worker as a look needs it, copied under the daemon's lock."""
 
-    __slots__ = ("key", "pid", "npu", "roles", "uvb", "pool", "numa", "own_irqs")
+    __slots__ = ("key", "pid", "npus", "roles", "uvb", "role_cpus", "pools", "numa", "own_irqs")
 
     def __init__(self, h) -> None:
         b = h.binding
         self.key = (b.pid, b.start_time)
         self.pid = b.pid
-        self.npu = ",".join(str(n) for n in sorted(b.npus))
+        plans = sorted(b.plan.npus, key=lambda p: p.npu)
+        self.npus = tuple(p.npu for p in plans)
         self.roles = {tid: seen.role for tid, seen in h.threads.items()}
         self.uvb = tuple(b.plan.uvb_tids)
-        self.pool = frozenset(c for p in b.plan.npus for c in (*p.main, *p.acl, *p.release))
-        self.numa = sorted({n for p in b.plan.npus for n in p.numa_nodes})
+        # per NPU and role, the CPUs the plan gives it: where a thread of a worker of several
+        # NPUs is found says which NPU its time counts to
+        self.role_cpus = {p.npu: {"main": frozenset(p.main), "acl": frozenset(p.acl),
+                                  "release": frozenset(p.release)} for p in plans}
+        self.pools = {p.npu: frozenset((*p.main, *p.acl, *p.release)) for p in plans}
+        self.numa = {p.npu: sorted(p.numa_nodes) for p in plans}
         own = {w.irq for w in b.irqs}
         for p in (b.plan.irqs or {}).values():
             own.update(i for i in (p.sq, p.cq) if i is not None)
         self.own_irqs = frozenset(own)
+
+    def npu_of(self, role: str, cpu: int | None) -> int:
+        """The NPU a thread of ``role`` found on ``cpu`` counts to (module docstring)."""
+        if cpu is not None and role != "uvb":
+            for n in self.npus:
+                if cpu in self.role_cpus[n].get(role, ()):
+                    return n
+            for n in self.npus:
+                if cpu in self.pools[n]:
+                    return n
+        return self.npus[0]
 
 
 class Contention:
@@ -130,10 +160,33 @@ class Contention:
         self._lock = threading.Lock()
         self._workers: dict[tuple[int, int], _Worker] = {}
         self._views: list[_View] = []
-        self._totals: dict[tuple[str, str], list[int]] = {}  # (npu, role) -> [cpu ns, delay ns, involuntary]
-        self._foreign: dict[str, list[int]] = {}  # npu -> [cpu ns, interrupts]
+        # (npu, role) -> [cpu ns, delay ns, involuntary]; npu -> [foreign cpu ns, interrupts]
+        self._totals: dict[tuple[int, str], list[int]] = {}
+        self._foreign: dict[int, list[int]] = {}
+        self._feeders: dict = {}  # a series key -> the held workers feeding it
         self._at = float("-inf")
         self._looks = 0
+
+    # ------------------------------------------------------------ series
+
+    def _feed(self, key, worker: tuple[int, int], w: _Worker, table: dict, width: int) -> None:
+        """``worker`` feeds series ``key`` of ``table`` from now on (made at 0 if new)."""
+        table.setdefault(key, [0] * width)
+        self._feeders.setdefault(key, set()).add(worker)
+        w.fed.add(key)
+
+    def _forget(self, worker: tuple[int, int]) -> None:
+        """A worker released: its counts stay in its series while another worker feeds them;
+        a series it fed last leaves with it."""
+        w = self._workers.pop(worker)
+        for key in w.fed:
+            feeders = self._feeders.get(key)
+            if feeders is None:
+                continue
+            feeders.discard(worker)
+            if not feeders:
+                del self._feeders[key]
+                (self._totals if isinstance(key, tuple) else self._foreign).pop(key, None)
 
     # ------------------------------------------------------------ looking
 
@@ -144,14 +197,16 @@ class Contention:
         if not force and time.monotonic() - self._at < self.min_interval:
             return
         with self.daemon.lock:  # taken first and let go: worker_json runs under it and takes ours
-            views = [_View(h) for h in self.daemon.held.values()]
+            views = [_View(h) for h in self.daemon.held.values() if h.binding.plan.npus]
         with self._lock:
             proc_root = self.daemon.config.proc_root
-            for key in [k for k in self._workers if k not in {v.key for v in views}]:
-                del self._workers[key]  # released: its counts stay in the totals
-            pools = frozenset().union(*(v.pool for v in views)) if views else frozenset()
-            busy = cpu_busy_ns(pools, proc_root) if pools else {}
-            irqs = interrupt_counts(pools, proc_root) if pools else {}
+            live = {v.key for v in views}
+            for key in [k for k in self._workers if k not in live]:
+                self._forget(key)
+            pools = {p: p for v in views for p in v.pools.values()}  # each distinct pool once
+            every = frozenset().union(*pools)
+            busy = cpu_busy_ns(every, proc_root) if every else {}
+            irqs = interrupt_counts(pools, proc_root) if every else {}
             for v in views:
                 w = self._workers.get(v.key)
                 first = w is None
@@ -159,7 +214,8 @@ class Contention:
                     w = self._workers[v.key] = _Worker()
                     w.pod = pod_names(v.pid, proc_root, self.log_dir)
                 self._look(v, w, first, proc_root, force)
-                self._pool(v, w, busy, irqs)
+                for n in v.npus:
+                    self._pool(v, w, n, busy, irqs)
             self._views = views
             self._looks += 1
             self._at = time.monotonic()
@@ -172,14 +228,14 @@ class Contention:
             roles = v.roles
             if first:  # the cache may lag a pass behind: threads it has not met yet count as main
                 roles = {tid: roles.get(tid, "main") for tid in task_tids(fd)}
-            seen = self._threads(w, fd, roles, v.npu, baseline=first, full=full or first)
+            seen = self._threads(v, w, fd, roles, baseline=first, full=full or first)
         finally:
             os.close(fd)
         for tid in v.uvb:
             ufd = open_task_dir(tid, proc_root)
             if ufd is not None:
                 try:
-                    seen += self._threads(w, ufd, {tid: "uvb"}, v.npu, baseline=first, full=True)
+                    seen += self._threads(v, w, ufd, {tid: "uvb"}, baseline=first, full=True)
                 finally:
                     os.close(ufd)
         live = set(seen)
@@ -192,7 +248,7 @@ class Contention:
             if role in w.roles:
                 w.roles[role][4] += 1
 
-    def _threads(self, w: _Worker, fd: int, roles: dict[int, str], npu: str, *, baseline: bool,
+    def _threads(self, v: _View, w: _Worker, fd: int, roles: dict[int, str], *, baseline: bool,
                  full: bool) -> list[int]:
         known = w.threads
         if full:
@@ -203,10 +259,14 @@ class Contention:
                     or tid not in known]
         reading = set(todo)
         seen = [tid for tid in roles if tid in known and tid not in reading]  # not its turn: added at its next read
+        several = len(v.npus) > 1
         for tid in todo:
             role = roles[tid]
-            total = self._totals.setdefault((npu, role), [0, 0, 0])  # exported from the first look, at 0
-            counts = w.roles.setdefault(role, [0, 0, 0, 0, 0])
+            counts = w.roles.get(role)
+            if counts is None:  # the role's series are exported from its first thread, at 0
+                counts = w.roles[role] = [0, 0, 0, 0, 0]
+                for n in v.npus:
+                    self._feed((n, role), v.key, w, self._totals, 3)
             s = thread_sched(fd, tid)
             if s is None:
                 if tid in known:
@@ -224,31 +284,35 @@ class Contention:
                 continue
             if new:
                 last = (0, 0, 0)  # a thread born (or renamed in) since the first look
+            npu = v.npu_of(role, thread_cpu(fd, tid)) if several and role != "uvb" else v.npus[0]
+            total = self._totals[(npu, role)]
             for i in range(3):
                 total[i] += now[i] - last[i]
                 counts[i] += now[i] - last[i]
             if role != "uvb":
-                w.own_ns += now[0] - last[0]
+                w.own_ns[npu] = w.own_ns.get(npu, 0) + now[0] - last[0]
         return seen
 
-    def _pool(self, v: _View, w: _Worker, busy: dict[int, int] | None, irqs: dict[int, int] | None) -> None:
-        foreign = self._foreign.setdefault(v.npu, [0, 0])
-        if busy and all(c in busy for c in v.pool):
-            now = sum(busy[c] for c in v.pool)
-            if w.busy0 is None:
-                w.busy0 = now
-            seen = now - w.busy0 - w.own_ns
-            if seen > w.foreign_ns:
-                foreign[0] += seen - w.foreign_ns
-                w.foreign_ns = seen
-        if irqs is not None:
-            now = sum(n for irq, n in irqs.items() if irq not in v.own_irqs)
-            if w.irqs0 is None:
-                w.irqs0 = now
-            seen = now - w.irqs0
-            if seen > w.foreign_irqs:
-                foreign[1] += seen - w.foreign_irqs
-                w.foreign_irqs = seen
+    def _pool(self, v: _View, w: _Worker, npu: int, busy: dict[int, int] | None,
+              irqs: dict[frozenset, dict[int, int]] | None) -> None:
+        if npu not in w.fed:
+            self._feed(npu, v.key, w, self._foreign, 2)
+        foreign = self._foreign[npu]
+        pool = v.pools[npu]
+        if busy and all(c in busy for c in pool):
+            now = sum(busy[c] for c in pool)
+            base = w.busy0.setdefault(npu, now)
+            seen = now - base - w.own_ns.get(npu, 0)
+            if seen > w.foreign_ns.get(npu, 0):
+                foreign[0] += seen - w.foreign_ns.get(npu, 0)
+                w.foreign_ns[npu] = seen
+        if irqs is not None and pool in irqs:
+            now = sum(n for irq, n in irqs[pool].items() if irq not in v.own_irqs)
+            base = w.irqs0.setdefault(npu, now)
+            seen = now - base
+            if seen > w.foreign_irqs.get(npu, 0):
+                foreign[1] += seen - w.foreign_irqs.get(npu, 0)
+                w.foreign_irqs[npu] = seen
 
     # ------------------------------------------------------------ answers
 
@@ -262,7 +326,8 @@ class Contention:
                 "roles": {role: {"cpu_seconds": round(c[0] * _NS, 6), "run_delay_seconds": round(c[1] * _NS, 6),
                                  "involuntary_switches": c[2], "threads_seen": c[3], "threads": c[4]}
                           for role, c in sorted(w.roles.items(), key=lambda kv: ROLE_NAMES.index(kv[0]))},
-                "foreign": {"cpu_seconds": round(w.foreign_ns * _NS, 6), "interrupts": w.foreign_irqs},
+                "foreign": {"cpu_seconds": round(sum(w.foreign_ns.values()) * _NS, 6),
+                            "interrupts": sum(w.foreign_irqs.values())},
                 "pod": w.pod,
             }
 
@@ -280,24 +345,28 @@ class Contention:
         with self.daemon.lock:  # a look reused from before a release must not show its worker
             held = {(h.binding.pid, h.binding.start_time) for h in self.daemon.held.values()}
         with self._lock:
+            for key in [k for k in self._workers if k not in held]:
+                self._forget(key)  # its series leave now, not at the next look
             fams = self._families()
             for (npu, role), values in sorted(self._totals.items()):
-                fams[0].add_metric([npu, role], values[0] * _NS)
-                fams[1].add_metric([npu, role], values[1] * _NS)
-                fams[2].add_metric([npu, role], values[2])
+                fams[0].add_metric([str(npu), role], values[0] * _NS)
+                fams[1].add_metric([str(npu), role], values[1] * _NS)
+                fams[2].add_metric([str(npu), role], values[2])
             cpu = CounterMetricFamily(*_FOREIGN_CPU, labels=["npu"])
             irq = CounterMetricFamily(*_FOREIGN_IRQS, labels=["npu"])
             for npu, (ns, n) in sorted(self._foreign.items()):
-                cpu.add_metric([npu], ns * _NS)
-                irq.add_metric([npu], n)
+                cpu.add_metric([str(npu)], ns * _NS)
+                irq.add_metric([str(npu)], n)
             info = GaugeMetricFamily(*_INFO, labels=list(INFO_LABELS))
             for v in self._views:
                 if v.key not in held:
                     continue
                 w = self._workers.get(v.key)
                 pod = (w.pod if w is not None else None) or {}
-                info.add_metric([str(v.pid), v.npu, format_cpulist(v.pool), ",".join(map(str, v.numa)),
-                                 pod.get("namespace", ""), pod.get("pod_name", ""), pod.get("container_name", "")], 1)
+                names = [pod.get("namespace", ""), pod.get("pod_name", ""), pod.get("container_name", "")]
+                for n in v.npus:  # one per NPU: ``npu`` is one NPU id, to join the per-NPU series on
+                    info.add_metric([str(v.pid), str(n), format_cpulist(v.pools[n]), ",".join(map(str, v.numa[n])),
+                                     *names], 1)
         yield from fams
         yield cpu
         yield irq

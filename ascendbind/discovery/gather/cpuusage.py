@@ -9,22 +9,31 @@ relative to one descriptor of that directory (``openat``: no path walk from
 the involuntary switches (measured: 9 and 18 us a read, the kernel formats
 ``status`` whole). Host-wide, ``/proc/stat`` and ``/proc/interrupts`` once per look,
 whatever the number of workers. The pod: the worker's cgroup path names the pod
-UID and the container ID (kubelet's naming), and the kubelet's log links under
-``/var/log/containers`` name the pod, its namespace and the container; nothing
-asks the API server.
+UID and the container ID where only the kubelet can have made it (kubelet.py's
+``kubelet_place``), and the kubelet's log links under ``/var/log/containers`` (or
+its pod directories under ``/var/log/pods``) name the pod, its namespace and the
+container, read only from directories no one but root can write; nothing asks
+the API server, nothing the worker can create or set is read.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from ...values.digits import is_ascii_digits
+from ..parse.kubelet import PodPlace, is_container_name, kubelet_place, link_is_pods, parse_container_log, \
+    parse_pod_log_dir
 from ..parse.procfs import parse_cgroup
-from ..parse.schedstat import (ThreadSched, parse_container_log, parse_cpu_busy, parse_interrupt_counts,
-                        parse_nonvoluntary, parse_schedstat, pod_of_cgroup)
+from ..parse.schedstat import ThreadSched, parse_cpu_busy, parse_interrupt_counts_by, parse_nonvoluntary, parse_schedstat, \
+    parse_stat_cpu
 from ...errors import ParseError
 
-__all__ = ["open_task_dir", "task_tids", "thread_sched", "cpu_busy_ns", "interrupt_counts", "pod_names",
+K = TypeVar("K")
+
+__all__ = ["open_task_dir", "task_tids", "thread_sched", "thread_cpu", "cpu_busy_ns", "interrupt_counts", "pod_names",
            "LOG_DIR", "INTERRUPTS_LIMIT"]
 
 LOG_DIR = "/var/log"
@@ -97,6 +106,13 @@ def thread_sched(task_fd: int, tid: int) -> ThreadSched | None:
     return ThreadSched(times[0], times[1], nonvoluntary)
 
 
+def thread_cpu(task_fd: int, tid: int) -> int | None:
+    """The CPU thread ``tid`` last ran on (its ``stat``, read under an open task directory);
+    None when it is gone."""
+    text = _read_once(f"{tid}/stat", 2048, task_fd)
+    return None if text is None else parse_stat_cpu(text)
+
+
 def cpu_busy_ns(cpus, proc_root: str = "/proc") -> dict[int, int] | None:
     """CPU -> the time it was busy since boot (ns, at the tick's resolution), for ``cpus``."""
     text = _read(f"{proc_root}/stat", 1 << 20)
@@ -105,58 +121,94 @@ def cpu_busy_ns(cpus, proc_root: str = "/proc") -> dict[int, int] | None:
     return {cpu: ticks * 1_000_000_000 // _CLK_TCK for cpu, ticks in parse_cpu_busy(text, cpus).items()}
 
 
-def interrupt_counts(cpus, proc_root: str = "/proc") -> dict[int, int] | None:
-    """IRQ -> how often it fired on ``cpus`` since boot (numbered IRQs only)."""
+def interrupt_counts(groups: Mapping[K, Iterable[int]], proc_root: str = "/proc") -> dict[K, dict[int, int]] | None:
+    """Per group of CPUs, IRQ -> how often it fired on them since boot (numbered IRQs only),
+    from one read of ``/proc/interrupts``."""
     text = _read(f"{proc_root}/interrupts", INTERRUPTS_LIMIT)
-    return None if text is None else parse_interrupt_counts(text, cpus)
+    return None if text is None else parse_interrupt_counts_by(text, groups)
+
+
+def _kubelet_dir(path: str) -> bool:
+    """Whether ``path`` is a directory only root can change (the kubelet's log directories
+    are root's, 0755): names in a directory anyone else may write name nothing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+
+
+def _place(pid: int, proc_root: str) -> PodPlace | None:
+    """The kubelet's pod and container of ``pid`` from its cgroup paths (kubelet.py's
+    kubelet_place), None when it is in none or its hierarchies disagree on the pod."""
+    text = _read(f"{proc_root}/{pid}/cgroup", 1 << 16)
+    if text is None:
+        return None
+    try:
+        entries = parse_cgroup(text)
+    except ParseError:
+        return None
+    places = {p for p in (kubelet_place(e.path) for e in entries) if p.pod_uid is not None}
+    if len({p.pod_uid for p in places}) != 1:
+        return None  # in no pod, or (v1) in two: a host that says two things says nothing
+    containers = {p.container_id for p in places} - {None}
+    return PodPlace(next(iter(places)).pod_uid, containers.pop() if len(containers) == 1 else None)
+
+
+def _container_link(log_dir: str, place: PodPlace) -> dict[str, str] | None:
+    """The pod's names from the kubelet's link to the container's log: its name carries the
+    container ID, its target the pod UID (link_is_pods)."""
+    if place.container_id is None or not _kubelet_dir(f"{log_dir}/containers"):
+        return None
+    suffix = f"-{place.container_id}.log"
+    try:
+        with os.scandir(f"{log_dir}/containers") as it:
+            for entry in it:
+                named = parse_container_log(entry.name) if entry.name.endswith(suffix) else None
+                if named is None:
+                    continue
+                pod, ns, container, _ = named
+                try:
+                    target = os.readlink(entry.path)
+                except OSError:
+                    continue
+                if link_is_pods(target, ns, pod, place.pod_uid, container):
+                    return {"namespace": ns, "pod_name": pod, "container_name": container}
+    except OSError:
+        pass
+    return None
+
+
+def _pod_dir(log_dir: str, place: PodPlace) -> dict[str, str] | None:
+    """The pod's names from its log directory, ``<namespace>_<pod>_<uid>``; the container
+    is named only when the pod has exactly one."""
+    if not _kubelet_dir(f"{log_dir}/pods"):
+        return None
+    try:
+        with os.scandir(f"{log_dir}/pods") as it:
+            for entry in it:
+                named = parse_pod_log_dir(entry.name)
+                if named is None or named[2] != place.pod_uid or not entry.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    names = [d for d in os.listdir(entry.path) if not d.startswith(".")]
+                except OSError:
+                    names = []
+                one = names[0] if len(names) == 1 and is_container_name(names[0]) else ""
+                return {"namespace": named[0], "pod_name": named[1], "container_name": one}
+    except OSError:
+        pass
+    return None
 
 
 def pod_names(pid: int, proc_root: str = "/proc", log_dir: str = LOG_DIR) -> dict[str, str]:
     """``namespace``, ``pod_name``, ``container_name`` of the pod ``pid`` runs in, as far
-    as the host tells: empty values for a process outside a pod, or where the kubelet's
-    log links are not there to name it (a pod UID alone names nothing an operator joins on)."""
-    out = {"namespace": "", "pod_name": "", "container_name": ""}
-    text = _read(f"{proc_root}/{pid}/cgroup", 1 << 16)
-    if text is None:
-        return out
-    try:
-        entries = parse_cgroup(text)
-    except ParseError:
-        return out
-    uid = container = None
-    for e in entries:
-        uid, container = pod_of_cgroup(e.path)
-        if uid is not None:
-            break
-    if uid is None:
-        return out
-    if container is not None:
-        suffix = f"-{container}.log"
-        try:
-            with os.scandir(f"{log_dir}/containers") as it:
-                for entry in it:
-                    if entry.name.endswith(suffix):
-                        named = parse_container_log(entry.name)
-                        if named is not None:
-                            return {"namespace": named[1], "pod_name": named[0], "container_name": named[2]}
-        except OSError:
-            pass
-    # /var/log/pods/<namespace>_<pod>_<uid>/<container>/: the pod's names even without the
-    # container's link; the container is named only when the pod has exactly one
-    try:
-        with os.scandir(f"{log_dir}/pods") as it:
-            for entry in it:
-                ns, _, rest = entry.name.partition("_")
-                pod, _, pod_uid = rest.rpartition("_")
-                if pod_uid == uid and ns and pod:
-                    out.update(namespace=ns, pod_name=pod)
-                    try:
-                        names = [d for d in os.listdir(entry.path) if not d.startswith(".")]
-                    except OSError:
-                        names = []
-                    if len(names) == 1:
-                        out["container_name"] = names[0]
-                    break
-    except OSError:
-        pass
-    return out
+    as the host tells: empty values for a process outside a pod the kubelet made, or where
+    the kubelet's log directories are not there to name it (a pod UID alone names nothing
+    an operator joins on). Only what root made is read: the cgroup path where only the
+    kubelet can have made it, and the names in the kubelet's root-owned log directories."""
+    place = _place(pid, proc_root)
+    if place is None:
+        return {"namespace": "", "pod_name": "", "container_name": ""}
+    return (_container_link(log_dir, place) or _pod_dir(log_dir, place)
+            or {"namespace": "", "pod_name": "", "container_name": ""})

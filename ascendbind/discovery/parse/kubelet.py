@@ -31,6 +31,12 @@ or a container kubelet has not updated yet), a checkpoint of policy ``none``.
 The checksum is kubelet's own (a hash of its Go structure): it is not
 recomputed here; a checkpoint kubelet would reject is one kubelet rewrites.
 
+Which cgroup paths are the kubelet's (``kubelet_place``): only its tree at the
+top of a hierarchy, since a user may make any tree below a cgroup delegated to
+it, and set its cpuset to another pod's exclusive CPUs there (cgroup v2's
+delegated cpuset controller): a pod-looking cgroup deeper proves nothing. The kubelet's log
+directories name a pod UID's namespace and pod, and a container ID's container.
+
 The file is root's, but it is parsed as hostile input anyway: bounded length,
 nesting and entry counts, CPU lists parsed only for the worker's own pod.
 """
@@ -48,7 +54,8 @@ from ...values.frozen import frozen_map
 from ...values.model import PoolEvidence
 
 __all__ = ["CHECKPOINT_PATH", "CHECKPOINT_LIMIT", "CpuManagerState", "PodPlace", "parse_cpu_manager_state",
-           "pod_place", "judge_own_cpus"]
+           "pod_place", "kubelet_place", "judge_own_cpus",
+           "parse_container_log", "parse_pod_log_dir", "is_container_name", "link_is_pods"]
 
 CHECKPOINT_PATH = "/var/lib/kubelet/cpu_manager_state"
 # a node of 110 pods of a few containers each writes a few KiB; 1 MiB is far past any real one
@@ -58,7 +65,6 @@ _MAX_CONTAINERS = 256
 _MAX_TEXT = 4096  # characters of one name or CPU list
 
 _UID = r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
-_POD = re.compile(rf"^(?:kubepods-(?:besteffort-|burstable-)?)?pod({_UID})(?:\.slice)?$")
 _CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 
 
@@ -135,22 +141,76 @@ def parse_cpu_manager_state(text: str, where: str = CHECKPOINT_PATH) -> CpuManag
 
 
 def pod_place(cgroup_path: str | None) -> PodPlace:
-    """The pod UID and container ID a kubepods cgroup path names (None for what it does not)."""
-    if not cgroup_path:
+    """The pod UID and container ID of a cgroup the kubelet made (kubelet_place): a
+    checkpoint entry is matched only to a pod that path can prove."""
+    return kubelet_place(cgroup_path)
+
+
+# The kubelet's tree, level by level: 0 its root, 1 a QoS class, 2 a pod. cgroupfs driver:
+# kubepods / burstable|besteffort / pod<uid>; systemd driver: kubepods.slice /
+# kubepods-<qos>.slice / kubepods[-<qos>]-pod<uid with _>.slice (a slice's name spells its
+# parents). A Guaranteed pod hangs from the root directly.
+_QOS_SLICE = re.compile(r"^kubepods-(burstable|besteffort)\.slice$")
+_POD_DIR = re.compile(rf"^pod({_UID})$")
+_POD_SLICE = re.compile(rf"^kubepods-(?:(burstable|besteffort)-)?pod({_UID})\.slice$")
+
+
+def _kubelet_level(part: str) -> tuple[int, str, str | None, str | None] | None:
+    """(level, driver, QoS class, pod UID) of one path component of the kubelet's tree."""
+    if part in ("kubepods", "kubepods.slice"):
+        return 0, "systemd" if part.endswith(".slice") else "cgroupfs", None, None
+    if part in ("burstable", "besteffort"):
+        return 1, "cgroupfs", part, None
+    m = _QOS_SLICE.match(part)
+    if m:
+        return 1, "systemd", m.group(1), None
+    m = _POD_DIR.match(part)
+    if m:
+        return 2, "cgroupfs", None, m.group(1)
+    m = _POD_SLICE.match(part)
+    if m:
+        return 2, "systemd", m.group(1), m.group(2)
+    return None
+
+
+def kubelet_place(cgroup_path: str | None) -> PodPlace:
+    """The pod UID and container ID of a cgroup the kubelet made, as ``/proc/<pid>/cgroup``
+    prints it; PodPlace(None, None) for any other.
+
+    Who can make which cgroup: the root of a hierarchy (v1: a controller's; v2: the
+    unified one) and its children are root's; a delegated cgroup (systemd
+    ``Delegate=yes``, a container's writable cgroupfs) is its user's, who can make any
+    tree below it, ``kubepods/pod<uid>/<id>`` included. So the kubelet's tree is
+    recognised only where nobody else can put it: ``kubepods`` at the top of the path,
+    then at most a QoS class, then the pod, each in the kubelet's own order and one
+    driver's names; the pod is the FIRST pod component and the container the component
+    directly under it (what lies deeper, even pod-looking, is whatever the container
+    made). A path that climbs (``/../..``, a v2 path printed for a reader in a cgroup
+    namespace of its own, as a DaemonSet's container is) lands on an ancestor of the
+    reader's own cgroup, made by root; it may start below the kubelet's root (at a QoS
+    class or a pod) but must continue the same way."""
+    if not cgroup_path or not cgroup_path.startswith("/"):
         return PodPlace(None, None)
     parts = [p for p in cgroup_path.split("/") if p]
-    if not any(p == "kubepods" or p.startswith("kubepods.") or p.startswith("kubepods-") for p in parts):
+    climbed = 0
+    while climbed < len(parts) and parts[climbed] == "..":
+        climbed += 1
+    parts = parts[climbed:]
+    if any(p in (".", "..") for p in parts):
         return PodPlace(None, None)
-    uid = container = None
+    last: tuple[int, str, str | None, str | None] | None = None
     for i, part in enumerate(parts):
-        m = _POD.match(part)
-        if m:
-            uid = m.group(1).replace("_", "-").lower()
-            if i + 1 < len(parts):
-                c = _CONTAINER.match(parts[i + 1])
-                container = c.group(1) if c else None
-            break
-    return PodPlace(uid, container)
+        here = _kubelet_level(part)
+        if here is None or (last is None and here[0] != 0 and not climbed):
+            return PodPlace(None, None)
+        if last is not None and not (here[0] > last[0] and here[1] == last[1]
+                                     and (here[0] < 2 or here[2] == last[2] or here[1] == "cgroupfs")):
+            return PodPlace(None, None)
+        if here[0] == 2:
+            c = _CONTAINER.match(parts[i + 1]) if i + 1 < len(parts) else None
+            return PodPlace(here[3].replace("_", "-").lower(), c.group(1) if c else None)
+        last = here
+    return PodPlace(None, None)
 
 
 def judge_own_cpus(state: CpuManagerState | None, why_none: str | None, cgroup_path: str | None,
@@ -194,3 +254,41 @@ def judge_own_cpus(state: CpuManagerState | None, why_none: str | None, cgroup_p
     who = matches[0] if state.version == 1 else f"container {matches[0]!r} of pod {place.pod_uid}"
     return PoolEvidence(True, "kubelet_checkpoint", f"kubelet's static CPU manager gives {who} CPUs {have} "
                                                     f"({state.where})")
+
+
+# The kubelet's log directories (root's, 0755), whose names are all that is read of them:
+# /var/log/pods/<namespace>_<pod>_<pod uid>/<container>/<restarts>.log, and a link per
+# container, /var/log/containers/<pod>_<namespace>_<container>-<container id>.log, to its
+# current log in the first. Names follow Kubernetes' rules: a namespace and a container are
+# DNS labels (63 characters), a pod a DNS subdomain (253).
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_SUBDOMAIN = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+_LOG = re.compile(rf"^({_SUBDOMAIN})_({_LABEL})_({_LABEL})-([0-9a-f]{{64}})\.log$")
+_POD_LOG_DIR = re.compile(rf"^({_LABEL})_({_SUBDOMAIN})_([0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-"
+                          rf"[0-9a-f]{{12}})$")
+_CONTAINER_NAME = re.compile(rf"^{_LABEL}$")
+
+
+def parse_container_log(name: str) -> tuple[str, str, str, str] | None:
+    """(pod name, namespace, container name, container ID) from a container log link's name."""
+    m = _LOG.match(name)
+    return (m.group(1), m.group(2), m.group(3), m.group(4)) if m else None
+
+
+def parse_pod_log_dir(name: str) -> tuple[str, str, str] | None:
+    """(namespace, pod name, pod UID) from a pod's log directory name."""
+    m = _POD_LOG_DIR.match(name)
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+def is_container_name(name: str) -> bool:
+    return bool(_CONTAINER_NAME.match(name))
+
+
+def link_is_pods(target: str, namespace: str, pod: str, pod_uid: str, container: str) -> bool:
+    """Whether a container log link points where the kubelet puts that container's log:
+    ``.../<namespace>_<pod>_<pod uid>/<container>/<n>.log``. The link's name carries the
+    container ID, its target the pod UID: together they tie the names to the cgroup."""
+    parts = target.split("/")
+    return len(parts) >= 3 and parts[-3] == f"{namespace}_{pod}_{pod_uid}" and parts[-2] == container \
+        and parts[-1].endswith(".log")

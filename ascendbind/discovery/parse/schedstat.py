@@ -7,24 +7,27 @@
   the ``kernel.sched_schedstats`` switch is not needed.
 * ``/proc/<pid>/task/<tid>/status``: ``nonvoluntary_ctxt_switches``, how often
   the thread was taken off its CPU while it still wanted to run.
+* ``/proc/<pid>/task/<tid>/stat``: field 39, the CPU the thread last ran on (read
+  only for a worker driving several NPUs, to tell which NPU's CPUs the thread is on).
 * ``/proc/stat``: per CPU, the time spent in each state, in ``USER_HZ`` ticks;
   ``user nice system idle iowait irq softirq steal guest guest_nice``.
 * ``/proc/interrupts``: the per-CPU count of every IRQ (discovery/parse/irqs.py reads
   the names from the same file).
-* a worker's cgroup path, which names the pod and the container a kubelet
-  started it in, and the log file names the kubelet keeps for each container.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ...values.digits import is_ascii_digits
 
+K = TypeVar("K")
+
 __all__ = ["ThreadSched", "parse_schedstat", "parse_nonvoluntary", "parse_cpu_busy", "parse_interrupt_counts",
-           "pod_of_cgroup", "parse_container_log", "BUSY_FIELDS"]
+           "parse_interrupt_counts_by",
+           "parse_stat_cpu", "BUSY_FIELDS"]
 
 
 @dataclass(frozen=True)
@@ -82,65 +85,53 @@ def parse_cpu_busy(text: str, cpus: Iterable[int]) -> dict[int, int]:
 
 
 def parse_interrupt_counts(text: str, cpus: Iterable[int]) -> dict[int, int]:
-    """IRQ -> how often it fired on ``cpus``, from ``/proc/interrupts``, numbered IRQs only.
+    """IRQ -> how often it fired on ``cpus``, from ``/proc/interrupts``, numbered IRQs only
+    (parse_interrupt_counts_by with one group)."""
+    return parse_interrupt_counts_by(text, {0: cpus})[0]
+
+
+def parse_interrupt_counts_by(text: str, groups: Mapping[K, Iterable[int]]) -> dict[K, dict[int, int]]:
+    """Per group of CPUs, IRQ -> how often it fired on them, from one ``/proc/interrupts``
+    text, numbered IRQs only (the file is read and split once, however many groups).
 
     Columns are matched by the header's ``CPUn`` names (an offline CPU has no column).
     The architecture rows (LOC, RES, CAL, TLB, …) are left out: they fire on every CPU
     whatever runs there (the timer tick above all), so they say nothing about who else
     uses a pool. A malformed row is skipped."""
     lines = text.splitlines()
-    cols: list[int] = []
+    cols: dict[K, list[int]] = {}
     start = 0
     for start, line in enumerate(lines):
         names = line.split()
         if names and names[0].startswith("CPU"):
-            want = set(cpus)
-            cols = [i for i, n in enumerate(names) if n[3:].isdigit() and int(n[3:]) in want]
+            index = {int(n[3:]): i for i, n in enumerate(names) if n[3:].isdigit()}
+            cols = {key: sorted(index[c] for c in set(cpus) if c in index) for key, cpus in groups.items()}
             break
-    out: dict[int, int] = {}
-    if not cols:
+    out: dict[K, dict[int, int]] = {key: {} for key in groups}
+    last = max((c[-1] for c in cols.values() if c), default=None)
+    if last is None:
         return out
     for line in lines[start + 1:]:
         key, sep, rest = line.partition(":")
         key = key.strip()
         if not sep or not is_ascii_digits(key):
             continue
-        tokens = rest.split(None, cols[-1] + 1)
-        try:
-            out[int(key)] = sum(int(tokens[i]) for i in cols)
-        except (ValueError, IndexError):
-            continue
+        tokens = rest.split(None, last + 1)
+        for group, c in cols.items():
+            if not c:
+                continue
+            try:
+                out[group][int(key)] = sum(int(tokens[i]) for i in c)
+            except (ValueError, IndexError):
+                continue
     return out
 
 
-# kubelet's cgroup names: systemd driver ``kubepods-burstable-pod<uid>.slice`` with the
-# uid's dashes as underscores, cgroupfs driver ``/kubepods/burstable/pod<uid>``; the
-# container's scope ``cri-containerd-<id>.scope`` / ``crio-<id>.scope`` / ``docker-<id>.scope``
-# or, with cgroupfs, a last component that is the bare 64-hex id
-_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$")
-_CONTAINER = re.compile(r"^(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?$")
-
-
-def pod_of_cgroup(path: str) -> tuple[str | None, str | None]:
-    """(pod UID, container ID) named by a kubelet-made cgroup path; (None, None) outside a pod."""
-    uid = container = None
-    for part in path.split("/"):
-        m = _POD.search(part)
-        if m:
-            uid = m.group(1).replace("_", "-")
-            continue
-        m = _CONTAINER.match(part)
-        if m and uid is not None:
-            container = m.group(1)
-    return uid, container
-
-
-# /var/log/containers/<pod>_<namespace>_<container>-<64-hex id>.log: the kubelet's link
-# to each container's log, named with everything an operator joins on
-_LOG = re.compile(r"^([a-z0-9][-a-z0-9.]{0,252})_([a-z0-9][-a-z0-9]{0,62})_([a-z0-9][-a-z0-9]{0,62})-([0-9a-f]{64})\.log$")
-
-
-def parse_container_log(name: str) -> tuple[str, str, str, str] | None:
-    """(pod name, namespace, container name, container ID) from a container log's file name."""
-    m = _LOG.match(name)
-    return (m.group(1), m.group(2), m.group(3), m.group(4)) if m else None
+def parse_stat_cpu(text: str) -> int | None:
+    """The CPU a thread last ran on: field 39 of its ``stat``. The second field, the
+    command, is in parentheses and may hold spaces and parentheses itself: fields are
+    counted from after its last ``)`` (field 3 on)."""
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 37 or not is_ascii_digits(fields[36]):
+        return None
+    return int(fields[36])
