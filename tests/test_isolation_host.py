@@ -292,6 +292,10 @@ def test_off_changes_no_other_task_and_no_workqueue_mask(ns):
 # ---------------------------------------------------------------- never moved, as a table
 
 
+_UID = "0b5f6a4e-8d7c-4a1b-9e2f-3c4d5e6f7a8b"
+_UID_ = _UID.replace("-", "_")
+
+
 def _p(pid=500, comm="job", ppid=400, kernel=False, cgroups=("/user.slice/u.scope",), start=7) -> ProcessFacts:
     return ProcessFacts(pid, start, comm, ppid, kernel, tuple(cgroups))
 
@@ -305,8 +309,12 @@ def _p(pid=500, comm="job", ppid=400, kernel=False, cgroups=("/user.slice/u.scop
     (_p(pid=800, start=5), [400], "bound"),               # the bound worker
     (_p(pid=800, start=6), [400], None),                  # its pid, reused by another process
     (_p(), [800, 400], "bound"),                          # a child of the bound worker
-    (_p(cgroups=("/kubepods.slice/kubepods-burstable.slice/pod1/c1",)), [400], "kubepods"),  # v2
-    (_p(cgroups=("/", "/kubepods/besteffort/pod2/c2")), [400], "kubepods"),  # v1 cpuset
+    (_p(cgroups=(f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{_UID_}.slice/"
+                 "cri-containerd-abc.scope",)), [400], "kubepods"),  # v2, systemd driver
+    (_p(cgroups=("/", f"/kubepods/besteffort/pod{_UID}/c2")), [400], "kubepods"),  # v1 cpuset, cgroupfs
+    # a pod-looking tree a user made below a cgroup delegated to it exempts nothing
+    (_p(cgroups=(f"/user.slice/user-1234.slice/user@1234.service/app.slice/kubepods/pod{_UID}/c",)), [400], None),
+    (_p(cgroups=("/kubepods/burstable",)), [400], None),  # the kubelet's tree, but no pod
     (_p(cgroups=("/system.slice/agent.service",)), [400], "exempt"),
     (_p(cgroups=("/system.slice/agent.service/sub",)), [400], "exempt"),
     (_p(cgroups=("/system.slice/agent.services",)), [400], None),  # a prefix of a name is not its cgroup

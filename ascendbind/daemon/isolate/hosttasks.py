@@ -22,8 +22,10 @@ Never moved, and counted by why:
   bind's; a child inherits the mask of the thread that forked it (a data
   loader, a compile worker): it is part of the workload the pool was planned
   for, so it keeps that mask.
-* ``kubepods``: a process in kubelet's ``kubepods`` cgroup hierarchy (a path
-  component starting with ``kubepods``, v1 or v2). kubelet's CPU manager
+* ``kubepods``: a process in a pod's cgroup of the tree the kubelet made
+  (``kubepods`` at the top of a hierarchy, v1 or v2: discovery/parse/kubelet.py
+  ``kubelet_place``; a ``kubepods`` a user makes below a cgroup delegated to it
+  exempts nothing). kubelet's CPU manager
   writes those cpusets and rewrites them on its own reconcile, which resets
   the affinity of the tasks inside: moving them would be a fight lost every
   few seconds. Pods keep off the pools through kubelet itself.
@@ -52,6 +54,7 @@ import structlog
 from ...applier.taskmask import task_cpus
 from ...values.config import Config, exempt_entries
 from ...values.cpulist import format_cpulist
+from ...discovery.parse.kubelet import kubelet_place
 from ...discovery.gather.hosttasks import ProcessFacts, list_pids, process_facts, thread_starts
 from ...planner.isolate.isolation import IsolationPlan, task_target
 from ...values.reasons import Reason
@@ -81,7 +84,7 @@ def never_moved(p: ProcessFacts, ancestors: Iterable[int], bound: Mapping[int, i
         return "daemon"
     if (p.pid in bound and bound[p.pid] in (None, p.start_time)) or any(a in bound for a in line[1:]):
         return "bound"
-    if any(part.startswith("kubepods") for path in p.cgroups for part in path.split("/")):
+    if any(kubelet_place(path).pod_uid is not None for path in p.cgroups):
         return "kubepods"
     if any(path == c or path.startswith(c + "/") for path in p.cgroups for c in cgroups):
         return "exempt"

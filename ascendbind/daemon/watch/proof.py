@@ -80,12 +80,10 @@ def _ids(npus: Iterable[int]) -> str:
 
 
 def pod_at_top(path: str | None) -> bool:
-    """Whether cgroup ``path`` is a pod's under kubelet's ``kubepods`` at the hierarchy's
-    top (``..`` components first: the daemon may see it from a cgroup namespace of its own)."""
-    parts = [p for p in (path or "").split("/") if p and p != ".."]
-    if not parts or not (parts[0] == "kubepods" or parts[0].startswith(("kubepods.", "kubepods-"))):
-        return False
-    return pod_place("/" + "/".join(parts)).pod_uid is not None
+    """Whether cgroup ``path`` is a pod's in the tree the kubelet made (kubelet.kubelet_place:
+    ``kubepods`` at the hierarchy's top, or climbed to from a cgroup namespace of the
+    daemon's own), never one a delegated subtree names further down."""
+    return pod_place(path).pod_uid is not None
 
 
 def proof_of(worker: WorkerFacts, decision: TargetDecision, npus: Collection[int], *, root_uid: int | None = None,
