@@ -159,6 +159,22 @@ def running_daemon(directory: str, *, ready_timeout: float = 15.0 * PATIENCE, **
 
 
 @contextlib.contextmanager
+def kubelet_node(prefix: str) -> Iterator[tuple[DaemonProc, str]]:
+    """(daemon, kubelet root): a discovered daemon on the fixture two-NPU host that reads
+    kubelet's files (the CPU manager checkpoint) from a kubelet root of its own, for a test
+    to write; both removed afterwards."""
+    directory = tempfile.mkdtemp(prefix=prefix)
+    kubelet = os.path.join(directory, "kubelet")
+    os.mkdir(kubelet)
+    try:
+        with running_daemon(directory, ASCENDBIND_FAKE_NPUS="2", ASCENDBIND_KUBELET_ROOT=kubelet) as d:
+            d.wait_discovered()
+            yield d, kubelet
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def public_daemon(prefix: str, env=lambda directory: {}) -> Iterator[DaemonProc]:
     """A discovered daemon in a fresh world-traversable directory under /tmp, so a
     test acting as uid 65534 can reach its socket; ``env(directory)`` adds to its

@@ -19,14 +19,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
 
 from tests import cpuset_cgroups
-from tests.daemon_harness import PATIENCE, metric_value, running_daemon, wait_for
+from tests.daemon_harness import PATIENCE, kubelet_node, metric_value, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -45,15 +43,8 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def node():
     """(daemon, kubelet_root) on the fixture two-NPU host."""
-    directory = tempfile.mkdtemp(prefix="ascendbind-cpuset-")
-    kubelet = os.path.join(directory, "kubelet")
-    os.mkdir(kubelet)
-    try:
-        with running_daemon(directory, ASCENDBIND_FAKE_NPUS="2", ASCENDBIND_KUBELET_ROOT=kubelet) as d:
-            d.wait_discovered()
-            yield d, kubelet
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with kubelet_node("ascendbind-cpuset-") as pair:
+        yield pair
 
 
 def checkpoint(kubelet: str, cpus: str) -> None:
@@ -72,7 +63,8 @@ def checkpoint(kubelet: str, cpus: str) -> None:
 def pod_worker(cpus: str):
     """A worker with named threads in a pod's container cgroup limited to ``cpus`` (its parents
     hold every CPU, so the container can be given others)."""
-    with cpuset_cgroups.cpuset_tree(["kubepods", f"pod{UID}", CONTAINER], cpus, parents=ALL) as cg, \
+    with cpuset_cgroups.cpuset_tree(["kubepods", f"pod{UID}", CONTAINER], cpus, parents=ALL,
+                                     at_root=True) as cg, \
             start_worker(plain=2, acl=1, release=1) as w:
         cpuset_cgroups.move(cg, w.pid)
         yield cg, w

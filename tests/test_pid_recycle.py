@@ -252,8 +252,13 @@ def test_binds_releases_refusals_drops_and_restarts_leave_no_descriptor_behind(t
                 d.bind_request(ROOT_PEER, {"pid": a.pid, "npu": 0})
                 d.bind_request(ROOT_PEER, {"pid": a.pid, "npu": 0})  # bound again: one pin, not two
                 assert len(_fds(d) - at_rest) == 1
-                loop.pass_once()  # the loop's own copy of the pidfd
-                assert len(_fds(d) - at_rest) == 2
+                loop.pass_once()  # the loop's own copy of the pidfd, and the worker's cpuset file held open
+                added = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in _fds(d) - at_rest}
+                pidfds = [fd for fd, target in added.items() if "pidfd" in target]  # anon_inode:[pidfd] or pidfd:[…]
+                assert len(pidfds) == 2, added
+                assert all(added[fd].endswith(("cpuset.effective_cpus", "cpuset.cpus.effective"))
+                           for fd in set(added) - set(pidfds)), added
+                assert len(added) <= 3, added
                 d.release_pid(a.pid)
                 kill_in_hook.append(b.pid)
                 with pytest.raises(ProcessGone) as exc:

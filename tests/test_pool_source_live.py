@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 
 import pytest
 
 from tests import cpuset_cgroups
-from tests.daemon_harness import running_daemon
+from tests.daemon_harness import kubelet_node
 from tests.workers import cpus_allowed_of, start_worker
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -64,15 +62,8 @@ def masks(w) -> dict[int, frozenset[int] | None]:
 @pytest.fixture(scope="module")
 def node():
     """(daemon, kubelet_root) on the fixture two-NPU host."""
-    directory = tempfile.mkdtemp(prefix="ascendbind-pool-")
-    kubelet = os.path.join(directory, "kubelet")
-    os.mkdir(kubelet)
-    try:
-        with running_daemon(directory, ASCENDBIND_FAKE_NPUS="2", ASCENDBIND_KUBELET_ROOT=kubelet) as d:
-            d.wait_discovered()
-            yield d, kubelet
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with kubelet_node("ascendbind-pool-") as pair:
+        yield pair
 
 
 def checkpoint(kubelet: str, cpus: str) -> None:

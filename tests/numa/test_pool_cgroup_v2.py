@@ -1,8 +1,8 @@
 """A worker's own CPUs on a real cgroup v2 hierarchy, and its memory placed by ``ascendbind run``
 (the 2node guest: CPUs 0-3 on node 0, 4-7 on node 1; the guest mounts cgroup2 at /sys/fs/cgroup).
 
-* A worker in ``/ascendbind-v2/kubepods/pod<uid>/<id>`` (cpuset 4-7) is read by discovery
-  from ``cpuset.cpus.effective``.
+* A worker in ``/kubepods/pod<uid>/<id>`` (cpuset 4-7; the kubelet's tree at the top of the
+  hierarchy, where only root makes cgroups) is read by discovery from ``cpuset.cpus.effective``.
 * The same shape as a container: the worker in a cgroup namespace and a mount namespace of
   its own, with cgroup2 mounted at its ``/sys/fs/cgroup`` as a runtime does; the reader in a
   sibling cgroup with a cgroup namespace of its own too, as a DaemonSet's container is. The
@@ -30,7 +30,8 @@ from tests.memworker_client import MEMWORKER
 from tests.numa.conftest import recorded_npu_smi
 
 CG = "/sys/fs/cgroup"
-TOP = os.path.join(CG, "ascendbind-v2")
+KUBEPODS = os.path.join(CG, "kubepods")
+READER = os.path.join(CG, "ascendbind-v2-reader")
 UID = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9"
 SLOW = 600.0
 
@@ -66,21 +67,20 @@ def _write(path: str, text: str) -> None:
 
 @pytest.fixture
 def tree():
-    """/ascendbind-v2/{kubepods/pod<uid>/<c1>, kubepods/pod<uid>/<c2>, reader}: the containers on 4-7."""
+    """/kubepods/pod<uid>/{<c1>, <c2>} and /ascendbind-v2-reader: the containers on 4-7."""
     c1, c2 = "c1" * 32, "c2" * 32
-    pod = os.path.join(TOP, "kubepods", f"pod{UID}")
+    pod = os.path.join(KUBEPODS, f"pod{UID}")
     made = []
     try:
         _write(os.path.join(CG, "cgroup.subtree_control"), "+cpuset")
-        for path in (TOP, os.path.join(TOP, "kubepods"), pod, os.path.join(pod, c1), os.path.join(pod, c2),
-                     os.path.join(TOP, "reader")):
+        for path in (KUBEPODS, pod, os.path.join(pod, c1), os.path.join(pod, c2), READER):
             os.mkdir(path)
             made.append(path)
-        for path in (TOP, os.path.join(TOP, "kubepods"), pod):
+        for path in (KUBEPODS, pod):
             _write(os.path.join(path, "cgroup.subtree_control"), "+cpuset")
         for c in (c1, c2):
             _write(os.path.join(pod, c, "cpuset.cpus"), "4-7")
-        yield {"c1": os.path.join(pod, c1), "c2": os.path.join(pod, c2), "reader": os.path.join(TOP, "reader"),
+        yield {"c1": os.path.join(pod, c1), "c2": os.path.join(pod, c2), "reader": READER,
                "ids": (c1, c2)}
     finally:
         for path in reversed(made):
@@ -113,7 +113,7 @@ def test_cgroup_v2_cpuset_is_read_also_from_another_cgroup_namespace(tree, tmp_p
                      "--", *py, "-c", _CONTAINER]) as boxed:
         w = discover_worker(LiveHost(kubelet_root=str(kubelet)), plain.pid, Config(), want_devices=False)
         assert (w.allowed_source, sorted(w.allowed_cpus)) == ("cgroup", [4, 5, 6, 7])
-        assert w.cpuset_path == f"/ascendbind-v2/kubepods/pod{UID}/{tree['ids'][0]}" and w.pool_evidence.own
+        assert w.cpuset_path == f"/kubepods/pod{UID}/{tree['ids'][0]}" and w.pool_evidence.own
         r = subprocess.run([sys.executable, "-c", _PLACE, tree["reader"], sys.executable, "-c", _OBSERVE,
                             str(boxed.pid), str(kubelet)], capture_output=True, text=True, cwd=ROOT, timeout=SLOW)
         assert r.returncode == 0, r.stderr
