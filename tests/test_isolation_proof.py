@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -26,11 +29,15 @@ from ascendbind.errors import Conflict
 from ascendbind.values.cpulist import format_cpulist, parse_cpulist
 from ascendbind.values.model import WorkerFacts
 from ascendbind.values.targeting import DeviceNode, EvidenceLine, NpuEvidence, TargetDecision
-from tests.daemon_harness import wait_for
+from ascendbind.discovery.gather.irqhost import read_irq_mask
+from ascendbind.applier.irq import set_irq_affinity
+from ascendbind.values.cpulist import parse_mask
+from tests.daemon_harness import FIXTURE_BIN, PATIENCE, DaemonProc, base_env, free_port, wait_for
 from tests.hostlevel_ns import CHILD, as_user
 from tests.test_isolation_daemon import assert_off_the_protected_cpus, changed, daemon, isolation, masks  # noqa: F401
 from tests.test_isolation_host import STARTED_ON, moved, ns, only  # noqa: F401
 from tests.test_state_record import _a2_binding
+from tests.test_write_ahead import _changeable_irqs, _npu_host
 
 # an unprivileged user with no name and no group but its own (``nobody_prefix``: the fixture
 # that lets users other than root run this checkout's interpreter, or skips)
@@ -283,3 +290,90 @@ def test_an_unproven_bind_at_irqs_moves_no_irq_and_root_binding_the_same_worker_
         finally:
             p.kill()
             p.wait(10)
+
+
+# ---------------------------------------------------------------- the NPU's own IRQs, on this machine's IRQs
+
+
+def _listing_irq_daemon(directory: Path, sys_root: Path, interrupts: Path, listed: Path) -> DaemonProc:
+    """A daemon whose NPU 0 owns two real IRQs of this machine (its /proc/interrupts, in a mount
+    namespace of its own, and its sys tree name them as the NPU driver does) and whose npu-smi
+    lists the pids ``listed`` holds (``PID:NPU`` items)."""
+    wrapper = directory / "npu-smi"
+    wrapper.write_text(f"#!{sys.executable}\nimport os, sys\nwith open({str(listed)!r}) as fh:\n"
+                       "    os.environ['ASCENDBIND_FAKE_NPU_PIDS'] = ','.join(fh.read().split())\n"
+                       f"os.execv(sys.executable, [sys.executable, {str(FIXTURE_BIN / 'npu-smi')!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    env = base_env(str(directory / "ascendbind.sock"), str(directory / "state"), free_port(),
+                   ASCENDBIND_SYS_ROOT=str(sys_root), ASCENDBIND_NPU_SMI=str(wrapper),
+                   ASCENDBIND_IRQBALANCE="warn")  # never tell an irqbalance some other test runs
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /proc/interrupts && exec "$@"', str(interrupts),
+            sys.executable, "-m", "ascendbind.cli", "serve"]
+    return DaemonProc(str(directory), env, argv)
+
+
+def _irq_step(d: DaemonProc, pid: int) -> dict:
+    worker = next((w for w in d.client.workers()["workers"] if w["pid"] == pid), {})
+    return next((s for s in worker.get("steps", ()) if s["step"] == "irq"), {})
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/proc/irq", os.W_OK), reason="needs root and /proc/irq")
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_an_unproven_bind_moves_no_irq_of_its_npu_until_npu_smi_lists_it_and_release_puts_them_back(
+        masks, nobody_prefix):  # noqa: F811
+    sq, cq = _changeable_irqs(2)
+    directory = Path(tempfile.mkdtemp(prefix="ascendbind-irqproof-", dir="/tmp"))
+    try:
+        sys_root, interrupts = _npu_host(directory, sq, cq)
+        listed = directory / "listed"
+        listed.write_text("")
+        d = _listing_irq_daemon(directory, sys_root, interrupts, listed)
+        d.start()
+        try:
+            d.wait_discovered()
+            _unproven_then_proven(d, directory, listed, masks, sq, cq)
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _unproven_then_proven(d: DaemonProc, directory: Path, listed: Path, masks: dict, sq: int, cq: int) -> None:
+    os.chmod(directory, 0o755)
+    os.chmod(d.sock, 0o666)
+    p = subprocess.Popen([*as_user(UID), sys.executable, "-c", CHILD, "npu_worker", "2", CHILD],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(p.stdout.readline())
+        p.stdin.write(f'bind {d.sock} {{"npu": 0}}\n')
+        p.stdin.flush()
+        out = json.loads(p.stdout.readline())
+        assert out["code"] == 200 and out["body"]["proof"]["proven"] is False, out
+        [irq] = [s for s in out["body"]["steps"] if s["step"] == "irq"]
+        assert (irq["outcome"], irq["reason"]) == ("skipped", "unproven"), irq
+        assert changed(masks) == {}, "an unproven bind moved host masks"
+        irq_cpus = frozenset(out["body"]["plan"]["npus"]["0"]["irq"])
+        # IRQs already on the plan's IRQ CPUs could not show a move: start them elsewhere
+        for n in (sq, cq):
+            if parse_mask(read_irq_mask(n)) == irq_cpus:
+                assert set_irq_affinity(n, frozenset(os.sched_getaffinity(0)) - irq_cpus or
+                                        frozenset(os.sched_getaffinity(0))).status == "ok"
+        before = {n: read_irq_mask(n) for n in (sq, cq)}
+        # the worker opens its NPU: npu-smi lists it, a re-check proves it, and its IRQs follow
+        (directory / "listed.new").write_text(f"{pid}:0")
+        os.replace(directory / "listed.new", listed)
+        moved = lambda: {n: parse_mask(read_irq_mask(n)) for n in (sq, cq)} == {sq: irq_cpus, cq: irq_cpus}  # noqa: E731
+        assert wait_for(moved, 30 * PATIENCE), d.log()[-4000:]
+        assert wait_for(lambda: _irq_step(d, pid).get("outcome") == "applied", 10 * PATIENCE), _irq_step(d, pid)
+        [w] = [w for w in d.client.workers()["workers"] if w["pid"] == pid]
+        assert w["proof"]["by"] == "npu_check", w["proof"]
+        state = json.loads((directory / "state" / "state.json").read_text())
+        [rec] = [r for r in state["workers"] if r["pid"] == pid]
+        assert rec["saved_irq_masks"] == {str(n): m for n, m in before.items()} and not rec.get("in_flight"), rec
+        status, _ = d.curl("POST", "/v1/release", {"pid": pid})
+        assert status == 200
+        assert {n: read_irq_mask(n) for n in (sq, cq)} == before  # byte for byte
+    finally:
+        p.kill()
+        p.wait(10)

@@ -38,6 +38,7 @@ NPUs' pools instead of picking one).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -63,7 +64,8 @@ from .irq import IrqPrep, IrqStep, bind_npu_irqs, hand_back_bans, prepare_npu_ir
 from .memory import memory_target, migrate_memory, pending_memory
 from .uvb import UvbStep, bind_uvb, restore_uvb_threads
 
-__all__ = ["apply_plan", "apply_observed", "Applied", "release_binding", "merge_npu_plans"]
+__all__ = ["apply_plan", "apply_observed", "Applied", "release_binding", "merge_npu_plans", "bind_irqs_of",
+           "unproven_irqs"]
 
 
 def merge_npu_plans(npus: tuple[NpuPlan, ...]) -> NpuPlan:
@@ -146,7 +148,8 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
                    move_memory: bool = True, pin: ProcessPin | None = None,
                    before_writes: Callable[[int], None] | None = None,
                    record: Callable[[Binding], None] | None = None,
-                   among_writes: Callable[[int, Step], None] | None = None) -> Applied:
+                   among_writes: Callable[[int, Step], None] | None = None,
+                   irqs_skipped: StepResult | None = None) -> Applied:
     """``apply_plan``, also returning the masks the affinity step read back.
 
     With ``view`` (the request's one observation of the worker), the identity checks
@@ -167,6 +170,8 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     ``before_writes(pid)`` runs (tests recycle the pid there). ``among_writes(pid, step)``
     runs between steps, naming the next: after the task masks (``Step.IRQ``) and after
     the IRQ masks (``Step.MEMORY``); tests stop the daemon at these points to kill it there.
+    ``irqs_skipped``: the IRQ step's result when the caller rules it out (``unproven_irqs``):
+    no IRQ mask is read, recorded, written or banned.
     """
     if not plan.npus:
         raise PlanImpossible("nothing to bind: the plan holds no NPU", code="no_target_npu", plan=plan)
@@ -177,7 +182,7 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
     pin = pin or own
     try:
         return _apply(plan, worker, host, config, view, pin, npu_irqs, move_memory,
-                      (record, before_writes, among_writes))
+                      (record, before_writes, among_writes), irqs_skipped)
     finally:
         if own is not None:
             own.close()
@@ -185,15 +190,15 @@ def apply_observed(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Con
 
 def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, view: ProcessView | None,
            pin: ProcessPin | None, npu_irqs: NpuIrqLookup | None, move_memory: bool,
-           hooks: tuple) -> Applied:
+           hooks: tuple, irqs_skipped: StepResult | None = None) -> Applied:
     pid, proc_root = worker.pid, config.proc_root
     start, tasks = _checked(worker, view, proc_root, pin)
     merged = merge_npu_plans(plan.npus)
     record, before_writes, among_writes = hooks
-    irq_prep = None
+    irq_prep = IrqPrep(irqs_skipped) if irqs_skipped is not None else None
     if record is not None:
         # the IRQ masks are read before the first write of any kind, so the record has them
-        irq_prep = _guard_prep(lambda: prepare_npu_irqs(plan, host, config, lookup=npu_irqs))
+        irq_prep = irq_prep or _guard_prep(lambda: prepare_npu_irqs(plan, host, config, lookup=npu_irqs))
         record(_intended(plan, worker, start, irq_prep, pin))
     if before_writes is not None:
         before_writes(pid)
@@ -283,6 +288,33 @@ def _intended(plan: Plan, worker: WorkerFacts, start: int, irq: IrqPrep, pin: Pr
         steps=(),
         pidfd_ino=pin.ino if pin is not None else None,
     )
+
+
+def unproven_irqs(npus) -> StepResult:
+    """The IRQ step of a binding nothing proves (its caller's own claim): the NPU's SQ/CQ
+    IRQs are host-wide, and moving them, or banning them in irqbalance, for a worker that
+    may not drive that NPU would let any local user steer another tenant's interrupts."""
+    return StepResult(Step.IRQ, Outcome.SKIPPED, Reason.UNPROVEN,
+                      f"nothing proves the worker drives NPU(s) {', '.join(map(str, npus))}: their SQ/CQ IRQs "
+                      f"are left as they are until npu-smi lists it there")
+
+
+def bind_irqs_of(binding: Binding, host: HostFacts, config: Config, *, npu_irqs: NpuIrqLookup | None = None,
+                 record: Callable[[Binding], None] | None = None) -> Binding:
+    """The IRQ step alone, for a held ``binding`` whose step was left out (``unproven_irqs``)
+    and is now due: ``binding`` with the step's result, the masks it saved, its IRQ writes
+    and its irqbalance bans (those of ``binding`` are the caller's to carry). ``record``
+    gets the binding with the masks the step will change, read first, before its first
+    write (write-ahead, as ``apply_observed``)."""
+    prep = _guard_prep(lambda: prepare_npu_irqs(binding.plan, host, config, lookup=npu_irqs))
+    if record is not None:
+        record(dataclasses.replace(binding, saved_irq_masks=prep.originals))
+    irq = _guard_irq(lambda: bind_npu_irqs(binding.plan, host, config, lookup=npu_irqs, prepared=prep))
+    steps = tuple(irq.result if s.step is Step.IRQ else s for s in binding.steps)
+    if not any(s.step is Step.IRQ for s in steps):
+        steps = (*steps, irq.result)
+    return dataclasses.replace(binding, saved_irq_masks=irq.saved, irqs=irq.bindings, irqbalance_bans=irq.bans,
+                               steps=steps)
 
 
 def _gone(pid: int, start: int, proc_root: str, pin: ProcessPin | None) -> str | None:

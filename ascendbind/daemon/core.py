@@ -47,7 +47,7 @@ from typing import Any
 import structlog
 
 from ..applier import release_binding
-from ..applier.bind import apply_observed
+from ..applier.bind import apply_observed, unproven_irqs
 from ..applier.irq import with_planned_irqs
 from ..discovery.gather.identity import recycled, refuse_non_worker, require_live
 from ..values.config import Config
@@ -336,7 +336,8 @@ class Daemon(Ownership):
             with self.write_ahead(pid, view.pin) as record, recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
                                          move_memory=False, before_writes=self.before_writes, record=record,
-                                         among_writes=self.among_writes)
+                                         among_writes=self.among_writes,
+                                         irqs_skipped=None if proof.proven else unproven_irqs(targets))
                 self.metrics.recycled_writes(applied.binding.step(Step.AFFINITY))
                 if applied.gone is not None:
                     self._gone_while_binding(applied, prev)

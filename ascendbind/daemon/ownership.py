@@ -47,7 +47,7 @@ import structlog
 
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
-from ..applier.bind import merge_npu_plans
+from ..applier.bind import bind_irqs_of, merge_npu_plans
 from ..discovery.gather.identity import pin_identity, verify_identity
 from ..applier.irq import set_irq_affinity
 from ..discovery.gather.process import read_identity
@@ -60,7 +60,8 @@ from .watch.bans import carried_bans
 from .watch.blame import FIX
 from .watch.held import Held, SeenThread, accepted
 from .host.replan import Replanned, replan_worker
-from .watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan, Restoration, restoration
+from .watch.lifecycle import (Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan, Restoration,
+                              irqs_unproven, restoration)
 from .watch.locality import ratios_by_npu
 from .watch.memmove import STOPPING
 from .watch.proof import prove
@@ -351,7 +352,32 @@ class Ownership:
             for pid in sharers:
                 log.warning("unproven holder evicted", pid=pid, by=h.binding.pid)
                 self.release_pid(pid, reason="evicted")
+            if irqs_unproven(h.binding):
+                self._bind_irqs_now(h, host)
             self.save()
+
+    def _bind_irqs_now(self, h: Held, host) -> None:
+        """The IRQ step a binding left out while nothing proved it, run now that it is proven
+        (under the lock): written ahead like a bind (its in-flight record holds the masks it
+        will change, read first, or a holder's saved ones for them), and its result, masks,
+        IRQ writes and bans become the held binding's, so a release puts them back."""
+        if host is None:
+            log.warning("binding proven, host facts not known yet; its IRQs stay as they are",
+                        pid=h.binding.pid)
+            return
+        config = h.facts[2] if h.facts is not None else self.config
+        sharers = [o for pid, o in self.held.items() if o is not h and set(o.binding.npus) & set(h.binding.npus)
+                   and not irqs_unproven(o.binding) and self.is_alive(o)]
+        with self.write_ahead(h.binding.pid, h.pin) as record:
+            bound = bind_irqs_of(h.binding, host, config, npu_irqs=self.hosts.npu_irqs, record=record)
+        h.binding = self._inherit(bound, [h], sharers)
+        irq = bound.step(Step.IRQ)
+        if any(b.status == "failed" for b in bound.irqs):
+            self.hosts.forget_irqs()
+        if irq is not None:
+            self.metrics.step_results([irq])
+        log.info("binding proven; its NPU's IRQs bound", pid=h.binding.pid, npus=list(h.binding.npus),
+                 outcome=irq.outcome.value if irq else None, irqs=[b.irq for b in bound.irqs])
 
     # ---------------------------------------------------------- a look's actions
 

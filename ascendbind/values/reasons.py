@@ -38,6 +38,7 @@ class Reason(str, enum.Enum):
     IRQ_NOT_WRITABLE = "irq_not_writable"
     IRQ_UNCHANGEABLE = "irq_unchangeable"
     IRQ_BINDING_DISABLED = "irq_binding_disabled"
+    UNPROVEN = "unproven"  # the binding is only its caller's claim: its NPU's IRQs stay put
     NO_PCI_ADDRESS = "no_pci_address"
     NO_MSI_IRQS = "no_msi_irqs"
     NO_SQ_IRQ = "no_sq_irq"

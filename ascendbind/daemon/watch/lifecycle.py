@@ -70,6 +70,7 @@ from dataclasses import dataclass, replace
 from ...discovery.parse.numa_maps import NumaResidency
 from ...values.frozen import frozen_map
 from ...values.model import Binding
+from ...values.reasons import Reason, Step
 from .bans import split_bans
 from ...values.cpulist import format_cpulist
 from .blame import Blame, Evidence, blame_cpuset, blame_irqs, blame_threads, left_alone_sentence
@@ -79,7 +80,8 @@ __all__ = [
     "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation", "Looks",
     "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory", "ReplaceHolder", "Evict",
     "CpusetNews", "Replan",
-    "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "claim",
+    "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "irqs_unproven",
+    "claim",
 ]
 
 REASSERT_LIMIT = 3
@@ -312,9 +314,18 @@ class Restoration:
     restore_uvb: bool  # the last 950 worker restores the UVB masks
 
 
+def irqs_unproven(binding: Binding) -> bool:
+    """Whether ``binding``'s IRQ step was left out because nothing proves it drives its NPU."""
+    irq = binding.step(Step.IRQ)
+    return irq is not None and irq.reason is Reason.UNPROVEN
+
+
 def restoration(binding: Binding, others: Mapping[int, Binding], *, is_950: bool) -> Restoration:
     """The leaving worker ``binding``'s restoration, given the ``others`` still alive
-    (pid -> binding) and whether it runs a 950 cluster plan."""
+    (pid -> binding) and whether it runs a 950 cluster plan. A binding whose IRQ step was
+    left out because nothing proves it (``unproven``) owns no IRQ: it never keeps another's
+    saved masks from going back."""
+    others = {pid: b for pid, b in others.items() if not irqs_unproven(b)}
     other_irqs = {pid: irq_owners(b) for pid, b in others.items()}
     left, passed = (binding.irqbalance_bans, {}) if binding.irqbalance_bans is None else \
         split_bans(binding.irqbalance_bans, other_irqs)
