@@ -13,6 +13,7 @@ a random delay) checks the same outcome wherever the kill lands.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -29,7 +30,8 @@ import pytest
 
 from ascendbind.applier.irq import set_irq_affinity
 from ascendbind.daemon.core import Daemon
-from ascendbind.daemon.state.staterecord import binding_to_json
+from ascendbind.daemon.host.replan import replan_worker
+from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.discovery.gather.process import read_identity
 from ascendbind.settings import load_config
 from ascendbind.values.config import Config
@@ -377,3 +379,47 @@ def test_restart_leaves_the_irq_masks_of_an_npu_a_live_worker_holds(tmp_path):
     assert (proc / "irq/130/smp_affinity").read_text().strip() == "00000010"  # the live owner's
     assert (proc / "irq/131/smp_affinity").read_text().strip() == "00000020"
     assert [w["pid"] for w in _state(tmp_path)["workers"]] == [200]
+
+
+# ---------------------------------------------------------------- in process: a re-plan writes ahead too
+
+
+def test_a_replan_is_in_the_state_file_before_its_first_write_and_a_restart_undoes_it(tmp_path):
+    """A re-plan binds the worker again: the new binding, with the worker's first original CPUs,
+    is an in-flight record before the first task mask is written. The state file as it stands
+    among the writes is what a kill there leaves; a daemon started on it puts the worker back."""
+    d = Daemon(Config(small_pool="share", state_dir=str(tmp_path / "state"), memory_check_seconds=0,
+                      npu_smi=str(FIXTURE_BIN / "npu-smi")))
+    d.state.prepare()
+    left = tmp_path / "left"
+    seen: list[tuple[Step, dict]] = []
+
+    def among(pid, step):
+        rec = _records(tmp_path, pid)
+        seen.append((step, rec))
+        if step is Step.IRQ and not left.exists():  # the task masks are written, the IRQ masks not yet
+            shutil.copytree(tmp_path / "state", left)
+
+    with start_worker(plain=20) as w:
+        assert d.bind_process(read_identity(w.pid, "/proc"), (0,), None)["status"] == "bound"
+        h = d.held[w.pid]
+        bound = _masks(w)
+        assert CPUS not in bound
+        # as if it had been planned from another cpuset: the plan made now differs, so it is bound again
+        narrower = (min(CPUS),)
+        h.binding = dataclasses.replace(h.binding, plan=dataclasses.replace(h.binding.plan, allowed_cpus=narrower))
+        d.among_writes = among
+        assert replan_worker(d, h, d.hosts.get(), reason="host_changed").outcome == "rebound"
+        d.among_writes = None
+        [(step, [rec])] = [(s, r) for s, r in seen if s is Step.IRQ]
+        planned = binding_from_json(rec)
+        assert rec["in_flight"] is True and frozenset(planned.plan.allowed_cpus) == CPUS and planned.original_cpus == CPUS
+        assert _records(tmp_path, w.pid)[0].get("in_flight") is not True  # the re-plan's own save replaced it
+        assert _masks(w) == bound
+        # the daemon killed there: the next one finds the record in flight and puts the worker back
+        d2 = Daemon(Config(small_pool="share", state_dir=str(left), memory_check_seconds=0,
+                           npu_smi=str(FIXTURE_BIN / "npu-smi")))
+        d2.restore()
+        assert d2.held == {} and _masks(w) == Counter({CPUS: len(w.threads())})
+        assert [r for r in json.loads((left / "state.json").read_text())["workers"] if r["pid"] == w.pid] == []
+        d.release_pid(w.pid)

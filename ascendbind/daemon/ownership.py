@@ -556,12 +556,14 @@ class Ownership:
 
     def rebound(self, h: Held, binding: Binding, facts: tuple, masks) -> None:
         """``h`` bound again by a re-plan (under the lock): the new binding keeps the host's
-        originals of the old one (``_inherit``), and the thread cache starts over."""
+        originals of the old one (``_inherit``), and the thread cache starts over. The state
+        file is written at once: it replaces the re-plan's in-flight record (write-ahead)."""
         with self.lock:
             h.binding = self._inherit(binding, [h])
             h.bound_at = time.time()
             h.remember_threads(masks, role_cpus(binding.plan))
             h.facts = facts
+            self.save()
 
     def replan_cpuset(self, h: Held, a: Replan) -> Replanned:
         """Plan ``h`` again because its cpuset, or kubelet's checkpoint, changed (lifecycle's

@@ -7,7 +7,9 @@ transient discovery failure keeps every current binding (unbinding a healthy
 worker because npu-smi hiccuped would be worse than a stale plan); a worker whose
 NPU can no longer be planned keeps its binding too, with a warning. The new
 binding is handed to the daemon (``Daemon.rebound``), which alone changes the
-held record.
+held record. A re-bind writes ahead as a bind does: the binding as it will be,
+with the host's originals, is in the state file as in flight before its first
+write, so a daemon killed among its writes leaves a record the next one undoes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
-from ...applier import apply_plan
+from ...applier.bind import apply_observed, unproven_irqs
 from ...discovery import discover_worker
 from ...discovery.gather.process import thread_masks
 from ...errors import AscendbindError, DiscoveryError
@@ -99,8 +101,12 @@ def replan_worker(daemon, h, host, *, reason: str,
         with daemon.lock:
             if daemon.held.get(pid) is not h:
                 return Replanned("gone")  # released or bound again meanwhile
-            # its pages move afterwards, on the mover, like a bind's
-            binding = apply_plan(plan, worker, host, config, move_memory=False, pin=h.pin)
+            # its pages move afterwards, on the mover, like a bind's; the new binding is in the
+            # state file before its first write, as a bind's is (ownership.py: write-ahead)
+            skipped = None if h.proof.proven else unproven_irqs(h.binding.npus)
+            with daemon.write_ahead(pid, h.pin) as record:
+                binding = apply_observed(plan, worker, host, config, move_memory=False, pin=h.pin, record=record,
+                                         among_writes=daemon.among_writes, irqs_skipped=skipped).binding
             daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
             memory = binding.step(Step.MEMORY)
             if memory is not None and memory.outcome is Outcome.PENDING:
