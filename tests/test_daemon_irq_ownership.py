@@ -6,10 +6,11 @@ code reads and writes them exactly as it does /proc."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 from ascendbind.daemon.watch.held import Held
-from ascendbind.values.reasons import Outcome, Step
+from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.decisions import IrqBinding
 from ascendbind.settings import load_config
@@ -135,3 +136,21 @@ def test_workers_sharing_an_npu_give_the_host_its_irq_masks_back_whichever_leave
         assert d.held == {}
         assert (proc / "irq/140/smp_affinity").read_text().strip() == "000000ff"  # the host's, again
         assert (proc / "irq/141/smp_affinity").read_text().strip() == "0000ff00"
+
+
+def test_an_unproven_sharer_owns_no_irq_mask_so_a_gone_proven_holder_gives_them_back(tmp_path):
+    # pid 500 (proven, gone) moved NPU 3's IRQs and saved the host's masks; pid 600 (live) shares
+    # NPU 3 unproven: its IRQ step was skipped, it saved and wrote nothing, and keeps nothing back
+    proc = _proc_tree(tmp_path, {150: "00000004", 151: "00000008"}, live_pids=[600])
+    d = _daemon(tmp_path, proc)
+    proven = _binding(500, 3, 150, 151, saved=("000000ff", "0000ff00"))
+    skipped = StepResult(Step.IRQ, Outcome.SKIPPED, Reason.UNPROVEN, "nothing proves it")
+    unproven = dataclasses.replace(_binding(600, 3, 150, 151), saved_irq_masks=frozen_map({}), irqs=(),
+                                   steps=(skipped,))
+    d.held = {500: Held(proven, 0.0), 600: Held(unproven, 0.0)}
+
+    Reconciler(d).pass_once()
+
+    assert sorted(d.held) == [600]
+    assert (proc / "irq/150/smp_affinity").read_text().strip() == "000000ff"
+    assert (proc / "irq/151/smp_affinity").read_text().strip() == "0000ff00"
