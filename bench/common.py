@@ -76,3 +76,18 @@ def results_from_guest(argv: Callable[[str], list[str]], result: str, *, timeout
             return None
         with open(path) as fh:
             return json.load(fh)
+
+
+def seconds_until_mask(tid: int, cpus: frozenset[int], timeout: float, poll: float) -> float | None:
+    """Seconds until thread ``tid``'s mask reads ``cpus`` (polled every ``poll`` s), None
+    past ``timeout`` or once the thread is gone: how long the daemon took to pin it."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if frozenset(os.sched_getaffinity(tid)) == cpus:
+                return time.monotonic() - t0
+        except OSError:
+            return None
+        if time.monotonic() - t0 > timeout:
+            return None
+        time.sleep(poll)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, seconds_until_mask, write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
 
@@ -39,17 +39,7 @@ POLL = 0.0002
 
 
 def _until(tid: int, cpus: frozenset[int], timeout: float) -> float | None:
-    """Seconds until ``tid``'s mask reads ``cpus`` (polled), None past ``timeout``."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            if frozenset(os.sched_getaffinity(tid)) == cpus:
-                return time.monotonic() - t0
-        except OSError:
-            return None
-        if time.monotonic() - t0 > timeout:
-            return None
-        time.sleep(POLL)
+    return seconds_until_mask(tid, cpus, timeout, POLL)
 
 
 def thread_delay_ns(pid: int, name: str) -> int:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, seconds_until_mask, write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value, wait_for  # noqa: E402
 from tests.hostile_workers import thread_flood_worker  # noqa: E402
 from tests.workers import start_worker  # noqa: E402
@@ -56,16 +56,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _until(tid: int, cpus: frozenset[int], timeout: float) -> float | None:
-    t0 = time.monotonic()
-    while True:
-        try:
-            if frozenset(os.sched_getaffinity(tid)) == cpus:
-                return time.monotonic() - t0
-        except OSError:
-            return None
-        if time.monotonic() - t0 > timeout:
-            return None
-        time.sleep(POLL)
+    return seconds_until_mask(tid, cpus, timeout, POLL)
 
 
 def cpu_seconds(pid: int) -> float:
