@@ -12,7 +12,7 @@ import pytest
 from ascendbind.daemon.watch.blame import Evidence
 from ascendbind.daemon.watch.lifecycle import (CpusetNews, Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality,
                                                Observation, PinThreads, Reassert, Record, Replan, ReplaceHolder,
-                                               RerunMemory, claim, decide,
+                                               RerunMemory, claim, decide, left_behind,
                                                MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration,
                                                wanted)
 from ascendbind.values.decisions import IrqBinding
@@ -283,6 +283,39 @@ def test_a_leaving_worker_gives_back_only_what_no_live_worker_still_uses(name, l
     assert {pid: set(b.irqs) for pid, b in r.passed_bans.items()} == passed
     assert r.restore_uvb is uvb
     assert r.binding.pid == leaving.pid and r.binding.original_cpus == leaving.original_cpus
+
+
+REBIND_TABLE = [
+    # (name, old binding, new NPUs, others alive, masks back, bans lifted, bans passed, masks kept, bans kept)
+    ("same NPUs: nothing goes back, everything is kept", _binding(1, {0: (120, 121)}, bans=frozenset({120})),
+     (0,), {}, set(), None, {}, {120, 121}, {120}),
+    ("another NPU: the left one's masks and bans go back", _binding(1, {0: (120, 121)}, bans=frozenset({120})),
+     (1,), {}, {120, 121}, {120}, {}, set(), None),
+    ("one of two NPUs left: only its IRQs go back",
+     _binding(1, {0: (120,), 1: (130,)}, bans=frozenset({120, 130})), (1,), {}, {120}, {120}, {}, {130}, {130}),
+    ("a live sharer of the left NPU keeps its masks and takes its bans",
+     _binding(1, {0: (120, 121)}, bans=frozenset({120, 121})), (1,), {2: _binding(2, {0: (120, 121)})},
+     set(), None, {2: {120, 121}}, set(), None),
+    ("a live worker on other NPUs changes nothing", _binding(1, {0: (120,)}, bans=frozenset({120})), (1,),
+     {2: _binding(2, {3: (140,)})}, {120}, {120}, {}, set(), None),
+    ("a ban of an IRQ of no NPU of its own stays with the new binding",
+     _binding(1, {0: (120,)}, bans=frozenset({120, 999})), (1,), {}, {120}, {120}, {}, set(), {999}),
+]
+
+
+@pytest.mark.parametrize("name,old,npus,others,back,lifted,passed,kept,kept_bans", REBIND_TABLE,
+                         ids=[row[0] for row in REBIND_TABLE])
+def test_a_rebound_worker_gives_back_what_it_saved_for_the_npus_it_left(name, old, npus, others, back, lifted,
+                                                                         passed, kept, kept_bans):
+    r, keeps = left_behind(old, npus, others)
+    assert set(r.binding.saved_irq_masks) == back
+    assert {i: r.binding.saved_irq_masks[i] for i in back} == {i: old.saved_irq_masks[i] for i in back}
+    assert (None if r.binding.irqbalance_bans is None else set(r.binding.irqbalance_bans.irqs)) == lifted
+    assert {pid: set(b.irqs) for pid, b in r.passed_bans.items()} == passed
+    assert r.restore_uvb is False  # the worker is still held: the UVB masks stay
+    assert set(keeps.saved_irq_masks) == kept
+    assert (None if keeps.irqbalance_bans is None else set(keeps.irqbalance_bans.irqs)) == kept_bans
+    assert keeps.npus == old.npus and keeps.original_cpus == old.original_cpus
 
 
 # ---------------------------------------------------------------- claims

@@ -345,6 +345,7 @@ class Daemon(Ownership):
                 self.hosts.forget_irqs()
             clock.mark("apply")
             gone = {h.binding.pid for h in (*replaced, *evicted)}
+            self._leave_npus(prev, targets, gone)  # NPUs a re-bind no longer drives: theirs goes back
             sharers = [h for other, h in self.held.items()
                        if other != pid and other not in gone and set(h.binding.npus) & set(targets)]
             binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None],

@@ -40,7 +40,7 @@ import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import structlog
@@ -49,7 +49,7 @@ from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import bind_irqs_of, merge_npu_plans
 from ..discovery.gather.identity import pin_identity, verify_identity
-from ..applier.irq import set_irq_affinity
+from ..applier.irq import hand_back_bans, restore_irq_masks, set_irq_affinity
 from ..discovery.gather.process import read_identity
 from ..errors import AscendbindError, ConfigError, ProcessGone
 from ..values.cpulist import format_cpulist
@@ -61,7 +61,7 @@ from .watch.blame import FIX
 from .watch.held import Held, SeenThread, accepted
 from .host.replan import Replanned, replan_worker
 from .watch.lifecycle import (Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan, Restoration,
-                              irqs_unproven, restoration)
+                              irqs_unproven, left_behind, restoration)
 from .watch.locality import ratios_by_npu
 from .watch.memmove import STOPPING
 from .watch.proof import prove
@@ -178,13 +178,18 @@ class Ownership:
         write, the mask a holder of that NPU saved (what it read may be our own)."""
         masks = dict(intended.saved_irq_masks)
         original, bans, uvb = intended.original_cpus, None, intended.uvb_previous
+        back: dict[int, str] = {}
         for pid, h in self.held.items():
             b = h.binding
             if pid == intended.pid:
                 original, bans, uvb = b.original_cpus, b.irqbalance_bans, b.uvb_previous
+                # a re-bind to other NPUs gives the left NPUs' masks back after its writes:
+                # until then only this record holds them, so a restart's undo restores them
+                back = dict(left_behind(b, intended.npus, self._live_others(pid))[0].binding.saved_irq_masks)
             elif not set(b.npus) & set(intended.npus):
                 continue
             masks.update({irq: m for irq, m in b.saved_irq_masks.items() if irq in masks})
+        masks.update({irq: m for irq, m in back.items() if irq not in masks})
         return dataclasses.replace(intended, saved_irq_masks=frozen_map(masks), original_cpus=original,
                                    irqbalance_bans=bans, uvb_previous=uvb)
 
@@ -261,6 +266,36 @@ class Ownership:
             o = self.held[pid]
             o.binding = dataclasses.replace(o.binding, irqbalance_bans=carried_bans(o.binding.irqbalance_bans, [bans]))
         return r
+
+    def _live_others(self, pid: int, skip: Collection[int] = ()) -> dict[int, Binding]:
+        return {p: o.binding for p, o in self.held.items() if p != pid and p not in skip and self.is_alive(o)}
+
+    def _leave_npus(self, prev: Held | None, npus: tuple[int, ...], skip: Collection[int] = ()) -> None:
+        """``prev``'s worker was just bound again to ``npus`` (under the lock, after the
+        bind's writes, before its save): what ``prev`` saved for the NPUs it no longer drives
+        goes back as a release of those NPUs would put it (lifecycle.left_behind; the bans
+        other live workers pin pass to them), and ``prev`` keeps only what belongs to the
+        NPUs it still drives, for the new binding to inherit. ``skip``: holders this bind
+        replaces or evicts."""
+        if prev is None or not set(prev.binding.npus) - set(npus):
+            return
+        r, kept = left_behind(prev.binding, npus, self._live_others(prev.binding.pid, skip))
+        for pid, bans in r.passed_bans.items():
+            o = self.held[pid]
+            o.binding = dataclasses.replace(o.binding, irqbalance_bans=carried_bans(o.binding.irqbalance_bans, [bans]))
+        b = r.binding
+        prev.binding = kept
+        if not b.saved_irq_masks and b.irqbalance_bans is None:
+            return
+        try:
+            step = restore_irq_masks(b.saved_irq_masks, proc_root=self.config.proc_root)
+            if b.irqbalance_bans is not None:
+                step = hand_back_bans(step, b.irqbalance_bans, self.config)
+        except AscendbindError as exc:
+            log.warning("giving back the IRQs of NPUs a re-bound worker left failed", pid=b.pid, error=str(exc))
+            return
+        log.info("re-bound worker's left NPUs given back", pid=b.pid, npus=list(b.npus),
+                 irqs_restored=sorted(b.saved_irq_masks), outcome=step.outcome.value, detail=step.detail)
 
     def _restorable(self, h: Held) -> Binding:
         """``h.binding`` keeping only the saved IRQ masks of NPUs no other live worker owns,

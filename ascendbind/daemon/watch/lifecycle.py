@@ -55,6 +55,11 @@ they are; the IRQs it banned in irqbalance go back to irqbalance only when no
 other live worker pins them, and otherwise the ban passes to one that does.
 The 950 UVB masks are restored by the last 950 worker to go.
 
+Re-binding (``left_behind``): a held worker bound again to other NPUs leaves the
+NPUs it no longer drives, so what its earlier binding saved for them goes back
+exactly as a release of those NPUs would put it (``restoration`` over them); the
+new binding inherits only what belongs to the NPUs it still drives.
+
 Claims (``claim``): a bind for an NPU whose holder is dead replaces the holder
 (its saved masks carry over); an unproven live holder (proof.py) is evicted by a
 proven newcomer and shares with an unproven one; a proven live holder npu-smi
@@ -81,7 +86,7 @@ __all__ = [
     "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory", "ReplaceHolder", "Evict",
     "CpusetNews", "Replan",
     "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "irqs_unproven",
-    "claim",
+    "left_behind", "claim",
 ]
 
 REASSERT_LIMIT = 3
@@ -337,6 +342,24 @@ def restoration(binding: Binding, others: Mapping[int, Binding], *, is_950: bool
         masks = frozen_map({irq: m for irq, m in binding.saved_irq_masks.items() if owner.get(irq) in free})
     last_950 = is_950 and not any(b.plan.mode is binding.plan.mode for b in others.values())
     return Restoration(replace(binding, saved_irq_masks=masks, irqbalance_bans=left), passed, last_950)
+
+
+def left_behind(old: Binding, npus: Collection[int], others: Mapping[int, Binding]) -> tuple[Restoration, Binding]:
+    """A worker held by ``old`` is bound again to ``npus`` (``others``: the other live
+    workers, pid -> binding) -> (what goes back for the NPUs it no longer drives, as
+    ``restoration`` of those NPUs alone would give back; ``old`` keeping only the saved
+    masks and bans of the NPUs it still drives, for the new binding to inherit). A mask
+    or ban of an IRQ whose NPU ``old`` does not record stays with the new binding."""
+    dropped = set(old.npus) - set(npus)
+    owner = irq_owners(old)
+    leaving = {irq for irq, npu in owner.items() if npu in dropped}
+    bans = old.irqbalance_bans
+    gone = replace(old, npus=tuple(sorted(dropped)),
+                   saved_irq_masks=frozen_map({i: m for i, m in old.saved_irq_masks.items() if i in leaving}),
+                   irqbalance_bans=None if bans is None else bans.only(leaving))
+    kept = replace(old, saved_irq_masks=frozen_map({i: m for i, m in old.saved_irq_masks.items() if i not in leaving}),
+                   irqbalance_bans=None if bans is None else bans.only(bans.irqs - leaving))
+    return restoration(gone, others, is_950=False), kept
 
 
 def claim(pid: int, targets: Iterable[int], holders: Iterable[tuple], listed: Collection[tuple[int, int]] | None, *,
