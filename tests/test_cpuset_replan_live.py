@@ -70,6 +70,17 @@ def pod_worker(cpus: str):
         yield cg, w
 
 
+@contextlib.contextmanager
+def bound_pod_worker(d, kubelet: str, cpus: str):
+    """``pod_worker`` on ``cpus``, which kubelet's checkpoint gives its pod, bound to NPU 0:
+    (cgroup, worker, the bind's answer)."""
+    checkpoint(kubelet, cpus)
+    with pod_worker(cpus) as (cg, w):
+        status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
+        assert status == 200, (body, story(d))
+        yield cg, w, body
+
+
 def listing(d, pid: int) -> dict:
     status, body = d.curl("GET", f"/v1/workers?pid={pid}")
     assert status == 200, body
@@ -126,10 +137,7 @@ def stays(d, w, cpus: list[int], more: int = 3) -> None:
 def test_a_pod_whose_cpus_move_is_planned_again_each_time_and_never_blamed_external(node):
     d, kubelet = node
     here, there = CPUS[-1], CPUS[0]
-    checkpoint(kubelet, str(here))
-    with pod_worker(str(here)) as (cg, w):
-        status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
-        assert status == 200, (body, story(d))
+    with bound_pod_worker(d, kubelet, str(here)) as (cg, w, body):
         assert body["plan"]["npus"]["0"]["pool"] == [here] and body["plan"]["pool_source"]["source"] == "cpuset"
         before = replans(d, "cpuset_changed", "rebound")
         external = metric_value(d.metrics_text(), "ascendbind_drift_total", culprit="external")
@@ -166,11 +174,7 @@ def test_a_pod_whose_cpus_move_is_planned_again_each_time_and_never_blamed_exter
 def test_a_cpuset_no_plan_fits_waits_for_kubelets_proof_and_a_widened_one_is_planned_whole(node):
     d, kubelet = node
     here, there = CPUS[-1], CPUS[0]
-    checkpoint(kubelet, str(here))
-    with pod_worker(str(here)) as (cg, w):
-        status, body = d.curl("POST", "/v1/bind", {"pid": w.pid, "npu": 0})
-        assert status == 200, (body, story(d))
-
+    with bound_pod_worker(d, kubelet, str(here)) as (cg, w, body):
         # the container's cpuset moves before the checkpoint says so: no proof the CPU is the
         # pod's own, and the placement rules leave NPU 0 nothing of one CPU shared with NPU 1
         cpuset_cgroups.set_cpus(cg, str(there))

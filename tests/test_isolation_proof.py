@@ -11,12 +11,14 @@ every mask is read back from ``/proc``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -265,17 +267,27 @@ def test_an_unprivileged_run_isolates_nothing_until_npu_smi_lists_its_worker(ns,
 # ---------------------------------------------------------------- irqs, on this machine's IRQs
 
 
+@contextlib.contextmanager
+def _bound_as_user(sock: str, role: str, threads: str, npu: int) -> Iterator[tuple[int, dict]]:
+    """A process of uid ``UID`` (CHILD's ``role`` with ``threads`` threads) that binds itself
+    to ``npu`` over ``sock``: (its pid, the daemon's answer); killed and reaped afterwards."""
+    p = subprocess.Popen([*as_user(UID), sys.executable, "-c", CHILD, role, threads, CHILD],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(p.stdout.readline())
+        p.stdin.write(f'bind {sock} {{"npu": {npu}}}\n')
+        p.stdin.flush()
+        yield pid, json.loads(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait(10)
+
+
 def test_an_unproven_bind_at_irqs_moves_no_irq_and_root_binding_the_same_worker_does(masks, nobody_prefix):  # noqa: F811
     with daemon(ASCENDBIND_ISOLATION="irqs") as d:
         os.chmod(d.dir, 0o755)
         os.chmod(d.sock, 0o666)
-        p = subprocess.Popen([*as_user(UID), sys.executable, "-c", CHILD, "squatter", "1", CHILD],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            pid = int(p.stdout.readline())
-            p.stdin.write(f'bind {d.sock} {{"npu": 1}}\n')
-            p.stdin.flush()
-            out = json.loads(p.stdout.readline())
+        with _bound_as_user(d.sock, "squatter", "1", 1) as (pid, out):
             assert out["code"] == 200 and out["body"]["proof"]["proven"] is False, out
             assert not isolation(d)["protected"]
             assert changed(masks) == {}, "an unproven bind moved host masks"
@@ -287,9 +299,6 @@ def test_an_unproven_bind_at_irqs_moves_no_irq_and_root_binding_the_same_worker_
             status, _ = d.curl("POST", "/v1/release", {"pid": pid})
             assert status == 200
             assert changed(masks) == {}
-        finally:
-            p.kill()
-            p.wait(10)
 
 
 # ---------------------------------------------------------------- the NPU's own IRQs, on this machine's IRQs
@@ -342,13 +351,7 @@ def test_an_unproven_bind_moves_no_irq_of_its_npu_until_npu_smi_lists_it_and_rel
 def _unproven_then_proven(d: DaemonProc, directory: Path, listed: Path, masks: dict, sq: int, cq: int) -> None:
     os.chmod(directory, 0o755)
     os.chmod(d.sock, 0o666)
-    p = subprocess.Popen([*as_user(UID), sys.executable, "-c", CHILD, "npu_worker", "2", CHILD],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        pid = int(p.stdout.readline())
-        p.stdin.write(f'bind {d.sock} {{"npu": 0}}\n')
-        p.stdin.flush()
-        out = json.loads(p.stdout.readline())
+    with _bound_as_user(d.sock, "npu_worker", "2", 0) as (pid, out):
         assert out["code"] == 200 and out["body"]["proof"]["proven"] is False, out
         [irq] = [s for s in out["body"]["steps"] if s["step"] == "irq"]
         assert (irq["outcome"], irq["reason"]) == ("skipped", "unproven"), irq
@@ -374,6 +377,3 @@ def _unproven_then_proven(d: DaemonProc, directory: Path, listed: Path, masks: d
         status, _ = d.curl("POST", "/v1/release", {"pid": pid})
         assert status == 200
         assert {n: read_irq_mask(n) for n in (sq, cq)} == before  # byte for byte
-    finally:
-        p.kill()
-        p.wait(10)
