@@ -179,6 +179,8 @@ def test_interrupt_counts_follow_the_header_columns_and_skip_architecture_rows()
 
 UID = "1b2c3d4e-0000-4111-8222-123456789abc"
 _UID = UID.replace("-", "_")
+# a static pod without metadata.uid: the kubelet's MD5 of its manifest, 32 hex digits
+STATIC = "0cf61a0b94befc6af8ecafeed1af66ce"
 
 
 @pytest.mark.parametrize("path,expected", [
@@ -188,6 +190,15 @@ _UID = UID.replace("-", "_")
     (f"/kubepods/besteffort/pod{UID}/{'b' * 64}", (UID, "b" * 64)),
     (f"/kubepods/pod{UID}", (UID, None)),
     (f"/kubepods.slice/kubepods-pod{_UID}.slice/crio-{'c' * 64}.scope", (UID, "c" * 64)),
+    # static pods: the same places, the UID without dashes (cgroupfs, and the systemd driver)
+    (f"/kubepods/pod{STATIC}/{'b' * 64}", (STATIC, "b" * 64)),
+    (f"/kubepods/burstable/pod{STATIC.upper()}/{'b' * 64}", (STATIC, "b" * 64)),
+    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{STATIC}.slice/cri-containerd-{'a' * 64}"
+     ".scope", (STATIC, "a" * 64)),
+    # neither form: a hex run one digit short or long, a UUID with a group missing
+    (f"/kubepods/pod{STATIC[:-1]}/{'b' * 64}", (None, None)),
+    (f"/kubepods/pod{STATIC}0/{'b' * 64}", (None, None)),
+    (f"/kubepods/pod{UID[:-13]}/{'b' * 64}", (None, None)),
     # a cgroup the container made below its own: still that container of that pod
     (f"/kubepods/burstable/pod{UID}/{'b' * 64}/sub", (UID, "b" * 64)),
     # read from a cgroup namespace of its own (a DaemonSet's container on cgroup v2): the path
@@ -224,6 +235,10 @@ def test_log_names_follow_the_kubernetes_name_rules():
     assert parse_pod_log_dir(f"infer_vllm-0_{UID}") == ("infer", "vllm-0", UID)
     assert parse_pod_log_dir(f"in fer_vllm-0_{UID}") is None
     assert parse_pod_log_dir(f"infer_vllm-0_{UID[:-1]}") is None
+    # a static pod's directory: its name carries the node's, its UID has no dashes
+    assert parse_pod_log_dir(f"default_pinned-node1_{STATIC}") == ("default", "pinned-node1", STATIC)
+    assert parse_pod_log_dir(f"default_pinned-node1_{STATIC[:-1]}") is None
+    assert parse_pod_log_dir(f"default_pinned-node1_{STATIC.upper()}") is None  # the kubelet writes lower case
 
 
 def test_a_threads_cpu_is_read_past_a_command_with_spaces_and_parentheses():
@@ -268,6 +283,24 @@ def test_pod_names_from_a_recorded_host(tmp_path):
     os.chmod(logs / "containers", 0o755)
     os.chmod(logs / "pods", 0o755)
     assert pod_names(78, proc, log) == {"namespace": "", "pod_name": "", "container_name": ""}  # no such process
+
+
+def test_a_static_pods_names_from_the_layout_a_real_kubelet_writes(tmp_path):
+    """kubelet 1.20, cgroupfs driver: a static pod ``pinned`` on node ``node1`` runs as pod
+    ``pinned-node1`` whose UID is 32 hex digits, in ``/kubepods/pod<uid>/<id>`` on every v1
+    hierarchy and the unified one; its log directory and container link carry the same UID."""
+    cid = "f" * 64
+    (tmp_path / "proc" / "81").mkdir(parents=True)
+    (tmp_path / "proc" / "81" / "cgroup").write_text(
+        "".join(f"{i}:{c}:/kubepods/pod{STATIC}/{cid}\n" for i, c in ((9, "memory"), (3, "cpuset"), (2, "cpu,cpuacct")))
+        + f"0::/kubepods/pod{STATIC}/{cid}\n")
+    logs = tmp_path / "log"
+    (logs / "containers").mkdir(parents=True)
+    (logs / "pods" / f"default_pinned-node1_{STATIC}" / "work").mkdir(parents=True)
+    (logs / "containers" / f"pinned-node1_default_work-{cid}.log").symlink_to(
+        f"/var/log/pods/default_pinned-node1_{STATIC}/work/0.log")
+    proc, log = str(tmp_path / "proc"), str(logs)
+    assert pod_names(81, proc, log) == {"namespace": "default", "pod_name": "pinned-node1", "container_name": "work"}
 
 
 def test_a_thread_of_a_worker_of_several_npus_counts_to_the_npu_whose_cpus_it_is_on():

@@ -159,6 +159,19 @@ def test_v2_checkpoint_and_both_cgroup_drivers():
     assert ev.own and "container 'vllm'" in ev.detail
 
 
+def test_a_static_pods_checkpoint_entry_is_keyed_by_its_undashed_uid():
+    """A static pod without metadata.uid: the kubelet's own UID, 32 hex digits, keys the
+    checkpoint and names the pod's cgroup under either driver."""
+    static = "0cf61a0b94befc6af8ecafeed1af66ce"
+    state = parse_cpu_manager_state(checkpoint({static: {"work": "200-239"}}))
+    for path in (f"/kubepods/pod{static}/{CID}",
+                 f"/kubepods.slice/kubepods-pod{static}.slice/cri-containerd-{CID}.scope"):
+        ev = judge_own_cpus(state, None, path, r(200, 239), True)
+        assert ev.own and f"container 'work' of pod {static}" in ev.detail
+    # another static pod's entry is not this one's
+    assert not judge_own_cpus(state, None, f"/kubepods/pod{'1' * 32}/{CID}", r(200, 239), True).own
+
+
 def test_v1_checkpoint_matches_the_container_id():
     state = parse_cpu_manager_state(checkpoint({CID: "200-239"}))
     assert state.version == 1

@@ -64,7 +64,13 @@ _MAX_PODS = 4096
 _MAX_CONTAINERS = 256
 _MAX_TEXT = 4096  # characters of one name or CPU list
 
-_UID = r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+# A pod UID has one of two forms. The API server gives a pod a UUID (8-4-4-4-12 hex digits, the
+# systemd driver writes its dashes as ``_`` since ``-`` spells a slice's parents); the kubelet
+# gives a static pod without ``metadata.uid`` the MD5 of its manifest and source: 32 hex digits,
+# no dashes. Every rule here (cgroups, checkpoint keys, log directories) takes both, kept as
+# the kubelet wrote them except for the systemd driver's ``_``.
+_UID = r"(?:[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}|[0-9a-fA-F]{32})"
+_LOG_UID = r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})"
 _CONTAINER = re.compile(r"^(?:cri-containerd-|docker-|crio-|cri-o-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 
 
@@ -88,7 +94,8 @@ class CpuManagerState:
 
 @dataclass(frozen=True)
 class PodPlace:
-    """Where a cgroup path puts a process: its pod's UID (dashed) and its container's ID."""
+    """Where a cgroup path puts a process: its pod's UID (lower case, a UUID's separators as
+    dashes, a static pod's 32 hex digits as they are) and its container's ID."""
 
     pod_uid: str | None
     container_id: str | None
@@ -264,8 +271,7 @@ def judge_own_cpus(state: CpuManagerState | None, why_none: str | None, cgroup_p
 _LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 _SUBDOMAIN = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
 _LOG = re.compile(rf"^({_SUBDOMAIN})_({_LABEL})_({_LABEL})-([0-9a-f]{{64}})\.log$")
-_POD_LOG_DIR = re.compile(rf"^({_LABEL})_({_SUBDOMAIN})_([0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-"
-                          rf"[0-9a-f]{{12}})$")
+_POD_LOG_DIR = re.compile(rf"^({_LABEL})_({_SUBDOMAIN})_({_LOG_UID})$")
 _CONTAINER_NAME = re.compile(rf"^{_LABEL}$")
 
 
