@@ -15,7 +15,7 @@ import pytest
 
 from ascendbind.values.config import Config
 from ascendbind.discovery import SnapshotHost
-from ascendbind.discovery.parse.kubelet import (CHECKPOINT_LIMIT, judge_own_cpus, parse_cpu_manager_state, pod_place)
+from ascendbind.discovery.parse.kubelet import (CHECKPOINT_LIMIT, judge_own_cpus, parse_cpu_manager_state, kubelet_place)
 from ascendbind.discovery.gather.worker import discover_worker
 from ascendbind.errors import ConfigError, ParseError
 from ascendbind.values.model import PoolEvidence
@@ -144,16 +144,16 @@ def test_unknown_npu_under_cpuset_is_an_error():
 def test_v2_checkpoint_and_both_cgroup_drivers():
     state = parse_cpu_manager_state(checkpoint({UID: {"vllm": "200-239", "side": "240-241"}}))
     assert state.version == 2 and state.policy == "static" and 300 in state.default_cpus
-    assert pod_place(SYSTEMD) == pod_place(f"/kubepods/pod{UID}/{CID}")
-    assert pod_place(SYSTEMD).pod_uid == UID and pod_place(SYSTEMD).container_id == CID
+    assert kubelet_place(SYSTEMD) == kubelet_place(f"/kubepods/pod{UID}/{CID}")
+    assert kubelet_place(SYSTEMD).pod_uid == UID and kubelet_place(SYSTEMD).container_id == CID
     burst = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/docker-{CID}.scope"
-    assert pod_place(burst).pod_uid == UID
-    assert pod_place(f"/kubepods/besteffort/pod{UID}/crio-{CID}.scope").container_id == CID
+    assert kubelet_place(burst).pod_uid == UID
+    assert kubelet_place(f"/kubepods/besteffort/pod{UID}/crio-{CID}.scope").container_id == CID
     for path in ("/", "/system.slice/docker-" + CID + ".scope", f"/user.slice/pod{UID}", None, ""):
-        assert pod_place(path).pod_uid is None
+        assert kubelet_place(path).pod_uid is None
     # a user's delegated cgroup may hold any tree, and any cpuset its parent has: no proof
     delegated = f"/user.slice/user-1234.slice/user@1234.service/kubepods/pod{UID}/{CID}"
-    assert pod_place(delegated).pod_uid is None
+    assert kubelet_place(delegated).pod_uid is None
     assert not judge_own_cpus(state, None, delegated, r(200, 239), True).own
     ev = judge_own_cpus(state, None, SYSTEMD, r(200, 239), True)
     assert ev.own and "container 'vllm'" in ev.detail

@@ -37,7 +37,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ...discovery.parse.kubelet import pod_place
+from ...discovery.parse.kubelet import kubelet_place
 from ...values.model import WorkerFacts
 from ...values.targeting import TargetDecision
 
@@ -83,7 +83,7 @@ def pod_at_top(path: str | None) -> bool:
     """Whether cgroup ``path`` is a pod's in the tree the kubelet made (kubelet.kubelet_place:
     ``kubepods`` at the hierarchy's top, or climbed to from a cgroup namespace of the
     daemon's own), never one a delegated subtree names further down."""
-    return pod_place(path).pod_uid is not None
+    return kubelet_place(path).pod_uid is not None
 
 
 def proof_of(worker: WorkerFacts, decision: TargetDecision, npus: Collection[int], *, root_uid: int | None = None,

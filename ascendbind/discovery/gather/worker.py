@@ -25,7 +25,7 @@ from ...values.frozen import frozen_map
 from ...values.model import PoolEvidence, ProcessIdentity, WorkerFacts
 from ...values.targeting import NpuEvidence
 from .deviceset import read_npu_evidence
-from ..parse.kubelet import CHECKPOINT_LIMIT, CHECKPOINT_PATH, judge_own_cpus, parse_cpu_manager_state, pod_place
+from ..parse.kubelet import CHECKPOINT_LIMIT, CHECKPOINT_PATH, judge_own_cpus, parse_cpu_manager_state, kubelet_place
 from ..parse.numa_maps import NumaResidency, parse_numa_maps
 from .process import ProcessView, check_same_process, observe_process
 from ..parse.procfs import parse_ps_te, parse_stat_start_time, parse_status
@@ -185,7 +185,7 @@ def read_pool_evidence(source: HostSource, worker: WorkerFacts) -> PoolEvidence:
     CPU manager checkpoint only for a worker in a pod's cgroup."""
     path, cpus = worker.cpuset_path, worker.allowed_cpus
     from_cgroup = worker.allowed_source == "cgroup"
-    if not from_cgroup or pod_place(path).pod_uid is None:
+    if not from_cgroup or kubelet_place(path).pod_uid is None:
         return judge_own_cpus(None, None, path, cpus, from_cgroup)
     text = source.read(CHECKPOINT_PATH, limit=CHECKPOINT_LIMIT)
     state, why = None, None

@@ -54,7 +54,7 @@ from ...values.frozen import frozen_map
 from ...values.model import PoolEvidence
 
 __all__ = ["CHECKPOINT_PATH", "CHECKPOINT_LIMIT", "CpuManagerState", "PodPlace", "parse_cpu_manager_state",
-           "pod_place", "kubelet_place", "judge_own_cpus",
+           "kubelet_place", "judge_own_cpus",
            "parse_container_log", "parse_pod_log_dir", "is_container_name", "link_is_pods"]
 
 CHECKPOINT_PATH = "/var/lib/kubelet/cpu_manager_state"
@@ -147,12 +147,6 @@ def parse_cpu_manager_state(text: str, where: str = CHECKPOINT_PATH) -> CpuManag
                            version=versions.pop() if versions else 2, where=where)
 
 
-def pod_place(cgroup_path: str | None) -> PodPlace:
-    """The pod UID and container ID of a cgroup the kubelet made (kubelet_place): a
-    checkpoint entry is matched only to a pod that path can prove."""
-    return kubelet_place(cgroup_path)
-
-
 # The kubelet's tree, level by level: 0 its root, 1 a QoS class, 2 a pod. cgroupfs driver:
 # kubepods / burstable|besteffort / pod<uid>; systemd driver: kubepods.slice /
 # kubepods-<qos>.slice / kubepods[-<qos>]-pod<uid with _>.slice (a slice's name spells its
@@ -229,7 +223,7 @@ def judge_own_cpus(state: CpuManagerState | None, why_none: str | None, cgroup_p
     if not cpus_from_cgroup:
         return PoolEvidence(False, "none", f"the worker's cgroup cpuset is unreadable, so its CPUs {have} "
                                            "cannot be matched to a CPU manager entry")
-    place = pod_place(cgroup_path)
+    place = kubelet_place(cgroup_path)  # a checkpoint entry is matched only to a pod that path proves
     if place.pod_uid is None:
         return PoolEvidence(False, "none", f"the worker's cgroup {(cgroup_path or '?')[:200]} is not a Kubernetes "
                                            f"pod's; a cpuset narrower than the host ({have}) is not proof by itself")
