@@ -30,8 +30,8 @@ the blob-info cache it writes under ``/var/lib/containers`` whatever ``--root`` 
 end with that namespace, so nothing of a build stays on the host but its archive.
 
 Both are cached under ``ASCENDBIND_KUBE_IMAGE_CACHE`` (default ``~/.cache/ascendbind-kube-image``): the
-base tar by a hash of its recipe (the mmdebstrap command line, the added CAs), the
-image archive by a hash of the files the build context sends (the root
+base, saved as a docker-archive once buildah has imported it, by a hash of its recipe
+(the mmdebstrap command line, the added CAs), the image archive by a hash of the files the build context sends (the root
 ``.dockerignore`` applied), the Containerfile, the build arguments and the base's key.
 A ``flock`` keeps two processes from building at once; the second reuses the first's.
 
@@ -199,7 +199,9 @@ def _archive(key: str, cache: str) -> str:
     return os.path.join(cache, "images", f"ascendbind-{key}.tar")
 
 
-def _base_tar(cache: str) -> str:
+def _base_image(cache: str) -> str:
+    """The base as a docker-archive (what buildah pulls in seconds, where importing
+    mmdebstrap's tar and committing it takes several times longer)."""
     return os.path.join(cache, f"base-{BASE_SUITE}-{base_key()}.tar")
 
 
@@ -221,17 +223,16 @@ def _run(what: str, argv: list[str], log: str, *, tries: int = 1, env: dict | No
                              f"and PyPI must be reachable from this host (full log {log}):\n{tail}")
 
 
-def _make_base(out: str, work: str, log: str) -> float:
-    t = time.monotonic()
+def _mmdebstrap(work: str, log: str) -> str:
+    """The base's root file system as a tar in ``work``."""
     apt_clean = os.path.join(work, "docker-clean")
     with open(apt_clean, "w") as fh:
         fh.write(APT_CLEAN)
-    part = os.path.join(work, "base.tar")  # mmdebstrap writes a tar for a name ending in .tar
-    argv = [a.replace("{apt_clean}", apt_clean) for a in _mmdebstrap_argv(part)]
+    out = os.path.join(work, "rootfs.tar")  # mmdebstrap writes a tar for a name ending in .tar
+    argv = [a.replace("{apt_clean}", apt_clean) for a in _mmdebstrap_argv(out)]
     # mmdebstrap keeps its temporary chroot in TMPDIR: under the work folder, removed with it
     _run("mmdebstrap (the bookworm base)", argv, log, tries=TRIES, env={**os.environ, "TMPDIR": work})
-    os.rename(part, out)
-    return time.monotonic() - t
+    return out
 
 
 # runs as the first process of a private mount namespace: /var/lib becomes an overlay
@@ -250,8 +251,9 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 """
 
 
-def _inside(work: str, base_tar: str, out: str, log: str) -> None:
-    """The buildah steps (in the private namespace): base import, the build, the export."""
+def _inside(work: str, base_image: str, out: str, log: str) -> None:
+    """The buildah steps (in the private namespace): the base (pulled from its archive,
+    else imported from mmdebstrap's tar and saved as that archive), the build, the export."""
     os.environ["TMPDIR"] = os.path.join(work, "tmp")
     os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     seconds = {}
@@ -264,14 +266,10 @@ def _inside(work: str, base_tar: str, out: str, log: str) -> None:
             fh.write(f"storage driver {driver} unusable here, using vfs:\n{probe.stderr}\n")
         driver = "vfs"
     bh += ["--storage-driver", driver]
-    ctr = subprocess.run([*bh, "from", "--pull-never", "scratch"], capture_output=True, text=True)
-    if ctr.returncode != 0:
-        raise BuildError(f"kube image: buildah from scratch failed (exit {ctr.returncode}): {ctr.stderr.strip()}")
-    name = ctr.stdout.strip()
-    _run("buildah add (the base)", [*bh, "add", "--quiet", name, base_tar, "/"], log)
-    _run("buildah config (the base)", [*bh, "config", *[a for e in BASE_ENV for a in ("--env", e)],
-                                       "--cmd", BASE_CMD, name], log)
-    _run("buildah commit (the base)", [*bh, "commit", "--quiet", "--rm", name, BASE_REF], log)
+    if os.path.exists(base_image):
+        _run("buildah pull (the base's archive)", [*bh, "pull", "--quiet", f"docker-archive:{base_image}"], log)
+    else:
+        _import_base(bh, os.path.join(work, "rootfs.tar"), base_image, log)
     seconds["base_import"] = time.monotonic() - t
     t = time.monotonic()
     _run("buildah bud (deploy/kubernetes/Containerfile)",
@@ -282,6 +280,21 @@ def _inside(work: str, base_tar: str, out: str, log: str) -> None:
     _run("buildah push (docker-archive)", [*bh, "push", "--quiet", IMAGE_REF, f"docker-archive:{out}:{IMAGE_REF}"], log)
     seconds["export"] = time.monotonic() - t
     print(json.dumps({"driver": driver, "seconds": seconds}))
+
+
+def _import_base(bh: list[str], rootfs: str, base_image: str, log: str) -> None:
+    ctr = subprocess.run([*bh, "from", "--pull-never", "scratch"], capture_output=True, text=True)
+    if ctr.returncode != 0:
+        raise BuildError(f"kube image: buildah from scratch failed (exit {ctr.returncode}): {ctr.stderr.strip()}")
+    name = ctr.stdout.strip()
+    _run("buildah add (the base)", [*bh, "add", "--quiet", name, rootfs, "/"], log)
+    _run("buildah config (the base)", [*bh, "config", *[a for e in BASE_ENV for a in ("--env", e)],
+                                       "--cmd", BASE_CMD, name], log)
+    _run("buildah commit (the base)", [*bh, "commit", "--quiet", "--rm", name, BASE_REF], log)
+    part = base_image + ".part"
+    _run("buildah push (the base's archive)", [*bh, "push", "--quiet", BASE_REF, f"docker-archive:{part}:{BASE_REF}"],
+         log)
+    os.rename(part, base_image)
 
 
 def _mounts_under(path: str) -> list[str]:
@@ -300,13 +313,14 @@ def _build(key: str, cache: str, log_step) -> dict:
     open(log, "w").close()
     seconds = {}
     try:
-        base = _base_tar(cache)
+        base = _base_image(cache)
         if not os.path.exists(base):
             log_step("kube image: building the bookworm base with mmdebstrap")
-            seconds["base"] = _make_base(base, work, log)
-            for old in glob.glob(os.path.join(cache, "base-*.tar")):
-                if old != base:
-                    os.unlink(old)
+            t = time.monotonic()
+            _mmdebstrap(work, log)
+            seconds["base"] = time.monotonic() - t
+            for old in glob.glob(os.path.join(cache, "base-*.tar*")):
+                os.unlink(old)
         os.makedirs(os.path.join(cache, "images"), exist_ok=True)
         out = _archive(key, cache)
         part = out + ".part"
