@@ -200,8 +200,8 @@ def _archive(key: str, cache: str) -> str:
 
 
 def _base_image(cache: str) -> str:
-    """The base as a docker-archive (what buildah pulls in seconds, where importing
-    mmdebstrap's tar and committing it takes several times longer)."""
+    """The base as a docker-archive: buildah pulls it in about half the time that
+    importing mmdebstrap's tar and committing it takes (6 to 8 s against 11 to 25 s here)."""
     return os.path.join(cache, f"base-{BASE_SUITE}-{base_key()}.tar")
 
 
