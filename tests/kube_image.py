@@ -86,8 +86,8 @@ class BuildError(RuntimeError):
 
 # ------------------------------------------------------------------ the build context
 
-def _ignore_rules(root: str) -> list[tuple[bool, re.Pattern]]:
-    """The root ``.dockerignore`` as (exclude?, regex) in file order; the last rule that
+def _ignore_rules(root: str) -> list[tuple[bool, re.Pattern, str]]:
+    """The root ``.dockerignore`` as (exclude?, regex, pattern) in file order; the last rule that
     matches a path or one of its parent directories decides (buildah skips an excluded
     directory's contents unless a later ``!`` rule names something in it)."""
     path = os.path.join(root, ".dockerignore")
@@ -114,7 +114,7 @@ def _ignore_rules(root: str) -> list[tuple[bool, re.Pattern]]:
                     rx, i = rx + "[^/]", i + 1
                 else:
                     rx, i = rx + re.escape(pat[i]), i + 1
-            rules.append((exclude, re.compile(rx + r"\Z")))
+            rules.append((exclude, re.compile(rx + r"\Z"), pat))
     return rules
 
 
@@ -122,7 +122,7 @@ def _sent(rel: str, rules) -> bool:
     parts = rel.split("/")
     prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
     sent = True
-    for exclude, rx in rules:
+    for exclude, rx, _ in rules:
         if any(rx.match(p) for p in prefixes):
             sent = not exclude
     return sent
@@ -139,9 +139,20 @@ def context_files(root: str = REPO) -> list[str]:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             if _sent(rel, rules):
                 out.append(rel)
-        if rel_dir == "." and ".git" in dirnames:
-            dirnames.remove(".git")
+        dirnames[:] = [d for d in dirnames if not _prunable(d if rel_dir == "." else f"{rel_dir}/{d}", rules)]
     return sorted(out)
+
+
+def _prunable(rel: str, rules) -> bool:
+    """Whether nothing under directory ``rel`` can be sent: it is excluded and no ``!``
+    rule names a path under it (a wildcard in one might, so it forbids pruning). This
+    keeps the walk out of .git and .venv."""
+    if _sent(rel, rules):
+        return False
+    for exclude, _, pat in rules:
+        if not exclude and (any(c in pat for c in "*?[") or pat.startswith(rel + "/")):
+            return False
+    return True
 
 
 def _digest(h, path: str) -> None:

@@ -285,6 +285,9 @@ def test_dockerignore_rules_apply_in_order_to_paths_and_their_parents(tmp_path):
         (tmp_path / rel).write_text("")
     (tmp_path / ".dockerignore").write_text("# only a/\n*\n!a\na/b\n!a/b/keep\n**/*.tmp\n**/__pycache__\n")
     assert kube_image.context_files(str(tmp_path)) == ["a/b/keep/x.py", "a/keep.py"]
+    # an exception with a wildcard can reach into any excluded directory
+    (tmp_path / ".dockerignore").write_text("*\n!**/x.py\n")
+    assert kube_image.context_files(str(tmp_path)) == ["a/b/keep/x.py"]
     # this repository's: the package, its metadata and the npu-smi wrapper
     sent = kube_image.context_files()
     assert [f for f in sent if not f.startswith("ascendbind/")] == [
