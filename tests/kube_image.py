@@ -28,6 +28,8 @@ it. Every buildah command runs in a private mount namespace (``unshare --mount``
 which ``/var/lib`` is an overlay whose upper layer is a tmpfs: buildah's mounts, and
 the blob-info cache it writes under ``/var/lib/containers`` whatever ``--root`` says,
 end with that namespace, so nothing of a build stays on the host but its archive.
+The storage driver is overlay, else vfs where overlay cannot work (a root file system
+that is itself an overlay); ``ASCENDBIND_KUBE_IMAGE_DRIVER`` picks one.
 
 Both are cached under ``ASCENDBIND_KUBE_IMAGE_CACHE`` (default ``~/.cache/ascendbind-kube-image``): the
 base, saved as a docker-archive once buildah has imported it, by a hash of its recipe
@@ -268,7 +270,7 @@ def _inside(work: str, base_image: str, out: str, log: str) -> None:
     os.environ["TMPDIR"] = os.path.join(work, "tmp")
     os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     seconds = {}
-    driver = os.environ.get("KUBE_IMAGE_STORAGE_DRIVER", "overlay")
+    driver = os.environ.get("ASCENDBIND_KUBE_IMAGE_DRIVER", "overlay")
     bh = ["buildah", "--root", os.path.join(work, "storage"), "--runroot", os.path.join(work, "run")]
     t = time.monotonic()
     probe = subprocess.run([*bh, "--storage-driver", driver, "images"], capture_output=True, text=True)
