@@ -537,8 +537,8 @@ class Node:
         return tasks
 
     def _containers(self, pod: str, container: str | None = None) -> list[str]:
-        """Ids of the pod's containers (its sandbox when ``container`` is None... and every one
-        of its containers when container is "*")."""
+        """Ids of the pod's containers named ``container``; None: its sandboxes; "*": all of them,
+        sandboxes included (CRI labels each with the pod's and the container's name)."""
         filters = [f'labels."io.kubernetes.pod.name"=={self.pod_name(pod)}']
         if container is None:
             filters.append('labels."io.cri-containerd.kind"==sandbox')
