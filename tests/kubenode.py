@@ -32,6 +32,7 @@ Running a node::
         node.wait_container("pinned", "work", other_than=pid)
         node.restart_kubelet()                        # pods and their CPUs survive
         node.import_image("daemon.tar")               # -> list[str]: the references imported
+        node.container_log("pinned", "work")          # -> str: its stdout/stderr, CRI's log format
         node.remove_pod("pinned")                     # its tasks gone and its checkpoint entry gone
         node.log()                                    # -> str: kubelet and containerd log tails
 
@@ -633,6 +634,15 @@ class Node:
                 status = pod.get("status") or {}
                 return status if status.get("containerStatuses") else None
         return None
+
+    def container_log(self, pod: str, container: str) -> str:
+        """What the container's latest run wrote (stdout and stderr, as CRI logs them: each line
+        prefixed with a timestamp, the stream and a tag); "" before it wrote anything."""
+        runs = glob.glob(os.path.join(POD_LOGS, f"*_{self.pod_name(pod)}_*", container, "*.log"))
+        if not runs:
+            return ""
+        with open(max(runs, key=os.path.getmtime), errors="replace") as fh:
+            return fh.read()
 
     @staticmethod
     def cgroup_of(pid: int) -> dict[str, str]:

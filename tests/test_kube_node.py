@@ -55,7 +55,8 @@ def guaranteed(name: str, uid: str | None = None) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {
         "hostNetwork": True, "terminationGracePeriodSeconds": 1,
         "containers": [{"name": "work", "image": kubenode.BUSYBOX, "imagePullPolicy": "Never",
-                        "command": ["/bin/sleep", "100000"],
+                        # what the container itself sees, in its log; then a process that stays
+                        "command": ["/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 100000"],
                         "resources": {"requests": resources, "limits": dict(resources)}}]}}
 
 
@@ -92,6 +93,8 @@ def test_guaranteed_pod_gets_a_cpu_of_its_own_and_gives_it_back(node):
         assert re.fullmatch(rf"/kubepods/pod{uid}/[0-9a-f]{{64}}", path), path
         assert cpus == {cpu}
         assert _affinity(pid) == {cpu}
+        node.wait_for("the container's log", lambda: "Cpus_allowed_list" in node.container_log("pinned", "work"), 30)
+        assert re.search(rf"stdout F Cpus_allowed_list:\t{cpu}$", node.container_log("pinned", "work"), re.M)
     finally:
         node.remove_pod("pinned")
     state = node.checkpoint()
