@@ -28,38 +28,47 @@ Running a node::
         pid = node.wait_container("pinned", "work")   # -> int: host pid of the container's process
         node.checkpoint()                             # -> dict: cpu_manager_state, parsed
         node.cgroup_of(pid)                           # -> {"cpuset": "/kubepods/pod<uid>/<id>", ...}
+        node.pod_status("pinned")                     # -> dict | None: the kubelet's status of the pod
         node.kill_container("pinned", "work")         # -> int: the pid it killed; the kubelet restarts it
         node.wait_container("pinned", "work", other_than=pid)
         node.restart_kubelet()                        # pods and their CPUs survive
         node.import_image("daemon.tar")               # -> list[str]: the references imported
         node.container_log("pinned", "work")          # -> str: its stdout/stderr, CRI's log format
         node.remove_pod("pinned")                     # its tasks gone and its checkpoint entry gone
+        node.wait_for("what", check, timeout)         # check()'s first truthy value, else NodeError
         node.log()                                    # -> str: kubelet and containerd log tails
 
 Node attributes: ``dir`` (the temp dir), ``node_name``, ``kubelet_root`` (kubelet's
-``--root-dir``), ``manifests`` (its ``staticPodPath``), ``socket`` (containerd's),
-``kubelet_pid``, ``containerd_pid``, ``BUSYBOX`` / ``PAUSE`` (the local image references).
-A pod is named by its manifest's ``metadata.name``; the kubelet calls a static pod
-``<name>-<node_name>``, which ``node.pod_name(name)`` gives. A static pod's UID is the kubelet's
-hash of the manifest (32 hex digits) unless the manifest sets ``metadata.uid``. Each wait polls
-with a deadline; a failure (``NodeError``) carries the kubelet's and containerd's log tails.
+``--root-dir``: ``cpu_manager_state`` is there), ``manifests`` (its ``staticPodPath``),
+``socket`` (containerd's), ``kubelet_pid``, ``containerd_pid``, ``BUSYBOX`` / ``PAUSE`` (the
+local image references); ``node.ctr(*args)`` runs ``ctr`` on this containerd in the CRI
+namespace. A pod is named by its manifest's ``metadata.name``; the kubelet calls a static pod
+``<name>-<node_name>``, which ``node.pod_name(name)`` gives. A static pod's UID is the
+kubelet's hash of the manifest (32 hex digits) unless the manifest sets ``metadata.uid``
+(kept as given, e.g. an API server's dashed UUID). Each wait polls with a deadline; a failure
+(``NodeError``) carries the kubelet's and containerd's log tails.
 
 The node's shape: containerd runs with its own root, state, socket and config in the temp dir
 (``restrict_oom_score_adj``: without CAP_SYS_RESOURCE runc cannot give a container the negative
 oom_score_adj the kubelet asks for; cgroupfs, not systemd; the sandbox image is the local pause;
 CNI directories empty, so pods use ``hostNetwork``). The kubelet is standalone (``staticPodPath``,
 ``cpuManagerPolicy: static``, ``reservedSystemCPUs: "0"``, ``cgroupDriver: cgroupfs``, free ports
-on 127.0.0.1 only, ``--root-dir`` in the temp dir). At start it sets six sysctls
+on 127.0.0.1 only, ``--root-dir`` in the temp dir). Its CPU manager writes each container's
+cpuset again every ``cpuManagerReconcilePeriod`` (2 s here; 10 s is the default), as a
+production kubelet does. At start it sets six sysctls
 (SYSCTLS) that it considers required; it runs in a private mount namespace where each of those
 ``/proc/sys`` files is shadowed by a bind-mounted file already holding that value, so the host's
 settings never change. (Mounts the kubelet makes would stay in its namespace, unseen by
 containerd: secret and configMap volumes do not work here; emptyDir and hostPath do.)
 
-Teardown stops the kubelet and containerd by the pids it started, kills and deletes every task,
-container and sandbox first, waits for their shims, unmounts whatever remains under the temp
+Teardown stops the kubelet, kills and deletes every task, container and sandbox, stops
+containerd (both by the pids it started, never by name), waits for the shims to exit, unmounts whatever remains under the temp
 dir, removes the ``kubepods`` cgroups in every hierarchy, and removes what the kubelet 1.20 writes
 outside its root (``/var/lib/kubelet/device-plugins``, ``/var/log/pods/<its pods>``,
-``/var/log/containers/<its links>``) where they did not exist before. Nodes are serialised
+``/var/log/containers/<its links>``) where they did not exist before. A node records its
+owner and pids in ``<dir>/node.json``; a test process killed with its node up (a time limit)
+leaves it running, and the next ``kube_node()`` on the machine tears it down first
+(``reap_stale``: by those pids while their command lines name the node's dir). Nodes are serialised
 machine-wide with ``tests.cpuset_cgroups.kubepods_lock()``: the kubelet's ``kubepods`` tree sits at
 the top of each hierarchy, where other tests make fake ones.
 """
@@ -393,6 +402,7 @@ def prepare(cache: str = CACHE, log: Callable[[str], None] = print) -> Prepared:
 # --- the node --------------------------------------------------------------------------------
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODE_PREFIX = os.path.join(tempfile.gettempdir(), "ascendbind-kube-")
 CGROUP_ROOT = "/sys/fs/cgroup"
 # the host-side directories containerd's shims and kubelet 1.20 may create outside our temp dir
 OUTSIDE = (DEVICE_PLUGINS, os.path.dirname(DEVICE_PLUGINS), POD_LOGS, CONTAINER_LOGS, "/run/containerd/s", "/run/containerd")
@@ -456,12 +466,12 @@ class Node:
 
     _count = 0
 
-    def __init__(self, prepared: Prepared):
+    def __init__(self, prepared: Prepared | None, node_dir: str | None = None, record: dict | None = None):
         Node._count += 1
         self.prepared = prepared
-        self.dir = tempfile.mkdtemp(prefix="ascendbind-kube-")
+        self.dir = node_dir or tempfile.mkdtemp(prefix=NODE_PREFIX)
         os.chmod(self.dir, 0o755)
-        self.node_name = f"abnode-{os.getpid()}-{Node._count}"
+        self.node_name = record["node_name"] if record else f"abnode-{os.getpid()}-{Node._count}"
         self.kubelet_root = os.path.join(self.dir, "kubelet")
         self.manifests = os.path.join(self.dir, "manifests")
         self.socket = os.path.join(self.dir, "containerd", "containerd.sock")
@@ -470,9 +480,23 @@ class Node:
         self.healthz_port = self.kubelet_port = 0
         self._kubelet: subprocess.Popen | None = None
         self._containerd: subprocess.Popen | None = None
-        self._existed = {p: os.path.lexists(p) for p in OUTSIDE}
+        self._existed = record["existed"] if record else {p: os.path.lexists(p) for p in OUTSIDE}
         self._uids: dict[str, str] = {}
         self.BUSYBOX, self.PAUSE = BUSYBOX, PAUSE
+        if record:  # a node whose test process died: its processes, by pid, while they are its own
+            self._kubelet = _Orphan(record["kubelet"], self.dir) if record.get("kubelet") else None
+            self._containerd = _Orphan(record["containerd"], self.dir) if record.get("containerd") else None
+        else:
+            self._record()
+
+    def _record(self) -> None:
+        """``node.json`` in the node's dir: enough for another process to tear the node down
+        should this one die first (reap_stale)."""
+        record = {"owner": os.getpid(), "owner_start": _start_time(os.getpid()), "node_name": self.node_name,
+                  "existed": self._existed, "kubelet": self.kubelet_pid, "containerd": self.containerd_pid}
+        with open(os.path.join(self.dir, "node.json.part"), "w") as fh:
+            json.dump(record, fh)
+        os.replace(os.path.join(self.dir, "node.json.part"), os.path.join(self.dir, "node.json"))
 
     @property
     def kubelet_pid(self) -> int | None:
@@ -678,9 +702,11 @@ class Node:
 
     def _start_containerd(self) -> None:
         config = os.path.join(self.dir, "containerd", "config.toml")
-        with open(config, "w") as fh:
-            fh.write(_CONTAINERD_CONFIG.format(d=self.dir, pause=PAUSE))
+        if not os.path.exists(config):
+            with open(config, "w") as fh:
+                fh.write(_CONTAINERD_CONFIG.format(d=self.dir, pause=PAUSE))
         self._containerd = self._spawn(["containerd", "--config", config], self.containerd_log)
+        self._record()
 
         def up() -> bool:
             return os.path.exists(self.socket) and subprocess.run(
@@ -713,6 +739,7 @@ class Node:
         wrapper = ["unshare", "--mount", "--propagation", "private", "env", f"PYTHONPATH={REPO}",
                    sys.executable, "-m", "tests.kubenode", "--exec-kubelet", os.path.join(self.dir, "sysctl"), *argv]
         self._kubelet = self._spawn(wrapper, self.kubelet_log)
+        self._record()
 
         def healthy() -> bool:
             try:
@@ -748,6 +775,10 @@ class Node:
         """Leave the machine as found; returns what could not be undone (each a sentence)."""
         errors: list[str] = []
         self._stop(self._kubelet, "kubelet", errors)
+        if isinstance(self._containerd, _Orphan) and self._containerd.poll() is not None:
+            # its shims outlive it: a containerd on the same root and state finds them again
+            with contextlib.suppress(NodeError):
+                self._start_containerd()
         if self._containerd is not None and self._containerd.poll() is None:
             self._remove_containers(errors)
         self._stop(self._containerd, "containerd", errors)
@@ -842,6 +873,74 @@ class Node:
                     errors.append(f"{path} did not exist before this node and is not empty now: {exc.strerror}")
 
 
+class _Orphan:
+    """A process started by a node whose test process died (init is its parent now): what the
+    teardown uses of Popen, by pid, for as long as its command line names the node's dir (a pid
+    used again by another program is left alone)."""
+
+    def __init__(self, pid: int, node_dir: str):
+        self.pid, self._dir, self.returncode = pid, node_dir.encode(), None
+
+    def poll(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as fh:
+                ours = self._dir in fh.read()  # a zombie's is empty
+        except OSError:
+            ours = False
+        if not ours:
+            self.returncode = 0
+        return None if ours else 0
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.1)  # the poll's period: init, not us, reaps it
+        return 0
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (with the pid: one process ever)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def reap_stale(log: Callable[[str], None] = print) -> list[str]:
+    """Tear down the nodes whose test process died before their teardown (a run killed at a
+    time limit): their kubelet, containerd, shims, containers, cgroups and files. Called with
+    ``kubepods_lock()`` held (kube_node does). Returns the node dirs it tore down."""
+    reaped = []
+    for path in glob.glob(os.path.join(os.path.dirname(NODE_PREFIX), os.path.basename(NODE_PREFIX) + "*", "node.json")):
+        try:
+            with open(path) as fh:
+                record = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if _start_time(record["owner"]) == record["owner_start"]:
+            continue  # its test process is alive: its node is its own business
+        node = Node(None, os.path.dirname(path), record)
+        errors = node._teardown()
+        log(f"kubenode: tore down {node.dir}, left by pid {record['owner']}"
+            + (f"; left: {'; '.join(errors)}" if errors else ""))
+        reaped.append(node.dir)
+    return reaped
+
+
 @contextlib.contextmanager
 def kube_node(prepared: Prepared | None = None, log: Callable[[str], None] = print, *,
               lock: bool = True) -> Iterator[Node]:
@@ -849,6 +948,7 @@ def kube_node(prepared: Prepared | None = None, log: Callable[[str], None] = pri
     caller holds ``kubepods_lock()`` already (to look at the machine just before and after)."""
     prepared = prepared or prepare(log=log)
     with kubepods_lock() if lock else contextlib.nullcontext():
+        reap_stale(log)
         node = Node(prepared)
         try:
             node._start()
@@ -914,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.monotonic()
     p = prepare()
     what = "built" if p.built else "reused"
-    steps = ", ".join(f"{k} {v:.0f} s" for k, v in p.seconds.items()) or "nothing to do"
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in p.seconds.items()) or "nothing to do"
     print(f"kubenode: {what} {p.kubelet} ({steps}); images {p.pause_archive}, {p.busybox_archive}; "
           f"{time.monotonic() - t:.1f} s in all")
     return 0

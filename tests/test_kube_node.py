@@ -8,9 +8,11 @@ Every test but the last shares one node (a module-scoped fixture); each removes 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import psutil
@@ -225,3 +227,38 @@ def test_a_node_leaves_the_machine_as_it_found_it(shared):
     for what in before:
         assert after[what] == before[what], what
     assert before["kubepods"] == [] and not os.path.exists(node_dir) and not psutil.pid_exists(pid)
+
+
+# a test process that starts a node and is then killed (as a time limit kills a run)
+_DOOMED = """
+import json, sys
+from tests import kubenode
+held = kubenode.kube_node()  # never left: the process is killed with its node up
+node = held.__enter__()
+node.add_pod(json.loads(sys.argv[1]))
+pid = node.wait_container("orphan", "work")
+print("NODE " + json.dumps({"dir": node.dir, "pids": [pid, node.kubelet_pid, node.containerd_pid]}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_node_whose_test_process_died_is_torn_down_by_the_next(shared):
+    shared.close()
+    child = subprocess.Popen([sys.executable, "-c", _DOOMED, json.dumps(guaranteed("orphan"))], cwd=kubenode.REPO,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": kubenode.REPO})
+    try:
+        lines = iter(child.stdout.readline, "")  # ends when the child exits
+        started = next((json.loads(line[5:]) for line in lines if line.startswith("NODE ")), None)
+        assert started, f"the child's node did not start (exit {child.poll()})"
+    finally:
+        child.kill()
+        child.wait()
+    assert all(psutil.pid_exists(p) for p in started["pids"]) and kubenode._kubepods()  # orphans now
+    said: list[str] = []
+    with kubenode.kube_node(log=said.append) as node:
+        assert said == [f"kubenode: tore down {started['dir']}, left by pid {child.pid}"]  # nothing left over
+        assert not os.path.exists(started["dir"])
+        assert not any(psutil.pid_exists(p) for p in started["pids"])
+        assert node.checkpoint()["policyName"] == "static"
+    assert kubenode._kubepods() == [] and not _naming()
