@@ -601,12 +601,14 @@ class Node:
         name = manifest["metadata"]["name"]
         self.write_manifest(manifest)
 
-        def uid() -> str | None:
-            for cid, _pid in self._running(name, None):
-                return self._labels(cid).get("io.kubernetes.pod.uid")
-            return None
-        self._uids[name] = self.wait_for(f"pod {name}'s sandbox running", uid, timeout)
+        self._uids[name] = self.wait_for(f"pod {name}'s sandbox running", lambda: self._uid(name), timeout)
         return self._uids[name]
+
+    def _uid(self, name: str) -> str | None:
+        """The UID on the pod's running sandbox (CRI's io.kubernetes.pod.uid label)."""
+        for cid, _pid in self._running(name, None):
+            return self._labels(cid).get("io.kubernetes.pod.uid")
+        return None
 
     def remove_pod(self, name: str, timeout: float = 120) -> None:
         """Remove the static pod ``name``; waits until none of its containers has a task left
@@ -615,8 +617,8 @@ class Node:
         path = os.path.join(self.manifests, f"{name}.json")
         if not os.path.exists(path):
             raise NodeError(f"no pod {name} on this node ({path} does not exist)")
+        uid = self._uids.pop(name, None) or self._uid(name)  # a pod started by write_manifest
         os.unlink(path)
-        uid = self._uids.pop(name, None)
         self.wait_for(f"pod {name}'s containers gone", lambda: not self._running(name, "*"), timeout)
         if uid is not None:
             self.wait_for(f"pod {name} (uid {uid}) gone from the checkpoint",
@@ -731,7 +733,7 @@ class Node:
         with open(os.path.join(self.dir, "kubelet-config.json"), "w") as fh:
             json.dump(config, fh, indent=1)
 
-    def _start_kubelet(self) -> None:
+    def _start_kubelet(self, timeout: float = 120) -> None:
         argv = [self.prepared.kubelet, f"--config={self.dir}/kubelet-config.json", "--container-runtime=remote",
                 f"--container-runtime-endpoint=unix://{self.socket}", f"--root-dir={self.kubelet_root}",
                 f"--cert-dir={self.dir}/pki", f"--hostname-override={self.node_name}",
@@ -748,7 +750,7 @@ class Node:
             except OSError:
                 return False
             return ok and self.checkpoint().get("policyName") == "static"
-        self.wait_for("kubelet healthy with the static CPU manager", healthy, 120, interval=0.5)
+        self.wait_for("kubelet healthy with the static CPU manager", healthy, timeout, interval=0.5)
 
     def _stop(self, proc: subprocess.Popen | None, name: str, errors: list[str]) -> None:
         if proc is None or proc.poll() is not None:
@@ -769,7 +771,7 @@ class Node:
         self._kubelet = None
         if errors:
             raise self._fail("; ".join(errors))
-        self._start_kubelet()
+        self._start_kubelet(timeout)
 
     def _teardown(self) -> list[str]:
         """Leave the machine as found; returns what could not be undone (each a sentence)."""
