@@ -52,7 +52,7 @@ The node's shape: containerd runs with its own root, state, socket and config in
 (``restrict_oom_score_adj``: without CAP_SYS_RESOURCE runc cannot give a container the negative
 oom_score_adj the kubelet asks for; cgroupfs, not systemd; the sandbox image is the local pause;
 CNI directories empty, so pods use ``hostNetwork``). The kubelet is standalone (``staticPodPath``,
-``cpuManagerPolicy: static``, ``reservedSystemCPUs: "0"``, ``cgroupDriver: cgroupfs``, free ports
+``cpuManagerPolicy: static``, ``kubeReserved: {cpu: 500m}``, ``cgroupDriver: cgroupfs``, free ports
 on 127.0.0.1 only, ``--root-dir`` in the temp dir). Its CPU manager writes each container's
 cpuset again every ``cpuManagerReconcilePeriod`` (2 s here; 10 s is the default), as a
 production kubelet does. At start it sets six sysctls
@@ -473,6 +473,7 @@ class Node:
         os.chmod(self.dir, 0o755)
         self.node_name = record["node_name"] if record else f"abnode-{os.getpid()}-{Node._count}"
         self.kubelet_root = os.path.join(self.dir, "kubelet")
+        self.labels: dict[str, str] = {}
         self.manifests = os.path.join(self.dir, "manifests")
         self.socket = os.path.join(self.dir, "containerd", "containerd.sock")
         self.kubelet_log = os.path.join(self.dir, "kubelet.log")
@@ -601,8 +602,31 @@ class Node:
         name = manifest["metadata"]["name"]
         self.write_manifest(manifest)
 
-        self._uids[name] = self.wait_for(f"pod {name}'s sandbox running", lambda: self._uid(name), timeout)
+        def running() -> str | None:
+            rejected = self._rejected(name)
+            if rejected:  # the kubelet's admission said no (a nodeSelector, more CPU than allocatable)
+                raise self._fail(f"the kubelet rejected pod {name}: {rejected}")
+            return self._uid(name)
+        self._uids[name] = self.wait_for(f"pod {name}'s sandbox running", running, timeout)
         return self._uids[name]
+
+    def _pods(self) -> list[dict]:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # its own self-signed certificate
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.kubelet_port}/pods", timeout=10, context=ctx) as r:
+            return json.load(r).get("items") or []
+
+    def _rejected(self, name: str) -> str | None:
+        """Why the kubelet failed the pod at admission (status phase Failed), else None."""
+        try:
+            pods = self._pods()
+        except OSError:
+            return None
+        for pod in pods:
+            status = pod.get("status") or {}
+            if pod["metadata"]["name"] == self.pod_name(name) and status.get("phase") == "Failed":
+                return f"{status.get('reason')}: {status.get('message')}"
+        return None
 
     def _uid(self, name: str) -> str | None:
         """The UID on the pod's running sandbox (CRI's io.kubernetes.pod.uid label)."""
@@ -651,11 +675,7 @@ class Node:
         """The static pod's status as this kubelet last computed it (``containerStatuses``:
         ``containerID``, ``restartCount``, ``state``...), read from its ``/pods`` endpoint (a
         standalone kubelet reports its static pods' status there); None before its first sync."""
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # its own self-signed certificate
-        with urllib.request.urlopen(f"https://127.0.0.1:{self.kubelet_port}/pods", timeout=10, context=ctx) as r:
-            pods = json.load(r).get("items") or []
-        for pod in pods:
+        for pod in self._pods():
             if pod["metadata"]["name"] == self.pod_name(name):
                 status = pod.get("status") or {}
                 return status if status.get("containerStatuses") else None
@@ -721,7 +741,10 @@ class Node:
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "staticPodPath": self.manifests, "fileCheckFrequency": "1s", "syncFrequency": "5s",
             "cgroupDriver": "cgroupfs", "cpuManagerPolicy": "static", "cpuManagerReconcilePeriod": "2s",
-            "reservedSystemCPUs": "0", "makeIPTablesUtilChains": False, "failSwapOn": False,
+            # half a CPU for the system: the static policy keeps CPU 0 (the ceiling, the lowest CPU)
+            # out of exclusive sets, and 1.5 CPUs stay allocatable, so a pod of one whole CPU fits
+            # beside the ascendbind DaemonSet's 50m (reservedSystemCPUs "0" would leave only 1)
+            "kubeReserved": {"cpu": "500m"}, "makeIPTablesUtilChains": False, "failSwapOn": False,
             "address": "127.0.0.1", "port": self.kubelet_port, "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": self.healthz_port,
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
@@ -738,6 +761,8 @@ class Node:
                 f"--container-runtime-endpoint=unix://{self.socket}", f"--root-dir={self.kubelet_root}",
                 f"--cert-dir={self.dir}/pki", f"--hostname-override={self.node_name}",
                 f"--pod-infra-container-image={PAUSE}", "--v=2"]
+        if self.labels:  # what a manifest's nodeSelector is checked against (kubelet admission)
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
         wrapper = ["unshare", "--mount", "--propagation", "private", "env", f"PYTHONPATH={REPO}",
                    sys.executable, "-m", "tests.kubenode", "--exec-kubelet", os.path.join(self.dir, "sysctl"), *argv]
         self._kubelet = self._spawn(wrapper, self.kubelet_log)
@@ -945,13 +970,15 @@ def reap_stale(log: Callable[[str], None] = print) -> list[str]:
 
 @contextlib.contextmanager
 def kube_node(prepared: Prepared | None = None, log: Callable[[str], None] = print, *,
-              lock: bool = True) -> Iterator[Node]:
+              lock: bool = True, labels: dict[str, str] | None = None) -> Iterator[Node]:
     """A node (see Node), torn down on exit; one at a time on this machine. ``lock=False``: the
-    caller holds ``kubepods_lock()`` already (to look at the machine just before and after)."""
+    caller holds ``kubepods_lock()`` already (to look at the machine just before and after).
+    ``labels``: the node's labels (``--node-labels``), which pods' nodeSelectors must match."""
     prepared = prepared or prepare(log=log)
     with kubepods_lock() if lock else contextlib.nullcontext():
         reap_stale(log)
         node = Node(prepared)
+        node.labels = dict(labels or {})
         try:
             node._start()
             yield node

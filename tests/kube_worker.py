@@ -1,0 +1,28 @@
+"""A worker pod's program (stdlib only, run by the image's python3 after ``ascendbind run``
+bound the process): the named threads a vLLM-Ascend worker has beside its main thread
+(torch_npu's ``acl_thread`` and ``release_thread``, a vLLM worker thread), then it waits
+until the kubelet stops it. Prints ``ready`` once every thread runs."""
+
+import ctypes
+import signal
+import sys
+import threading
+
+PR_SET_NAME = 15
+libc = ctypes.CDLL(None)
+started = threading.Barrier(4)
+
+
+def named(name: str) -> None:
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()), 0, 0, 0)
+    started.wait()
+    threading.Event().wait()
+
+
+for name in ("acl_thread", "release_thread", "worker_0"):
+    threading.Thread(target=named, args=(name,), daemon=True).start()
+started.wait()
+print("ready", flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    signal.pause()
