@@ -11,9 +11,9 @@ test's own host directories). The fixture npu-smi describes this machine as two 
 next to CPU 1 and NPU 1 next to CPU 0; the kubelet keeps CPU 0 for the system, so a
 Guaranteed pod of one CPU gets CPU 1 for itself, and a Burstable pod runs on CPU 0.
 
-The tests share one node and one daemon pod and run in order: a Guaranteed worker is
-bound, the kubelet restarts, the daemon's container is killed, a Burstable pod with an
-API server's UID comes and goes, and last the Guaranteed pod is deleted.
+The tests share one node and one daemon pod (a test that kills the daemon's container
+leaves the kubelet to start another; each test waits for a healthy daemon first). Each
+test starts its own worker pods and removes them, so they run in any order.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class Stack:
     dirs: HostDirs
     metrics_port: int
     worker_dir: str
+    kills: int = 0  # how often a test killed the daemon's container
 
     @property
     def client(self) -> Client:
@@ -175,6 +176,7 @@ def test_the_daemon_pod_is_the_daemonsets_own_but_for_the_listed_changes(stack):
 
 
 def test_the_daemon_runs_from_its_image_with_the_daemonsets_privileges_and_its_probes_answer(stack):
+    assert wait_for(lambda: _healthy(stack), WAIT), stack.why()
     pid = stack.node.wait_container(*DAEMON, timeout=WAIT)
     with open(f"/proc/{pid}/cmdline", "rb") as fh:
         argv = fh.read().split(b"\0")
@@ -191,22 +193,30 @@ def test_the_daemon_runs_from_its_image_with_the_daemonsets_privileges_and_its_p
     assert root and "ro" in root[-1][5].split(","), root
     # the readiness probe runs in the container and the kubelet says so
     assert wait_for(lambda: _ready(stack.node, *DAEMON) is True, WAIT), stack.why()
-    # the liveness probe passes too: the kubelet has not restarted the container
+    # the liveness probe passes too: the kubelet has not restarted the container (only a test
+    # that kills it does)
     status = stack.node.pod_status(DAEMON[0])["containerStatuses"][0]
-    assert status["restartCount"] == 0, status
+    assert status["restartCount"] == stack.kills, status
 
 
 # ----------------------------------------------------------------------------- a Guaranteed worker
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def guaranteed(stack):
-    """The Guaranteed worker pod (cpu: 1): its pod UID, pid, and the CPU the kubelet gave it."""
+    """The Guaranteed worker pod (cpu: 1), bound: its pod UID, pid, and the CPU the kubelet
+    gave it; removed afterwards unless the test removed it."""
+    assert wait_for(lambda: _healthy(stack), WAIT), stack.why()
     uid, pid = _start_worker(stack, "vllm-0", guaranteed=True, cpu="1", npu="0")
-    entries = stack.node.checkpoint().get("entries", {})
-    assert uid in entries and "engine" in entries[uid], (uid, entries)
-    cpu = int(entries[uid]["engine"])
-    return uid, pid, cpu
+    try:
+        entries = stack.node.checkpoint().get("entries", {})
+        assert uid in entries and "engine" in entries[uid], (uid, entries)
+        assert wait_for(lambda: stack.worker(pid) is not None, WAIT), stack.why()
+        yield uid, pid, int(entries[uid]["engine"])
+    finally:
+        if os.path.exists(os.path.join(stack.node.manifests, "vllm-0.json")):
+            stack.node.remove_pod("vllm-0")
+    assert wait_for(lambda: stack.worker(pid) is None, WAIT), stack.why()
 
 
 def test_a_guaranteed_worker_pod_is_bound_to_its_exclusive_cpu(stack, guaranteed):
@@ -214,9 +224,10 @@ def test_a_guaranteed_worker_pod_is_bound_to_its_exclusive_cpu(stack, guaranteed
     assert len(uid) == 32 and "-" not in uid  # a static pod: the kubelet's hash of its manifest
     cp = stack.node.checkpoint()
     assert cpu not in parse_cpulist(cp["defaultCpuSet"]), cp
-    assert wait_for(lambda: stack.worker(pid) is not None, WAIT), stack.why()
     w = stack.worker(pid)
     assert w["cpulists"]["npus"]["0"]["pool"] == str(cpu), w["cpulists"]
+    # the roles inside the pool: one CPU, so they share it
+    assert {w["cpulists"]["npus"]["0"][r] for r in ("main", "acl", "release")} == {str(cpu)}
     assert w["plan"]["pool_source"]["evidence"].startswith("kubelet's static CPU manager gives container 'engine' "
                                                            f"of pod {uid}"), w["plan"]["pool_source"]
     assert w["proof"]["proven"], w["proof"]
@@ -242,6 +253,7 @@ def test_the_daemons_container_killed_comes_back_with_its_bindings_from_the_host
     _uid, pid, cpu = guaranteed
     before = stack.worker(pid)
     old = stack.node.kill_container(*DAEMON)
+    stack.kills += 1
     new = stack.node.wait_container(*DAEMON, timeout=WAIT, other_than=old)
     assert new != old
     assert wait_for(lambda: _healthy(stack) and stack.worker(pid) is not None, WAIT), stack.why()
@@ -257,6 +269,7 @@ def test_the_daemons_container_killed_comes_back_with_its_bindings_from_the_host
 
 
 def test_a_burstable_pod_with_an_api_server_uid_is_named_and_planned_by_the_placement_rules(stack, guaranteed):
+    assert wait_for(lambda: _healthy(stack), WAIT), stack.why()
     uid, pid = _start_worker(stack, "vllm-b", guaranteed=False, cpu="200m", npu="1", uid=API_UID)
     try:
         assert uid == API_UID
