@@ -58,8 +58,9 @@ HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 BUILD_TIMEOUT = 900
 
 # python3 + pip: the suite; systemd, systemd-sysv, dbus: booted as PID 1 by systemd-nspawn
-# (tests/systemd_harness.py); procps (ps), curl: the daemon's tools and the daemon tests' client
-APT = ("python3", "python3-pip", "systemd", "systemd-sysv", "dbus", "procps", "curl")
+# (tests/systemd_harness.py); procps (ps), curl: the daemon's tools and the daemon tests' client;
+# make: `make install-service` writes the units there as on a host
+APT = ("python3", "python3-pip", "systemd", "systemd-sysv", "dbus", "procps", "curl", "make")
 
 # the suite's files that need nothing of the host but its kernel (run by every root)
 HOST_INDEPENDENT = (
@@ -161,7 +162,7 @@ def _build(recipe: Recipe, target: Path, log) -> None:
     shutil.copyfile("/etc/resolv.conf", target / "etc" / "resolv.conf")
     pip = ["python3", "-m", "pip", "install", "--quiet", "--no-warn-script-location", "--cert", "/tmp/host-ca.crt",
            "--disable-pip-version-check", *recipe.pip_flags, *recipe.pins()]
-    _check(_in_root_argv(target, pip, overlay=False), f"pip in the {recipe.suite} root")
+    _check(_in_root_argv(target, pip, overlay=False, binds=()), f"pip in the {recipe.suite} root")
     (target / "tmp" / "host-ca.crt").unlink()
     versions = run_in(target, ["python3", "-c", "import platform; print(platform.python_version())"], overlay=False)
     (target / ".ascendbind-root").write_text(json.dumps({"suite": recipe.suite, "pins": recipe.pins(),
@@ -175,11 +176,12 @@ def _check(argv: list[str], what: str) -> None:
 
 
 # The mounts, in a private mount namespace: the root (read-write, or an overlay whose upper
-# layer is a scratch directory), this kernel's /proc, /sys, /dev, and the checkout at /src.
-# Arguments are positional parameters, never spliced into the script.
+# layer is a scratch directory), this kernel's /proc, /sys, /dev, then each (source, target)
+# pair up to "--" bound into the root. Arguments are positional parameters, never spliced
+# into the script.
 _MOUNTS = r'''
 set -e
-root=$1 src=$2 scratch=$3; shift 3
+root=$1 scratch=$2; shift 2
 if [ -n "$scratch" ]; then
     mkdir -p "$scratch/upper" "$scratch/work" "$scratch/merged"
     mount -t overlay overlay -o "lowerdir=$root,upperdir=$scratch/upper,workdir=$scratch/work" "$scratch/merged"
@@ -188,25 +190,67 @@ fi
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
-mkdir -p "$root/src"
-mount --bind "$src" "$root/src"
+while [ "$1" != -- ]; do
+    mkdir -p "$root$2"
+    mount --bind "$1" "$root$2"
+    shift 2
+done
+shift
 exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/root LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 ${CI:+CI=$CI} "$@"
 '''
 
 
-def _in_root_argv(root: Path, argv: list[str], *, overlay: bool, scratch: str = "", src: Path = ROOT) -> list[str]:
+def _in_root_argv(root: Path, argv: list[str], *, overlay: bool, scratch: str = "",
+                  binds: tuple[tuple[Path, str], ...] = ((ROOT, "/src"),)) -> list[str]:
+    pairs = [str(x) for src, dst in binds for x in (src, dst)]
     return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _MOUNTS, "sh",
-            str(root), str(src), scratch if overlay else "", *argv]
+            str(root), scratch if overlay else "", *pairs, "--", *argv]
 
 
 def run_in(root: Path, argv: list[str], *, overlay: bool = True, cwd: str = "/src", timeout: float = 600,
-           binds_src: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run ``argv`` in ``root`` from ``cwd`` (see the module's docstring); the completed process."""
+           binds_src: Path = ROOT, binds: tuple[tuple[Path, str], ...] = ()) -> subprocess.CompletedProcess:
+    """Run ``argv`` in ``root`` from ``cwd`` (see the module's docstring), ``binds_src`` at
+    /src and each (directory, path) of ``binds`` at its path; the completed process."""
     with tempfile.TemporaryDirectory(prefix="ascendbind-root-") as scratch:
         inner = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
-        return subprocess.run(_in_root_argv(root, inner, overlay=overlay, scratch=scratch, src=binds_src),
+        return subprocess.run(_in_root_argv(root, inner, overlay=overlay, scratch=scratch,
+                                            binds=((binds_src, "/src"), *binds)),
                               capture_output=True, text=True, timeout=timeout)
+
+
+def _source_key() -> str:
+    h = hashlib.sha256()
+    files = [ROOT / "pyproject.toml", ROOT / "MANIFEST.in"]
+    files += sorted(p for p in (ROOT / "ascendbind").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in files:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def opt_venv(suite: str) -> Path:
+    """This checkout installed in ``suite``'s root as docs/operations.md says for a venv:
+    ``/opt/ascendbind``, the root's own python3, the dependencies it already has (the
+    pinned ones) seen through ``--system-site-packages``, the checkout's wheel installed
+    by the root's pip. Kept next to the root, one per source version."""
+    root = prepare(suite)
+    venv = root.with_name(f"{root.name}-opt-{_source_key()}")
+    if (venv / ".ready").is_file():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.mkdir()
+    with tempfile.TemporaryDirectory(prefix="ascendbind-wheel-") as wheels:
+        _check([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--wheel-dir",
+                wheels, str(ROOT)], "pip wheel")
+        (whl,) = Path(wheels).glob("ascendbind-*.whl")
+        script = ("python3 -m venv --without-pip --system-site-packages /opt/ascendbind && "
+                  "/opt/ascendbind/bin/python -m pip install -q --no-index --no-deps --disable-pip-version-check "
+                  f"/wheels/{whl.name}")
+        r = run_in(root, ["/bin/sh", "-c", script], binds=((venv, "/opt/ascendbind"), (Path(wheels), "/wheels")))
+    if r.returncode != 0:
+        raise RuntimeError(f"the /opt/ascendbind venv in {suite}: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    (venv / ".ready").write_text("")
+    return venv
 
 
 @contextlib.contextmanager
