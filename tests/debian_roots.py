@@ -238,6 +238,14 @@ def opt_venv(suite: str) -> Path:
     venv = root.with_name(f"{root.name}-opt-{_source_key()}")
     if (venv / ".ready").is_file():
         return venv
+    with open(CACHE / f".{suite}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / ".ready").is_file():  # else made by another process while this one waited
+            _make_opt_venv(suite, root, venv)
+    return venv
+
+
+def _make_opt_venv(suite: str, root: Path, venv: Path) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     venv.mkdir()
     with tempfile.TemporaryDirectory(prefix="ascendbind-wheel-") as wheels:
@@ -251,7 +259,6 @@ def opt_venv(suite: str) -> Path:
     if r.returncode != 0:
         raise RuntimeError(f"the /opt/ascendbind venv in {suite}: {r.stdout[-2000:]}{r.stderr[-2000:]}")
     (venv / ".ready").write_text("")
-    return venv
 
 
 @contextlib.contextmanager
