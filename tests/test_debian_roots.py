@@ -72,6 +72,18 @@ def test_a_daemon_in_the_root_binds_real_workers(root):
     assert re.match(r"4 passed", _summary(r)), _summary(r)
 
 
+def test_the_workers_side_imports_with_the_standard_library_alone(root):
+    # the client and the vLLM plugin load in the serving stack's Python, which need not
+    # have the daemon's dependencies: -S leaves site-packages out, the checkout is the cwd
+    _suite, path = root
+    probe = ("import sys, ascendbind.client, ascendbind.integrations; "
+             "print(sorted(m for m in sys.modules if not m.startswith(('ascendbind', '_')) and "
+             "getattr(sys.modules[m], '__file__', None) and 'packages' in sys.modules[m].__file__))")
+    r = debian_roots.run_in(path, ["python3", "-S", "-c", probe])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[]", r.stdout
+
+
 @pytest.fixture(scope="module")
 def wheel_tree(tmp_path_factory) -> tuple[Path, str]:
     """A copy of the checkout with a wheel built from it under dist/ (the wheel's name)."""
