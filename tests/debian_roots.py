@@ -158,13 +158,17 @@ def prepare(suite: str, log=sys.stderr) -> Path:
 def _build(recipe: Recipe, target: Path, log) -> None:
     print(f"debian_roots: building {recipe.suite} at {target}", file=log, flush=True)
     _check([shutil.which("mmdebstrap") or "mmdebstrap", "--variant=minbase", "--quiet",
-            f"--include={','.join(recipe.apt)}", recipe.suite, str(target), MIRROR], "mmdebstrap")
-    shutil.copyfile(HOST_CA, target / "tmp" / "host-ca.crt")
+            "--aptopt=Acquire::Retries \"3\"", f"--include={','.join(recipe.apt)}", recipe.suite, str(target),
+            MIRROR], "mmdebstrap")
     shutil.copyfile("/etc/resolv.conf", target / "etc" / "resolv.conf")
-    pip = ["python3", "-m", "pip", "install", "--quiet", "--no-warn-script-location", "--cert", "/tmp/host-ca.crt",
+    cert = []
+    if os.path.exists(HOST_CA):
+        shutil.copyfile(HOST_CA, target / "tmp" / "host-ca.crt")
+        cert = ["--cert", "/tmp/host-ca.crt"]
+    pip = ["python3", "-m", "pip", "install", "--quiet", "--no-warn-script-location", "--retries", "5", *cert,
            "--disable-pip-version-check", *recipe.pip_flags, *recipe.pins()]
     _check(_in_root_argv(target, pip, overlay=False, binds=()), f"pip in the {recipe.suite} root")
-    (target / "tmp" / "host-ca.crt").unlink()
+    (target / "tmp" / "host-ca.crt").unlink(missing_ok=True)
     versions = run_in(target, ["python3", "-c", "import platform; print(platform.python_version())"], overlay=False)
     (target / ".ascendbind-root").write_text(json.dumps({"suite": recipe.suite, "pins": recipe.pins(),
                                                          "python": versions.stdout.strip()}) + "\n")
