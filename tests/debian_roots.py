@@ -75,9 +75,10 @@ HOST_INDEPENDENT = (
     "tests/test_planner_seed.py", "tests/test_planner_smt.py", "tests/test_product_text.py",
     "tests/test_settings.py", "tests/test_state_record.py", "tests/test_targets_rule.py",
 )
-# a real daemon (tests/daemon_harness.py) binding real workers, read back from /proc
-DAEMON_TESTS = ("tests/test_daemon_api.py", "-k",
-                "bind_through_curl or release_restores or drifted_mask or late_acl")
+# a real daemon (tests/daemon_harness.py) binding real workers, read back from /proc, and
+# new daemons answering their first requests at once (Python 3.9's concurrent imports)
+DAEMON_TESTS = ("tests/test_daemon_api.py", "tests/test_first_requests.py", "-k",
+                "bind_through_curl or release_restores or drifted_mask or late_acl or first_requests")
 # what the suite itself needs on top of the package's dependencies (the test extra's first two)
 TEST_NEEDS = ("pytest", "hypothesis")
 
