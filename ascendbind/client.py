@@ -184,7 +184,7 @@ class Client:
             raise errors.DaemonUnreachable(
                 f"no ascendbind daemon on {self.socket_path} ({exc.strerror}); is `ascendbind serve` running?"
             ) from None
-        except TimeoutError:
+        except (TimeoutError, socket.timeout):  # one class from 3.10, two before
             raise errors.DaemonUnreachable(
                 f"ascendbind daemon on {self.socket_path} did not answer within {self.timeout:g} s") from None
         except BadAnswer as exc:

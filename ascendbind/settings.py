@@ -18,7 +18,7 @@ integration. It uses only the standard library, since workers import it.
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,13 +67,25 @@ def config_file_path(path: str | None, env: Mapping[str, str]) -> str | None:
     return file_path or None
 
 
+def _toml_reader() -> Any:
+    """The stdlib's TOML reader from 3.11, ``tomli`` (the same code, a dependency only
+    there) before. Imported here rather than at the top: a worker imports this module
+    for ``resolve_socket`` alone, and its Python may lack ``tomli``."""
+    if sys.version_info >= (3, 11):
+        import tomllib  # novermin (3.11 and later only)
+    else:  # pragma: no cover - the 3.9 and 3.10 hosts
+        import tomli as tomllib
+    return tomllib
+
+
 def _read_toml(file_path: str) -> dict[str, Any]:
+    toml = _toml_reader()
     try:
         with open(file_path, "rb") as fh:
-            return tomllib.load(fh)
+            return toml.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file {file_path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, toml.TOMLDecodeError) as exc:
         raise ConfigError(f"config file {file_path}: {exc}") from None
 
 

@@ -144,15 +144,22 @@ def _paths_under(top: Path) -> set[Path]:
 
 
 class Container:
-    def __init__(self, directory: Path, binds: list[tuple[str, str, bool]]) -> None:
+    """``os_root`` None: this machine's systemd over a tmpfs root and its own ``/usr``.
+    A directory (an older Debian, tests/debian_roots.py): that tree's systemd and
+    userland, read-only under a tmpfs overlay (``--volatile=overlay``: the tree need
+    not have a merged ``/usr``, and stays as it was), with its own ``ld.so.cache``."""
+
+    def __init__(self, directory: Path, binds: list[tuple[str, str, bool]], os_root: Path | None = None) -> None:
         self.dir = directory
         self.name = f"abtest{os.getpid()}x{time.monotonic_ns() % 100000}"
         preset = directory / "00-ascendbind-test.preset"
         preset.write_text("disable *\n")
         binds = [*binds, (str(preset), "/etc/systemd/system-preset/00-ascendbind-test.preset", True)]
-        if os.path.exists("/etc/ld.so.cache"):
+        if os_root is None and os.path.exists("/etc/ld.so.cache"):
             binds.append(("/etc/ld.so.cache", "/etc/ld.so.cache", True))
-        self.argv = ["systemd-nspawn", "--directory=/", "--volatile=yes", "--register=no", "--keep-unit",
+        tree = ["--directory=/", "--volatile=yes"] if os_root is None else [f"--directory={os_root}",
+                                                                            "--volatile=overlay"]
+        self.argv = ["systemd-nspawn", *tree, "--register=no", "--keep-unit",
                      "--quiet", "--console=read-only", f"--machine={self.name}", "--capability=CAP_NET_ADMIN"]
         self.argv += [f"--bind{'-ro' if ro else ''}={src}:{dst}" for src, dst, ro in binds]
         self.argv += ["-b", "--", "systemd.firstboot=off", "systemd.unit=multi-user.target"]
@@ -313,8 +320,8 @@ class GuestWorker(Worker):
 
 
 @contextlib.contextmanager
-def booted(directory: Path, binds: list[tuple[str, str, bool]]) -> Iterator[Container]:
-    c = Container(directory, binds)
+def booted(directory: Path, binds: list[tuple[str, str, bool]], os_root: Path | None = None) -> Iterator[Container]:
+    c = Container(directory, binds, os_root)
     try:
         c.boot()
         yield c

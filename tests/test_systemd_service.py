@@ -45,6 +45,8 @@ from ascendbind.discovery.parse.irqs import parse_interrupts
 from tests.daemon_harness import free_port, metric_value
 from tests.hanging_tool import HangingNpuSmi
 from tests.irqbalance_harness import irq_masks, restore_irq_masks
+from tests import debian_roots
+from tests.deploy_tools import missing
 from tests.systemd_harness import OPT, ROOT, booted, need_tools, opt_venv
 from tests.test_daemon_systemd_units import MAX_EXPOSURE
 
@@ -152,19 +154,28 @@ class Host:
                 link.unlink()
 
 
-@pytest.fixture(scope="module")
-def host():
+@pytest.fixture(scope="module", params=[None, "bullseye"], ids=["this-systemd", "debian11-systemd247"])
+def host(request):
+    """This machine's systemd, then Debian 11's (247, the oldest the units are meant for) with
+    its Python 3.9 and the dependencies at their lower bounds (tests/debian_roots.py)."""
     need_tools()
+    os_root = None
+    if request.param is None:
+        venv = opt_venv()
+    else:
+        if shutil.which("mmdebstrap") is None:
+            missing("mmdebstrap")
+        os_root = debian_roots.prepare(request.param)
+        venv = debian_roots.opt_venv(request.param)
     saved = irq_masks()
     irqs = _writable_irqs()
-    venv = opt_venv()
     directory = Path(tempfile.mkdtemp(prefix="ascendbind-systemd-", dir="/tmp"))
     try:
         (directory / "etc").mkdir()
         _trees(directory / "test", *irqs)
         binds = [(str(venv), OPT, True), (str(ROOT), SRC, True), (str(directory / "test"), TEST, False),
                  (str(directory / "etc"), "/etc/ascendbind", False)]
-        with booted(directory, binds) as c:
+        with booted(directory, binds, os_root) as c:
             h = Host(c, directory, irqs)
             h.saved = {irq: saved[irq] for irq in irqs}
             h.write_config(h.base_config())
@@ -496,3 +507,37 @@ def test_state_directory_and_fd_limit_are_what_the_daemon_sees(host):
     assert serving[-1]["state_dir"] == "/var/lib/ascendbind"
     # the daemon's own fd check found its limit enough: no warning to raise LimitNOFILE
     assert "raise LimitNOFILE" not in c.journal(UNIT)
+
+
+# ---------------------------------------------------------------- older systemd
+
+# The [Service] keys of the unit that systemd 240 did not know yet, with the version that
+# brought each (systemd's NEWS); every other key of the unit is older (OLDER_KEYS). A systemd
+# older than a key logs "Unknown key name" for it, ignores it and runs the unit: on Debian 11's
+# 247 that is PrivateIPC= alone (the service then shares the host's System V IPC namespace).
+KEY_SINCE = {"ProtectHostname": 242, "RestrictSUIDSGID": 242, "ProtectKernelLogs": 244, "PrivateIPC": 248}
+OLDER_KEYS = {"Type", "NotifyAccess", "ExecStart", "ExecReload", "Restart", "RestartSec", "WatchdogSec",
+              "TimeoutStopSec", "KillMode", "StateDirectory", "StateDirectoryMode", "UMask", "LimitNOFILE",
+              "CapabilityBoundingSet", "NoNewPrivileges", "ProtectSystem", "ReadOnlyPaths", "ProtectHome",
+              "PrivateTmp", "ProtectKernelModules", "ProtectControlGroups", "RestrictNamespaces", "RestrictRealtime",
+              "LockPersonality", "MemoryDenyWriteExecute", "RemoveIPC", "KeyringMode", "RestrictAddressFamilies",
+              "IPAddressDeny", "IPAddressAllow", "SystemCallArchitectures", "SystemCallFilter",
+              "SystemCallErrorNumber"}
+
+
+def test_every_key_of_the_unit_has_a_known_first_systemd():
+    text = (ROOT / "systemd" / UNIT).read_text()
+    service = text.split("[Service]", 1)[1].split("\n[", 1)[0]
+    keys = set(re.findall(r"^([A-Za-z]+)=", service, re.M))
+    assert keys == OLDER_KEYS | set(KEY_SINCE), (keys - OLDER_KEYS - set(KEY_SINCE), OLDER_KEYS | set(KEY_SINCE) - keys)
+
+
+def test_a_key_this_systemd_does_not_know_is_logged_and_the_unit_runs(host, record_property):
+    c = host.c
+    version = int(c.run(["systemctl", "--version"]).stdout.split()[1])
+    record_property("systemd", version)
+    host.start()  # active, running: whatever this systemd did not know stopped nothing
+    verify = c.run(["systemd-analyze", "verify", f"/etc/systemd/system/{UNIT}"], check=False)
+    unknown = set(re.findall(rf"{re.escape(UNIT)}:\d+: Unknown key name '(\w+)'", verify.stdout + verify.stderr))
+    assert unknown == {k for k, since in KEY_SINCE.items() if since > version}, (version, verify.stderr)
+    print(f"\nsystemd {version}: keys logged as unknown and ignored: {sorted(unknown) or 'none'}")

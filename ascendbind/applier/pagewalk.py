@@ -63,7 +63,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, islice, pairwise, repeat
+from itertools import accumulate, compress, islice, repeat
 from operator import gt, itemgetter, neg, sub
 from typing import NamedTuple
 
@@ -198,7 +198,7 @@ def choose_spans(spans: Sequence[tuple[int, int, int]], *, max_mappings: int = M
     firsts = [0, *compress(range(1, n), apart), n] if n else []
     upto = [0, *accumulate(counts)]
     out = [MoveRange(los[a], his[b - 1], base_page, his[b - 1] - los[a], his[b - 1] - los[a], True,
-                     upto[b] - upto[a]) for a, b in pairwise(firsts)]
+                     upto[b] - upto[a]) for a, b in zip(firsts, firsts[1:])]
     return Chosen(tuple(out), left_n, left_b, cut)
 
 

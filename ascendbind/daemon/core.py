@@ -73,6 +73,9 @@ from .watch.memmove import MemoryMover
 from .watch.npucheck import NpuChecker
 from .watch.proof import kept_on_rebind, proof_of
 from .api.contention import Contention
+# imported here, not at the first request: Python 3.9 lets a second thread that imports a module
+# while a first is still running it see it half made (ImportError "partially initialized module")
+from .api.status import workers_answer
 from .api.metrics import BindClock, Metrics
 from .watch.observe import role_cpus
 from .ownership import Ownership
@@ -513,8 +516,6 @@ class Daemon(Ownership):
 
     def workers(self, query: str = "", peer: Peer | None = None) -> dict[str, Any]:
         """GET /v1/workers[?pid=P[&explain=1]] asked by ``peer`` (status.py)."""
-        from .api.status import workers_answer
-
         return workers_answer(self, query, peer)
 
     def plan_request(self, peer: Peer, pid: int | None, request: TargetRequest | tuple[int, ...] | None,

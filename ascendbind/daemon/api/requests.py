@@ -48,9 +48,21 @@ def decode_json_body(raw: bytes) -> Any:
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise UsageError(f"the body nests deeper than {MAX_JSON_DEPTH} levels", code="bad_json")
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_json_int)
     except (ValueError, RecursionError) as exc:
         raise UsageError(f"the body is not JSON: {str(exc)[:200]}", code="bad_json") from None
+
+
+# Python 3.11 (and some distributions' 3.9 and 3.10) refuse to turn more than 4300 digits
+# into an int, since the conversion is quadratic; Debian 11's 3.9.2 does not, so the
+# limit is kept here, the same on every Python the daemon runs on
+MAX_INT_DIGITS = 4300
+
+
+def _json_int(digits: str) -> int:
+    if len(digits) > MAX_INT_DIGITS + 1:  # + 1: a minus sign
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
 
 
 def json_depth(text: str, stop: int | None = None) -> int:

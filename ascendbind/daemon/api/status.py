@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 
 from ...discovery.gather.identity import require_identity
 from ...errors import ProcessGone, UsageError
+from ...planner.explain import explain_plan
 from .auth import Peer, authorize
 
 __all__ = ["parse_workers_query", "workers_answer", "explain_held"]
@@ -93,8 +94,6 @@ def _record(daemon, h) -> dict[str, Any]:
 
 def explain_held(daemon, h) -> str:
     """The plan explanation of one held worker, from the facts its plan was made from."""
-    from ...planner.explain import explain_plan
-
     b = h.binding
     if h.facts is not None:
         host, worker, config = h.facts

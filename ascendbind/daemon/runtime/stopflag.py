@@ -16,13 +16,15 @@ from __future__ import annotations
 import os
 import select
 
+from ...eventfd import EFD_CLOEXEC, EFD_NONBLOCK, eventfd, eventfd_write
+
 __all__ = ["StopFlag"]
 
 
 class StopFlag:
     def __init__(self) -> None:
         self._set = False
-        self._fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)
         self._also, self._also_poll = (), None
@@ -32,7 +34,7 @@ class StopFlag:
         fd = self._fd
         if fd >= 0:
             try:
-                os.eventfd_write(fd, 1)
+                eventfd_write(fd, 1)
             except OSError:  # closed meanwhile: nobody waits any more
                 pass
 

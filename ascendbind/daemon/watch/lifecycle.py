@@ -71,6 +71,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Union
 
 from ...discovery.parse.numa_maps import NumaResidency
 from ...values.frozen import frozen_map
@@ -241,7 +242,8 @@ class Evict:
     pid: int
 
 
-Action = PinThreads | Reassert | LeaveAlone | Drop | NoteLocality | RerunMemory | Replan
+# typing.Union: a runtime ``X | Y`` of classes needs Python 3.10
+Action = Union[PinThreads, Reassert, LeaveAlone, Drop, NoteLocality, RerunMemory, Replan]
 
 
 # ------------------------------------------------------------------ rules

@@ -64,6 +64,7 @@ from ...discovery.gather.irqhost import irqbalance_pids, read_irq_mask
 from ...discovery.read.pin import LIVE_PROC
 from ...discovery.read.tasks import exited_pidfds, open_pidfd
 from ...errors import ProcessGone
+from ...eventfd import EFD_CLOEXEC, EFD_NONBLOCK, eventfd, eventfd_read, eventfd_write
 from ...discovery.gather.cpusetprobe import CpusetProbe, checkpoint_stamp, open_cpuset_probe
 from .evidence import read_evidence
 from .lifecycle import REASSERT_LIMIT, CpusetNews, Limits, Observation, Replan, decide, wanted
@@ -103,7 +104,7 @@ class Reconciler:
         self.reassert_limit = reassert_limit
         self._window = window
         self._stop = StopFlag()
-        self._poked = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # poke(): the held table changed
+        self._poked = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)  # poke(): the held table changed
         self._thread: threading.Thread | None = None
         self.last_pass = time.monotonic()
         self.passes = 0  # staggers the comm sweep (observe.comm_due)
@@ -151,7 +152,7 @@ class Reconciler:
         """The held table changed (a bind, a release): the loop wakes to give a newly bound
         worker its first look and to have the kernel keep its events, now, not a pass later."""
         try:
-            os.eventfd_write(self._poked, 1)
+            eventfd_write(self._poked, 1)
         except OSError:  # closed: the loop has stopped
             pass
 
@@ -164,7 +165,7 @@ class Reconciler:
             if self._stop.wait_or_readable((self._poked,) if fd is None else (self._poked, fd), left):
                 return
             try:
-                os.eventfd_read(self._poked)
+                eventfd_read(self._poked)
             except OSError:  # not poked (EAGAIN)
                 pass
             try:

@@ -14,5 +14,6 @@ proc_connector.py is the process-events socket.
 Each read hands its text to a parser of parse/ and answers values; the I/O
 stops here.
 
-May import: from discovery, parse/; from the rest of ascendbind, only values/, errors.py and command.py.
+May import: from discovery, parse/; from the rest of ascendbind, only values/, errors.py, command.py and
+eventfd.py.
 """

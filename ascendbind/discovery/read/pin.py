@@ -43,6 +43,7 @@ import select
 import threading
 import warnings
 
+from ...eventfd import EFD_CLOEXEC, eventfd
 from .procdir import ProcDir
 from .tasks import list_tids, open_pidfd, task_comm
 
@@ -59,8 +60,8 @@ def pidfs_unique() -> bool:
     if fd is None:
         return False
     try:
-        ev = os.eventfd(0, os.EFD_CLOEXEC)
-    except (AttributeError, OSError):
+        ev = eventfd(0, EFD_CLOEXEC)
+    except OSError:
         os.close(fd)
         return False
     try:

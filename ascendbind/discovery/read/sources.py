@@ -57,7 +57,9 @@ from ...errors import CommandFailed
 from ...values.targeting import DeviceNode
 from .deadline import MEMORY_FILES, READERS, Readers
 from .procdir import LiveProcDir, ProcDir, read_once
+from ..parse.devices import parse_char_devices
 from ..parse.procfs import real_uid
+from .devnodes import scan_char_devices
 
 # kubelet's state directory: the CPU manager checkpoint (discovery/parse/kubelet.py) lives there
 _KUBELET = "/var/lib/kubelet"
@@ -245,8 +247,6 @@ class LiveHost:
 
     def char_devices(self, path: str, major: int) -> list[DeviceNode] | None:
         """On ``readers``: under ``/proc/<pid>/root`` the directory is the worker's to mount."""
-        from .devnodes import scan_char_devices
-
         key = self._proc_file(path)[0]
         return self.readers.read("dev", path, lambda: scan_char_devices(self.host_path(path), major),
                                  worker=ascii_int(key), owner=self._owner(key))
@@ -377,7 +377,5 @@ class SnapshotHost:
 
     def char_devices(self, path: str, major: int) -> list[DeviceNode] | None:
         """The recorded listing at ``path`` (``NAME MAJOR:MINOR`` lines), nodes of ``major`` only."""
-        from ..parse.devices import parse_char_devices
-
         text = self.read(path)
         return None if text is None else [n for n in parse_char_devices(text, path) if n.major == major]

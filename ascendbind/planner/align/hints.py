@@ -59,7 +59,7 @@ def nodes_in(mask: int | None) -> tuple[int, ...]:
 
 
 def width(mask: int | None) -> int:
-    return 0 if mask is None else mask.bit_count()
+    return 0 if mask is None else bin(mask).count("1")  # int.bit_count is 3.10
 
 
 def mask_text(mask: int | None) -> str:
@@ -70,7 +70,7 @@ def mask_text(mask: int | None) -> str:
     return "NUMA " + (format_cpulist(nodes_in(mask)) or "(none)")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Hint:
     mask: int | None  # None: no NUMA preference
     preferred: bool
