@@ -44,6 +44,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "ASCENDBIND_PLUGIN_WAIT_SECONDS": "how long the vLLM plugin waits for its process to drive an NPU (workers)",
     "ASCENDBIND_HOST_NPU_SMI": "the host npu-smi the container image's wrapper runs (deploy/kubernetes)",
     "ASCENDBIND_TEST_STOP_AT": "record, irq, written: the daemon stops itself (SIGSTOP) at that point of every bind (tests)",
+    "ASCENDBIND_KUBE_CACHE": "where the real-kubelet tests cache the kubelet they build (tests)",
+    "ASCENDBIND_KUBE_IMAGE_CACHE": "where the tests cache the DaemonSet image they build (tests)",
+    "ASCENDBIND_KUBE_IMAGE_DRIVER": "overlay or vfs: the storage driver of the tests' image build (tests)",
 }
 
 
