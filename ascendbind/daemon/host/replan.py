@@ -95,7 +95,8 @@ def replan_worker(daemon, h, host, *, reason: str,
             daemon.metrics.replanned(reason, "failed")
             return Replanned("failed", allowed, f"{plan.errors[0].code}: {plan.errors[0].reason}")
         old = h.binding.plan
-        if plan.npus == old.npus and plan.uvb_cpus == old.uvb_cpus and plan.allowed_cpus == old.allowed_cpus:
+        if plan.npus == old.npus and plan.uvb_cpus == old.uvb_cpus and plan.allowed_cpus == old.allowed_cpus \
+                and plan.thread_classes == old.thread_classes:  # a class's role moves threads too
             daemon.metrics.replanned(reason, "unchanged")
             return Replanned("unchanged", allowed)
         with daemon.lock:
