@@ -224,6 +224,7 @@ def _bind(
     rel_cpus = role_cpus["release"]
     counts = dict.fromkeys(role_cpus, 0)
     named: dict[str, str] = {}  # comm -> its class's target: a worker's threads share a few names
+    classed = bool(classes) and by_role
     seen: set[str] = set()
     vanished = 0
     problems: dict[str, list[dict]] = {"denied": [], "refused": [], "narrowed": []}
@@ -257,7 +258,7 @@ def _bind(
             if comm is None:
                 vanished += 1
                 continue
-            if classes and by_role:
+            if classed:
                 role = named.get(comm)
                 if role is None:
                     role = named[comm] = _class_role(comm, classes)
