@@ -11,6 +11,7 @@ main, the config also sends ``hccl*`` threads to the release CPU by role."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -78,3 +79,21 @@ def test_a_moved_class_thread_is_set_back_to_its_class_cpus(tmp_path):
             os.sched_setaffinity(tid, main)  # someone else moves the class's thread onto main
             assert wait_for(lambda: cpus_allowed_of(w.pid, tid) == release, 15), d.log()[-3000:]
             assert d.client.worker(w.pid)["drift"]["events"] >= 1
+
+
+def test_a_reload_that_changes_the_classes_binds_the_worker_again_by_them(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("reconcile_seconds = 1\n")
+    with running_daemon(str(tmp_path), ASCENDBIND_CONFIG=str(cfg)) as d:
+        d.wait_discovered()
+        with start_worker(plain=1, acl=0, release=0, names=("hccl_send",)) as w:
+            npu = d.client.bind(w.pid, 0)["plan"]["npus"]["0"]
+            main, release = frozenset(npu["main"]), frozenset(npu["release"])
+            tid = next(t for t, comm in w.threads().items() if comm == "hccl_send")
+            assert cpus_allowed_of(w.pid, tid) == main  # no class yet: a thread like any other
+            cfg.write_text('reconcile_seconds = 1\n[[thread_classes]]\nname = "hccl"\nmatch = "hccl*"\n'
+                           'role = "release"\n')
+            d.proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: cpus_allowed_of(w.pid, tid) == release, 15), d.log()[-3000:]
+            plan = d.client.worker(w.pid)["plan"]
+            assert plan["thread_classes"] == [{"name": "hccl", "match": ["hccl*"], "role": "release"}]
