@@ -97,3 +97,5 @@ def test_a_reload_that_changes_the_classes_binds_the_worker_again_by_them(tmp_pa
             assert wait_for(lambda: cpus_allowed_of(w.pid, tid) == release, 15), d.log()[-3000:]
             plan = d.client.worker(w.pid)["plan"]
             assert plan["thread_classes"] == [{"name": "hccl", "match": ["hccl*"], "role": "release"}]
+            assert metric_value(d.metrics_text(), "ascendbind_replans_total", reason="classes_changed",
+                                outcome="rebound") == 1
