@@ -167,6 +167,8 @@ _FLAG_HELP = {
     "cpu_bind_policy": "default, or full-pcpus to keep SMT siblings together",
     "pool_source": "auto (default): the worker's own cpuset as its pool where kubelet's static CPU manager "
                    "says it is exclusive, else slice; slice: the placement rules; cpuset: always the cpuset",
+    "thread_classes": "thread classes, name:pattern[,pattern]:target separated by ';' (target: main, acl, release "
+                      "or a share of main such as second-half or 1/4)",
     "isolation": "off (default), irqs: other IRQs leave the bound workers' CPUs; host: other tasks too",
     "housekeeping_cpus": "auto (default) or a cpu list: where the rest of the host runs",
     "isolation_exempt": "comma-separated cgroup paths (/...) and comm patterns the host level never moves",

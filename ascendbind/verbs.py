@@ -129,8 +129,21 @@ def _npu_rows(plan: dict) -> list[str]:
     rows = []
     for npu, p in sorted(plan.get("npus", {}).items(), key=lambda kv: int(kv[0])):
         rows.append(f"NPU{npu}: pool {_cl(p['pool'])}  irq {_cl(p['irq'])}  main {_cl(p['main'])}  "
-                    f"acl {_cl(p['acl'])}  release {_cl(p['release'])}  numa {','.join(map(str, p['numa_nodes']))}")
+                    f"acl {_cl(p['acl'])}  release {_cl(p['release'])}  numa {','.join(map(str, p['numa_nodes']))}"
+                    + "".join(f"  {name} {_cl(cpus)}" for name, cpus in p.get("classes", {}).items()))
     return rows
+
+
+def _class_lines(plan: dict) -> list[str]:
+    """The thread classes a worker was bound with, each with where its threads go (none: no line)."""
+    parts = []
+    for c in plan.get("thread_classes", ()):
+        if "role" in c:
+            where = c["role"]
+        else:
+            where = ";".join(_cl(p.get("classes", {}).get(c["name"], ())) for p in plan.get("npus", {}).values())
+        parts.append(f"{c['name']} ({','.join(c['match'])}) -> {where}")
+    return ["thread classes: " + "; ".join(parts)] if parts else []
 
 
 def cmd_bind(args) -> int:
@@ -233,7 +246,7 @@ def cmd_status(args) -> int:
         (["PAGES/NODE"] if args.memory else [])
     print(table(headers, rows))
     for w in workers:
-        for line in _why_lines(w):
+        for line in _why_lines(w) + _class_lines(w.get("plan", {})):
             print(f"  {w['pid']}: {line}")
         for line in _contention_lines(w.get("contention")):
             print(f"  {w['pid']}: {line}")

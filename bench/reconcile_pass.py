@@ -72,7 +72,7 @@ class _HeldStub:
     """What Contention reads of a held worker, for workers bound by nobody."""
 
     def __init__(self, pid: int, start_time: int, threads: dict[int, SeenThread], cpus) -> None:
-        npu = SimpleNamespace(npu=0, main=tuple(cpus), acl=(), release=(), numa_nodes=(0,))
+        npu = SimpleNamespace(npu=0, main=tuple(cpus), acl=(), release=(), numa_nodes=(0,), classes=())
         plan = SimpleNamespace(uvb_tids=(), npus=(npu,), irqs=None)
         self.binding = SimpleNamespace(pid=pid, start_time=start_time, npus=(0,), plan=plan, irqs=())
         self.threads = threads

@@ -236,7 +236,8 @@ def test_alignment_md_lists_the_failure_reasons():
 def _plans() -> list[dict]:
     cases = [("a2-8x910b3", ["--npu", "3"]), ("950-4numa", ["--npu", "0", "--npu", "5"]),
              ("a3-16die", ["--pid", "1003", "--npu", "9", "--topology-policy", "single-numa-node"]),
-             ("310p-4card", ["--npu", "0", "--npu", "5"]), ("a3-k8s", ["--pid", "2105", "--npu", "5"])]
+             ("310p-4card", ["--npu", "0", "--npu", "5"]), ("a3-k8s", ["--pid", "2105", "--npu", "5"]),
+             ("a2-8x910b3", ["--npu", "3", "--thread-classes", "ucm:ucm_*:second-half;hccl:hccl*:acl"])]
     plans = []
     for host, argv in cases:
         code, plan, err = run_plan(host, argv)
@@ -248,8 +249,10 @@ def _plans() -> list[dict]:
 PLANS = _plans()
 
 
-# keys only some plans carry: pool_source is present when the pool is the worker's own cpuset
-OPTIONAL_PLAN_KEYS = {"pool_source"}
+# keys only some plans carry: pool_source is present when the pool is the worker's own cpuset,
+# thread_classes (and each NPU's classes) when thread classes are configured
+OPTIONAL_PLAN_KEYS = {"pool_source", "thread_classes"}
+OPTIONAL_NPU_KEYS = {"classes"}
 
 
 def test_plan_json_md_top_level_keys_are_a_real_plans():
@@ -257,7 +260,7 @@ def test_plan_json_md_top_level_keys_are_a_real_plans():
     for plan in PLANS:
         assert documented - OPTIONAL_PLAN_KEYS == set(plan) - OPTIONAL_PLAN_KEYS
     assert set().union(*PLANS) == documented
-    assert keys_of("plan-json.md", "## `pool_source`") == set(PLANS[-1]["pool_source"])
+    assert keys_of("plan-json.md", "## `pool_source`") == set(PLANS[-2]["pool_source"])
 
 
 def test_plan_json_md_targets_keys_and_rules_are_a_real_plans():
@@ -277,7 +280,8 @@ def test_plan_json_md_npu_uvb_and_issue_keys_are_a_real_plans():
     issues = [e for p in PLANS for e in p["errors"] + p["warnings"]]
     assert npus and issues and any(p["uvb"]["tids"] for p in PLANS)
     for entry in npus:
-        assert keys_of("plan-json.md", "## `npus` entries") == set(entry)
+        assert keys_of("plan-json.md", "## `npus` entries") - OPTIONAL_NPU_KEYS == set(entry) - OPTIONAL_NPU_KEYS
+    assert keys_of("plan-json.md", "## `npus` entries") == set().union(*npus)
     for entry in issues:
         assert keys_of("plan-json.md", "## `errors` and `warnings` entries") == set(entry)
     for plan in PLANS:

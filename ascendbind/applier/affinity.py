@@ -15,8 +15,10 @@ Kernel facts this module is built on (measured on the CI host):
   the kernel kept.
 
 Roles: every thread -> ``main``; comm ``acl_thread*`` -> ``acl``;
-``release_thread*`` -> ``release``. On Ascend 950 (``ascend950_cluster``) every
-thread goes to the whole cluster (``pool``).
+``release_thread*`` -> ``release``; in front of those rules, the plan's thread
+classes (values/threadclass.py): a class sends its threads to a role or to its
+own share of main (``NpuPlan.classes``). On Ascend 950 (``ascend950_cluster``)
+every thread goes to the whole cluster (``pool``).
 
 The first pass binds the threads of the request's observation of the process
 (discovery's ``ProcessView``: listed and named once); later passes list the task
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -41,12 +43,15 @@ from ..discovery.gather.process import new_tasks, task_comm
 from ..values.frozen import frozen_map
 from ..values.model import Mode, NpuPlan, StepResult
 from ..values.reasons import Outcome, Reason, Step
+from ..values.threadclass import ThreadClass, class_names
+from ..values.threadclass import role_of as _class_role
 from .confirm import Confirmation, confirm_writes
 
 __all__ = [
     "ROLES",
     "MAX_PASSES",
     "role_of",
+    "targets_of",
     "cpus_for_role",
     "bind_threads",
     "bind_tasks",
@@ -64,13 +69,15 @@ MAX_PASSES = 8
 _MAX_REPORTED = 20
 
 
-def role_of(comm: str) -> str:
-    """Thread roles by name: ``acl_thread*`` -> acl, ``release_thread*`` -> release, else main."""
-    if comm.startswith("acl_thread"):
-        return "acl"
-    if comm.startswith("release_thread"):
-        return "release"
-    return "main"
+def role_of(comm: str, classes: Sequence[ThreadClass] = ()) -> str:
+    """Where a thread goes by its name: the first matching class's role or share (its
+    name), else ``acl_thread*`` -> acl, ``release_thread*`` -> release, else main."""
+    return _class_role(comm, classes)
+
+
+def targets_of(classes: Sequence[ThreadClass] = ()) -> tuple[str, ...]:
+    """Every place a thread can go under ``classes``: the roles, then the share classes."""
+    return ROLES + class_names(classes)
 
 
 def _is_950(mode: Mode | str) -> bool:
@@ -86,9 +93,13 @@ def cpus_for_role(npu_plan: NpuPlan, role: str, mode: Mode | str) -> frozenset[i
     """
     if _is_950(mode) or role == "pool":
         return frozenset(npu_plan.pool)
-    if role not in ROLES:
+    if role in ROLES:
+        own = getattr(npu_plan, role)
+    elif any(name == role for name, _ in npu_plan.classes):
+        own = npu_plan.class_cpus(role)
+    else:
         raise ValueError(f"unknown thread role {role!r}")
-    for cpus in (getattr(npu_plan, role), npu_plan.main, npu_plan.pool):
+    for cpus in (own, npu_plan.main, npu_plan.pool):
         if cpus:
             return frozenset(cpus)
     return frozenset()
@@ -153,9 +164,11 @@ def bind_threads(
     only_tids: Collection[int] | None = None,
     tasks: Iterable[tuple] | None = None,
     pin: ProcessPin | None = None,
+    classes: Sequence[ThreadClass] = (),
 ) -> StepResult:
     """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop)."""
-    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks, pin=pin).result
+    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks, pin=pin,
+                      classes=classes).result
 
 
 def bind_tasks(
@@ -167,6 +180,7 @@ def bind_tasks(
     only_tids: Collection[int] | None = None,
     tasks: Iterable[tuple] | None = None,
     pin: ProcessPin | None = None,
+    classes: Sequence[ThreadClass] = (),
 ) -> AffinityResult:
     """``bind_threads``, with the masks read back. ``tasks``: (tid, comm, ...) of the threads as
     already observed; the first pass binds those without listing or reading a name, later
@@ -174,10 +188,13 @@ def bind_tasks(
     its pidfd; each thread's mask is read before it is written, later passes list through
     the pin, and once done every write is confirmed (confirm.py): one that reached another
     process's thread is undone, and the step fails ``pid_recycled`` (``pid_gone`` when the
-    worker exited and nothing of it was written elsewhere)."""
-    role_cpus = {role: cpus_for_role(npu_plan, role, mode) for role in ROLES}
-    return _bind(pid, role_cpus, proc_root=proc_root, only_tids=only_tids, by_role=not _is_950(mode), tasks=tasks,
-                 pin=pin)
+    worker exited and nothing of it was written elsewhere). ``classes``: the plan's thread
+    classes, matched before the built-in rules."""
+    by_role = not _is_950(mode)
+    classes = tuple(classes) if by_role else ()
+    role_cpus = {role: cpus_for_role(npu_plan, role, mode) for role in targets_of(classes)}
+    return _bind(pid, role_cpus, proc_root=proc_root, only_tids=only_tids, by_role=by_role, tasks=tasks,
+                 pin=pin, classes=classes)
 
 
 def set_all_threads(
@@ -200,11 +217,14 @@ def _bind(
     step: Step = Step.AFFINITY,
     tasks: Iterable[tuple] | None = None,
     pin: ProcessPin | None = None,
+    classes: tuple[ThreadClass, ...] = (),
 ) -> AffinityResult:
     main_cpus = role_cpus["main"]
     acl_cpus = role_cpus["acl"]
     rel_cpus = role_cpus["release"]
-    counts = {"main": 0, "acl": 0, "release": 0}
+    counts = dict.fromkeys(role_cpus, 0)
+    named: dict[str, str] = {}  # comm -> its class's target: a worker's threads share a few names
+    classed = bool(classes) and by_role
     seen: set[str] = set()
     vanished = 0
     problems: dict[str, list[dict]] = {"denied": [], "refused": [], "narrowed": []}
@@ -238,7 +258,12 @@ def _bind(
             if comm is None:
                 vanished += 1
                 continue
-            if by_role and comm.startswith("acl_thread"):
+            if classed:
+                role = named.get(comm)
+                if role is None:
+                    role = named[comm] = _class_role(comm, classes)
+                cpus = role_cpus[role]
+            elif by_role and comm.startswith("acl_thread"):
                 role, cpus = "acl", acl_cpus
             elif by_role and comm.startswith("release_thread"):
                 role, cpus = "release", rel_cpus
@@ -275,7 +300,7 @@ def _bind(
                                          if tid in before}, listed_after)
         for s in confirmed.stray:
             gone = readback.pop(s.tid)
-            role = role_of(gone.comm) if by_role else "main"
+            role = _class_role(gone.comm, classes) if by_role else "main"
             if gone.mask == role_cpus[role]:
                 counts[role] -= 1
     result = _result(
@@ -354,7 +379,7 @@ def _result(
         )
 
     if by_role:
-        parts = [f"{counts[r]} {r} -> {format_cpulist(role_cpus[r])}" for r in ROLES if counts[r]]
+        parts = [f"{counts[r]} {r} -> {format_cpulist(role_cpus[r])}" for r in role_cpus if counts[r]]
         summary = f"bound {bound} threads of {pid} ({', '.join(parts)})"
     else:
         summary = f"bound {bound} threads of {pid} to {format_cpulist(role_cpus['main'])}"

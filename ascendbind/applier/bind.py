@@ -69,7 +69,7 @@ __all__ = ["apply_plan", "apply_observed", "Applied", "release_binding", "merge_
 
 
 def merge_npu_plans(npus: tuple[NpuPlan, ...]) -> NpuPlan:
-    """One NpuPlan whose every role is the union of that role over ``npus``."""
+    """One NpuPlan whose every role (and share class) is the union of that role over ``npus``."""
     if len(npus) == 1:
         return npus[0]
 
@@ -84,6 +84,8 @@ def merge_npu_plans(npus: tuple[NpuPlan, ...]) -> NpuPlan:
         acl=union("acl"),
         release=union("release"),
         numa_nodes=union("numa_nodes"),
+        classes=tuple((name, tuple(sorted({c for p in npus for c in p.class_cpus(name)})))
+                      for name, _ in npus[0].classes),
     )
 
 
@@ -204,7 +206,8 @@ def _apply(plan: Plan, worker: WorkerFacts, host: HostFacts, config: Config, vie
         before_writes(pid)
 
     steps: list[StepResult] = []
-    bound = _guard_affinity(lambda: bind_tasks(pid, merged, plan.mode, proc_root=proc_root, tasks=tasks, pin=pin))
+    bound = _guard_affinity(lambda: bind_tasks(pid, merged, plan.mode, proc_root=proc_root, tasks=tasks, pin=pin,
+                                                     classes=plan.thread_classes))
     affinity = bound.result
     gone = _gone(pid, start, proc_root, pin)
     if gone is not None and affinity.reason not in (Reason.PID_GONE, Reason.PID_RECYCLED):

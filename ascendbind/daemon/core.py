@@ -365,7 +365,7 @@ class Daemon(Ownership):
             held = Held(binding, time.time(), ask.topology_policy, pool_source=ask.pool_source,
                         facts=(host, worker, config),
                         pin=view.pin.keep() if view.pin is not None else None, proof=proof)
-            held.remember_threads(applied.threads, role_cpus(plan))
+            held.remember_threads(applied.threads, role_cpus(plan), plan.thread_classes)
             self.held[pid] = held
             self.isolation.hand_over(t.tid for t in worker.threads)
             memory = binding.step(Step.MEMORY)

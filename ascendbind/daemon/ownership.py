@@ -444,7 +444,8 @@ class Ownership:
         b = h.binding
         tids = [tid for tid, _ in a.threads]
         self.metrics.recycled_writes(bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode,
-                                                  proc_root=self.config.proc_root, only_tids=tids, pin=h.pin))
+                                                  proc_root=self.config.proc_root, only_tids=tids, pin=h.pin,
+                                                  classes=b.plan.thread_classes))
         self._remember(h, a.threads)
         h.late_threads += len(tids)
         self.metrics.late_threads.inc(len(tids))
@@ -470,7 +471,7 @@ class Ownership:
         else:
             self.metrics.recycled_writes(bind_threads(b.pid, merge_npu_plans(b.plan.npus), b.plan.mode,
                                                       proc_root=self.config.proc_root, only_tids=list(a.tids),
-                                                      pin=h.pin))
+                                                      pin=h.pin, classes=b.plan.thread_classes))
             self._remember(h, [(tid, h.threads[tid].role) for tid in a.tids if tid in h.threads])
             what = f"{len(a.tids)} thread masks of {b.pid}"
         self.metrics.reasserts.inc()
@@ -596,7 +597,7 @@ class Ownership:
         with self.lock:
             h.binding = self._inherit(binding, [h])
             h.bound_at = time.time()
-            h.remember_threads(masks, role_cpus(binding.plan))
+            h.remember_threads(masks, role_cpus(binding.plan), binding.plan.thread_classes)
             h.facts = facts
             self.save()
 

@@ -185,6 +185,7 @@ class _Service:
         if fixed:
             log.warning("SIGHUP: these keys need a restart to change; keeping the running values", keys=fixed)
             new = new.replace(**{k: getattr(self.config, k) for k in fixed})
+        classes_changed = new.thread_classes != self.config.thread_classes
         self.config = new
         self.daemon.config = new
         self.daemon.hosts.set_config(new)
@@ -198,7 +199,8 @@ class _Service:
             self.autobind = None
         log.info("SIGHUP: config reloaded")
         self.daemon.save()  # isolation follows the new level now, not at the next change
-        threading.Thread(target=rediscover_and_replan, args=(self.daemon,), name="rediscover", daemon=True).start()
+        threading.Thread(target=rediscover_and_replan, args=(self.daemon,), kwargs={"classes_changed": classes_changed},
+                         name="rediscover", daemon=True).start()
 
     def stop(self) -> None:
         systemd.notify("STOPPING=1")

@@ -11,7 +11,8 @@ Order of work, each step in its own module:
    providers.py merged as in hints.py), which may rebuild a pool inside the
    merged NUMA mask or refuse the NPU; the decision lands in
    ``plan.alignment``;
-4. the role split (roles.py).
+4. the role split (roles.py), and the shares of main of the configured thread
+   classes (none on Ascend 950, whose threads all take the whole cluster).
 
 Per-NPU problems never raise: they become ``plan.errors`` and the NPU is left
 out of ``plan.npus``.
@@ -32,7 +33,7 @@ from .pools.global_slice import slice_pools, total_npus
 from .pools.layout import Layout, cl
 from .align.policy import cpu_bind_policy, topology_policy
 from .align.providers import HintContext
-from .pools.roles import RoleSplitError, role_minimum, split_roles
+from .pools.roles import RoleSplitError, class_cpus, role_minimum, split_roles
 from .pools.topo_affinity import affinity_pools
 
 __all__ = ["make_plan", "plan_with_alignment", "choose_mode", "effective_device_type", "SeedPools", "seed_pools"]
@@ -175,7 +176,8 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
             errors.append(issue(npu, "pool_too_small", str(exc)))
             continue
         npus.append(NpuPlan(npu=npu, pool=pool, irq=roles.irq, main=roles.main, acl=roles.acl,
-                            release=roles.release, numa_nodes=layout.nodes_of(pool)))
+                            release=roles.release, numa_nodes=layout.nodes_of(pool),
+                            classes=() if ascend950 else class_cpus(roles.main, config.thread_classes)))
 
     return Plan(
         mode=mode,
@@ -189,4 +191,5 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
         warnings=tuple(warnings),
         alignment=PlanAlignment.from_json(alignment.to_json()),
         pool_source=source if own else None,
+        thread_classes=config.thread_classes,
     ), alignment

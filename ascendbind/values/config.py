@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cpulist import parse_cpulist
+from .threadclass import ThreadClass, parse_thread_classes
 from ..errors import ConfigError
 
 __all__ = ["Config", "CHOICES", "PLAN_KEYS", "ISOLATION_KEYS", "KEYS", "DEFAULT_CONFIG_PATH", "DEFAULT_SOCKET",
@@ -54,6 +55,7 @@ PLAN_KEYS = (
     "numa_extension",
     "cpu_bind_policy",
     "pool_source",
+    "thread_classes",
 )
 
 # keys that say what else leaves the bound workers' CPUs: they never change a plan, so
@@ -89,6 +91,8 @@ class Config:
     numa_extension: str = "next"
     cpu_bind_policy: str = "default"
     pool_source: str = "auto"
+    # ordered (pattern -> role or share of main) rows in front of the built-in thread rules: threadclass.py
+    thread_classes: tuple[ThreadClass, ...] = ()
     isolation: str = "off"
     housekeeping_cpus: str = "auto"
     isolation_exempt: tuple[str, ...] = ()
@@ -234,8 +238,10 @@ def coerce(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {unknown_name(key, KEYS, 'key')}")
     kind = type(_FIELDS[key].default)
     try:
-        if kind is bool:
-            out: Any = _boolean(value)
+        if key == "thread_classes":
+            out: Any = parse_thread_classes(value)
+        elif kind is bool:
+            out = _boolean(value)
         elif kind is int:
             out = _whole_number(value)
         elif kind is float:

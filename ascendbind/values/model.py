@@ -26,6 +26,7 @@ from .frozen import frozen_map
 from .frozen import plain as _plain
 from .reasons import Outcome, Reason, Step
 from .targeting import NpuEvidence, TargetDecision
+from .threadclass import ThreadClass
 
 __all__ = [
     "DeviceType",
@@ -231,9 +232,11 @@ class NpuPlan:
     acl: tuple[int, ...]
     release: tuple[int, ...]
     numa_nodes: tuple[int, ...]
+    # (class name, its CPUs carved from main) per share class of ``Plan.thread_classes``, in config order
+    classes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "pool": list(self.pool),
             "irq": list(self.irq),
             "main": list(self.main),
@@ -241,6 +244,16 @@ class NpuPlan:
             "release": list(self.release),
             "numa_nodes": list(self.numa_nodes),
         }
+        if self.classes:  # only where thread classes are configured: a plan without them is unchanged
+            out["classes"] = {name: list(cpus) for name, cpus in self.classes}
+        return out
+
+    def class_cpus(self, name: str) -> tuple[int, ...]:
+        """The CPUs of share class ``name`` (() when this plan has no such class)."""
+        for n, cpus in self.classes:
+            if n == name:
+                return cpus
+        return ()
 
 
 @dataclass(frozen=True)
@@ -294,6 +307,8 @@ class Plan:
     targets: TargetDecision | None = None
     # where the pools came from; None for the placement rules (the JSON key is then absent)
     pool_source: PoolChoice | None = None
+    # the thread classes the plan was made with (config ``thread_classes``); () adds no JSON key
+    thread_classes: tuple[ThreadClass, ...] = ()
 
     def npu(self, logic_id: int) -> NpuPlan | None:
         for p in self.npus:
@@ -309,7 +324,7 @@ class Plan:
     def from_json(cls, d: Mapping[str, Any]) -> Plan:
         """Inverse of to_json (used by the daemon's state file)."""
         known = {"mode", "device_type", "fallback", "allowed_cpus", "npus", "uvb", "errors", "warnings", "alignment",
-                 "irqs", "targets", "pool_source"}
+                 "irqs", "targets", "pool_source", "thread_classes"}
         npus = tuple(
             NpuPlan(
                 npu=int(k),
@@ -319,6 +334,7 @@ class Plan:
                 acl=tuple(v["acl"]),
                 release=tuple(v["release"]),
                 numa_nodes=tuple(v["numa_nodes"]),
+                classes=tuple((str(n), tuple(c)) for n, c in v.get("classes", {}).items()),
             )
             for k, v in sorted(d["npus"].items(), key=lambda kv: int(kv[0]))
         )
@@ -338,6 +354,7 @@ class Plan:
                 {int(k): NpuIrqPlan.from_json(int(k), v) for k, v in d["irqs"].items()}),
             targets=TargetDecision.from_json(d["targets"]) if d.get("targets") else None,
             pool_source=PoolChoice.from_json(d["pool_source"]) if d.get("pool_source") else None,
+            thread_classes=tuple(ThreadClass.from_json(c) for c in d.get("thread_classes", ())),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -361,6 +378,8 @@ class Plan:
             out["targets"] = self.targets.to_json()
         if self.pool_source is not None:
             out["pool_source"] = self.pool_source.to_json()
+        if self.thread_classes:
+            out["thread_classes"] = [c.to_json() for c in self.thread_classes]
         return out
 
 

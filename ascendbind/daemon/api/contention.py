@@ -93,6 +93,11 @@ _INFO = ("ascendbind_worker_info", "1 per held worker and NPU it drives: its pid
 INFO_LABELS = ("pid", "npu", "pool", "numa", "namespace", "pod_name", "container_name")
 
 
+def _role_order(role: str) -> tuple[int, str]:
+    """The roles first, in ROLE_NAMES order, then the thread classes (config-defined names) by name."""
+    return (ROLE_NAMES.index(role), "") if role in ROLE_NAMES else (len(ROLE_NAMES), role)
+
+
 class _Worker:
     """What the looks remember of one held worker."""
 
@@ -129,7 +134,8 @@ class _View:
         # per NPU and role, the CPUs the plan gives it: where a thread of a worker of several
         # NPUs is found says which NPU its time counts to
         self.role_cpus = {p.npu: {"main": frozenset(p.main), "acl": frozenset(p.acl),
-                                  "release": frozenset(p.release)} for p in plans}
+                                  "release": frozenset(p.release),
+                                  **{name: frozenset(cpus) for name, cpus in p.classes}} for p in plans}
         self.pools = {p.npu: frozenset((*p.main, *p.acl, *p.release)) for p in plans}
         self.numa = {p.npu: sorted(p.numa_nodes) for p in plans}
         own = {w.irq for w in b.irqs}
@@ -325,7 +331,7 @@ class Contention:
             return {
                 "roles": {role: {"cpu_seconds": round(c[0] * _NS, 6), "run_delay_seconds": round(c[1] * _NS, 6),
                                  "involuntary_switches": c[2], "threads_seen": c[3], "threads": c[4]}
-                          for role, c in sorted(w.roles.items(), key=lambda kv: ROLE_NAMES.index(kv[0]))},
+                          for role, c in sorted(w.roles.items(), key=lambda kv: _role_order(kv[0]))},
                 "foreign": {"cpu_seconds": round(sum(w.foreign_ns.values()) * _NS, 6),
                             "interrupts": sum(w.foreign_irqs.values())},
                 "pod": w.pod,

@@ -36,7 +36,7 @@ STEP_OUTCOMES = ("applied", "skipped", "failed")
 CULPRITS = ("self", "env", "irqbalance", "external", "cpuset")
 # why a bound worker was planned again (lifecycle.REPLAN_REASONS), and what came of it: bound by
 # the new plan, the same plan kept, or no plan fits (the binding kept)
-REPLAN_REASONS = ("host_changed", "cpuset_changed", "checkpoint_changed")
+REPLAN_REASONS = ("host_changed", "cpuset_changed", "checkpoint_changed", "classes_changed")
 REPLAN_OUTCOMES = ("rebound", "unchanged", "failed")
 DISCOVERY_ERRORS = ("tool_missing", "command_failed", "command_timeout", "parse_error", "other")
 DROP_REASONS = ("exited", "recycled", "released", "replaced", "evicted", "other_boot", "npu_mismatch", "interrupted")
@@ -151,7 +151,7 @@ class Metrics:
         )
         self.replans = Counter(
             "ascendbind_replans", "Bound workers planned again, by why (host_changed, cpuset_changed, "
-            "checkpoint_changed) and outcome (rebound, unchanged, failed)", ["reason", "outcome"], registry=r,
+            "checkpoint_changed, classes_changed) and outcome (rebound, unchanged, failed)", ["reason", "outcome"], registry=r,
         )
         self.drift = Counter(
             "ascendbind_drift", "Bound thread or IRQ masks found changed by someone else, by culprit (on evidence)",

@@ -44,14 +44,16 @@ class Replanned:
     error: str | None = None
 
 
-def rediscover_and_replan(daemon) -> dict:
+def rediscover_and_replan(daemon, *, classes_changed: bool = False) -> dict:
+    """``classes_changed``: a reload changed the thread classes, which every plan carries, so
+    every worker is planned again even on an unchanged host."""
     daemon.metrics.rediscoveries.inc()
     try:
         host, changed = daemon.hosts.refresh()
     except DiscoveryError as exc:
         log.warning("rediscovery failed; keeping current bindings", error=str(exc))
         return {"changed": False, "rebound": [], "error": str(exc)}
-    if not changed:
+    if not changed and not classes_changed:
         log.info("rediscovered: host unchanged")
         return {"changed": False, "rebound": []}
     rebound: list[int] = []
@@ -60,12 +62,12 @@ def rediscover_and_replan(daemon) -> dict:
     for pid, h in held:
         if not daemon.is_alive(h):
             continue
-        done = replan_worker(daemon, h, host, reason="host_changed")
+        done = replan_worker(daemon, h, host, reason="host_changed" if changed else "classes_changed")
         if done.outcome == "rebound":
             rebound.append(pid)
     daemon.save()
-    log.info("rediscovered: host changed", rebound=rebound)
-    return {"changed": True, "rebound": rebound}
+    log.info("rediscovered: host changed" if changed else "rediscovered: thread classes changed", rebound=rebound)
+    return {"changed": changed, "rebound": rebound}
 
 
 def replan_worker(daemon, h, host, *, reason: str,
@@ -95,7 +97,8 @@ def replan_worker(daemon, h, host, *, reason: str,
             daemon.metrics.replanned(reason, "failed")
             return Replanned("failed", allowed, f"{plan.errors[0].code}: {plan.errors[0].reason}")
         old = h.binding.plan
-        if plan.npus == old.npus and plan.uvb_cpus == old.uvb_cpus and plan.allowed_cpus == old.allowed_cpus:
+        if plan.npus == old.npus and plan.uvb_cpus == old.uvb_cpus and plan.allowed_cpus == old.allowed_cpus \
+                and plan.thread_classes == old.thread_classes:  # a class's role moves threads too
             daemon.metrics.replanned(reason, "unchanged")
             return Replanned("unchanged", allowed)
         with daemon.lock:

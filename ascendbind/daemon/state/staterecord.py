@@ -25,6 +25,7 @@ from ...values.frozen import frozen_map
 from ...values.decisions import IrqBinding, PlanAlignment
 from ...values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, PlanIssue, PoolChoice, StepResult
 from ...values.reasons import Outcome, Reason, Step
+from ...values.threadclass import ThreadClass
 
 __all__ = ["binding_to_json", "binding_from_json", "binding_from_v1", "IN_FLIGHT"]
 
@@ -55,7 +56,7 @@ def _plan_record(p: Plan) -> dict[str, Any]:
         "mode": p.mode.value,
         "device_type": p.device_type.value,
         "allowed": _cl(p.allowed_cpus),
-        "npus": {str(n.npu): {r: _cl(getattr(n, r)) for r in ROLES} for n in p.npus},
+        "npus": {str(n.npu): _npu_record(n) for n in p.npus},
     }
     if p.fallback is not None:
         out["fallback"] = p.fallback
@@ -69,7 +70,22 @@ def _plan_record(p: Plan) -> dict[str, Any]:
         out["warnings"] = [w.to_json() for w in p.warnings]
     if p.pool_source is not None:
         out["pool_source"] = p.pool_source.to_json()
+    if p.thread_classes:  # a restart pins late threads by the classes the worker was bound with
+        out["thread_classes"] = [c.to_json() for c in p.thread_classes]
     return out
+
+
+def _npu_record(n: NpuPlan) -> dict[str, Any]:
+    out = {r: _cl(getattr(n, r)) for r in ROLES}
+    if n.classes:
+        out["classes"] = {name: _cl(cpus) for name, cpus in n.classes}
+    return out
+
+
+def _npu_from_record(k: str, v: Mapping[str, Any]) -> NpuPlan:
+    classes = v.get("classes") or {}
+    return NpuPlan(int(k), *(_sorted(v[r]) for r in ROLES),
+                   classes=tuple((str(name), _sorted(cpus)) for name, cpus in classes.items()))
 
 
 def _plan_from_record(d: Mapping[str, Any]) -> Plan:
@@ -79,13 +95,13 @@ def _plan_from_record(d: Mapping[str, Any]) -> Plan:
         device_type=DeviceType(d["device_type"]),
         fallback=d.get("fallback"),
         allowed_cpus=_sorted(d["allowed"]),
-        npus=tuple(NpuPlan(int(k), *(_sorted(v[r]) for r in ROLES))
-                   for k, v in sorted(d["npus"].items(), key=lambda kv: int(kv[0]))),
+        npus=tuple(_npu_from_record(k, v) for k, v in sorted(d["npus"].items(), key=lambda kv: int(kv[0]))),
         uvb_cpus=_sorted(uvb.get("cpus", "")),
         uvb_tids=tuple(int(t) for t in uvb.get("tids", ())),
         warnings=tuple(PlanIssue(w["npu"], w["code"], w["reason"]) for w in d.get("warnings", ())),
         alignment=PlanAlignment.from_json(d["alignment"]) if d.get("alignment") else None,
         pool_source=PoolChoice.from_json(d["pool_source"]) if d.get("pool_source") else None,
+        thread_classes=tuple(ThreadClass.from_json(c) for c in d.get("thread_classes", ())),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,9 @@ from ...values.cpulist import format_cpulist
 from ...discovery.read.pin import ProcessPin
 from ...discovery.parse.numa_maps import NumaResidency
 from ...values.frozen import plain
-from ...values.model import Binding
+from ...values.model import Binding, NpuPlan
 from ...values.reasons import Step
+from ...values.threadclass import ThreadClass
 from .lifecycle import Record
 from .proof import Proof
 from ..api.requests import PlanAsk, alignment_of
@@ -115,13 +116,13 @@ class Held:
                       memory_ratio=self.memory_local_ratio, memory_moving=self.memory_move is not None)
 
     def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]],
-                         role_cpus: Mapping[str, frozenset[int]]) -> None:
+                         role_cpus: Mapping[str, frozenset[int]], classes: Sequence[ThreadClass] = ()) -> None:
         """Start the thread cache from the masks the affinity step read back right after
         writing them (tid -> (comm, mask)); nothing is read here. One more look at each
         name: a thread created just before the bind may not be named yet."""
         threads: dict[int, SeenThread] = {}
         for tid, (comm, mask) in masks.items():
-            role = role_of(comm)
+            role = role_of(comm, classes)
             wanted = role_cpus[role]
             threads[tid] = SeenThread(wanted if mask == wanted else accepted(mask, wanted), role, young=1)
         self.threads = threads
@@ -236,12 +237,18 @@ def accepted(mask, wanted: frozenset[int]) -> frozenset[int]:
     return mask if mask and mask <= wanted else frozenset(wanted)
 
 
+def _npu_cpulists(p: NpuPlan) -> dict[str, Any]:
+    out: dict[str, Any] = {role: format_cpulist(getattr(p, role)) for role in ("pool", "irq", "main", "acl", "release")}
+    if p.classes:  # the share classes carved from main, under their own names; absent without any
+        out["classes"] = {name: format_cpulist(cpus) for name, cpus in p.classes}
+    return out
+
+
 def cpulists(b: Binding) -> dict[str, Any]:
     """The binding's CPU sets as kernel cpulist strings ("0-23,48"): what an operator reads."""
     return {
         "original": format_cpulist(b.original_cpus),
         "allowed": format_cpulist(b.plan.allowed_cpus),
-        "npus": {str(p.npu): {role: format_cpulist(getattr(p, role))
-                              for role in ("pool", "irq", "main", "acl", "release")} for p in b.plan.npus},
+        "npus": {str(p.npu): _npu_cpulists(p) for p in b.plan.npus},
         "uvb": format_cpulist(b.plan.uvb_cpus),
     }

@@ -44,13 +44,14 @@ that need the applier are returned for the daemon to act on.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 
-from ...applier.affinity import ROLES, cpus_for_role, role_of
+from ...applier.affinity import cpus_for_role, role_of, targets_of
 from ...applier.bind import merge_npu_plans
 from ...discovery.read.tasks import list_tids, task_comm, thread_count
 from ...values.model import Plan
+from ...values.threadclass import ThreadClass
 from .held import SeenThread
 
 __all__ = ["COMM_SWEEP_PASSES", "comm_due", "observe_threads", "observe_marked", "role_cpus", "sweep_slots",
@@ -68,9 +69,10 @@ def comm_due(tid: int, seen: SeenThread | None, pass_no: int, sweep: int = COMM_
 
 
 def role_cpus(plan: Plan) -> dict[str, frozenset[int]]:
-    """Role -> the CPUs its threads belong on under ``plan`` (every NPU's roles merged)."""
+    """Role (or share class) -> the CPUs its threads belong on under ``plan`` (every NPU's
+    roles merged)."""
     merged = merge_npu_plans(plan.npus)
-    return {role: cpus_for_role(merged, role, plan.mode) for role in ROLES}
+    return {role: cpus_for_role(merged, role, plan.mode) for role in targets_of(plan.thread_classes)}
 
 
 Look = tuple[list[tuple[int, str]], list[int]]
@@ -115,6 +117,7 @@ def observe_threads(
     proc_root: str = "/proc",
     sweep: int = COMM_SWEEP_PASSES,
     reread: bool = False,
+    classes: Sequence[ThreadClass] = (),
 ) -> Look | None:
     """Look at every thread of ``pid`` once.
 
@@ -124,20 +127,21 @@ def observe_threads(
     be read (the process is gone). New or renamed threads already on their role's
     CPUs are accepted into ``threads`` here. ``reread``: list, and read every
     thread's name afresh (the thread events since the last look are not known).
+    ``classes``: the plan's thread classes, which decide a name's role before the built-in rules.
     """
     if reread:
         for seen in threads.values():
             seen.young = max(seen.young, 1)
-        return _look_listed(pid, threads, role_cpus, pass_no, proc_root=proc_root, sweep=sweep)
+        return _look_listed(pid, threads, role_cpus, pass_no, proc_root=proc_root, sweep=sweep, classes=classes)
     if threads and thread_count(pid, proc_root) == len(threads):
-        known = _look_known(pid, threads, pass_no, proc_root=proc_root, sweep=sweep)
+        known = _look_known(pid, threads, pass_no, proc_root=proc_root, sweep=sweep, classes=classes)
         if known is not None:
             return known
-    return _look_listed(pid, threads, role_cpus, pass_no, proc_root=proc_root, sweep=sweep)
+    return _look_listed(pid, threads, role_cpus, pass_no, proc_root=proc_root, sweep=sweep, classes=classes)
 
 
 def _look_known(pid: int, threads: dict[int, SeenThread], pass_no: int, *, proc_root: str,
-                sweep: int) -> Look | None:
+                sweep: int, classes: Sequence[ThreadClass] = ()) -> Look | None:
     """The look without a listing, over the cached threads; None (and nothing changed)
     when a listing must decide: a thread gone or not this worker's, or a mask moved."""
     tids = list(threads)
@@ -154,7 +158,7 @@ def _look_known(pid: int, threads: dict[int, SeenThread], pass_no: int, *, proc_
         comm = task_comm(pid, tid, proc_root)
         if comm is None:
             return None
-        role = role_of(comm)
+        role = role_of(comm, classes)
         if role != threads[tid].role:
             to_pin.append((tid, role))
         else:
@@ -166,7 +170,7 @@ def _look_known(pid: int, threads: dict[int, SeenThread], pass_no: int, *, proc_
 
 
 def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[str, frozenset[int]],
-                 pass_no: int, *, proc_root: str, sweep: int) -> Look | None:
+                 pass_no: int, *, proc_root: str, sweep: int, classes: Sequence[ThreadClass] = ()) -> Look | None:
     names = list_tids(pid, proc_root)
     if names is None:
         return None
@@ -183,7 +187,7 @@ def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[st
             comm = task_comm(pid, tid, proc_root)
             if comm is None:
                 continue
-            role = role_of(comm)
+            role = role_of(comm, classes)
             if seen is None or role != seen.role:
                 if mask == role_cpus[role]:
                     threads[tid] = SeenThread(frozenset(mask), role)
@@ -210,6 +214,7 @@ def observe_marked(
     look: Iterable[int] = (),
     *,
     proc_root: str = "/proc",
+    classes: Sequence[ThreadClass] = (),
 ) -> Look:
     """The look when the kernel's process events say which threads changed: ``look``
     (born, renamed or exited since the last look) have their name and mask read (one
@@ -224,7 +229,7 @@ def observe_marked(
     to_pin: list[tuple[int, str]] = []
     moving: set[int] = set()
     for tid in look:
-        role = _named(pid, tid, threads, role_cpus, proc_root)
+        role = _named(pid, tid, threads, role_cpus, proc_root, classes)
         if role is not None:
             to_pin.append((tid, role))
             moving.add(tid)
@@ -245,7 +250,7 @@ def observe_marked(
             if mask is None:
                 del threads[tid]
                 continue
-            role = _named(pid, tid, threads, role_cpus, proc_root)
+            role = _named(pid, tid, threads, role_cpus, proc_root, classes)
             if role is not None:
                 to_pin.append((tid, role))  # renamed too: its role's CPUs, not the old mask
             elif tid in threads and threads[tid] is s:
@@ -261,7 +266,7 @@ def _mask_or_none(tid: int) -> frozenset[int] | None:
 
 
 def _named(pid: int, tid: int, threads: dict[int, SeenThread], role_cpus: Mapping[str, frozenset[int]],
-           proc_root: str) -> str | None:
+           proc_root: str, classes: Sequence[ThreadClass] = ()) -> str | None:
     """Read ``tid``'s name (and mask): the role it must be pinned to when it is new or
     renamed into another role and not on that role's CPUs, else None. A new or renamed
     thread already on its role's CPUs is accepted into ``threads``; one that is not
@@ -271,7 +276,7 @@ def _named(pid: int, tid: int, threads: dict[int, SeenThread], role_cpus: Mappin
     if mask is None:
         threads.pop(tid, None)
         return None
-    role = role_of(comm)
+    role = role_of(comm, classes)
     seen = threads.get(tid)
     if seen is not None and seen.role == role:
         return None  # not renamed into another role: its mask is the sweep's business

@@ -461,20 +461,22 @@ class Reconciler:
             roles = self._roles[b.pid] = (b.plan, role_cpus(b.plan))
         first = self._looked.get(b.pid) is not h.threads  # bound (again) since the last look
         self._looked[b.pid] = h.threads
+        classes = b.plan.thread_classes
         if events is None:
-            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root)
+            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, classes=classes)
         changes = events.changes
         if events.reread_all or first or b.pid in changes.resync or b.pid in events.reread:
             self._slots.pop(b.pid, None)
-            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, reread=True)
+            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, reread=True,
+                                   classes=classes)
         if b.pid in events.listing:  # over its event budget: its events are dropped in the kernel
             self._slots.pop(b.pid, None)
-            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root)
+            return observe_threads(b.pid, h.threads, roles[1], self.passes, proc_root=proc_root, classes=classes)
         look = changes.look.get(b.pid, ())
         if not look and slot_quiet(self._slot(h)):
             return [], []  # no news, and this pass's share of the masks is where we set it
         self._slots.pop(b.pid, None)  # the full look below may change the thread cache
-        return observe_marked(b.pid, h.threads, roles[1], look, proc_root=proc_root)
+        return observe_marked(b.pid, h.threads, roles[1], look, proc_root=proc_root, classes=classes)
 
     def _slot(self, h) -> Slot:
         """This pass's share of ``h``'s threads to check (observe.sweep_slots), from the

@@ -17,6 +17,10 @@ With ``cpu_bind_policy = full-pcpus`` the same shape is cut in whole cores:
 the IRQ CPUs are the first core(s) up to two CPUs, ACL and release the last
 core(s) up to two CPUs (on SMT-2, the last core's two siblings), and main the
 cores between, so no physical core is shared by two roles.
+
+Thread classes with a share (config ``thread_classes``) are carved from each
+NPU's main afterwards (``class_cpus``; the rounding rule is threadclass.py's):
+main keeps all its CPUs, the classes only say where their own threads go.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...values.config import Config
+from ...values.threadclass import ThreadClass, carve
 from .layout import Layout, cl as _cl
 
-__all__ = ["Roles", "RoleSplitError", "role_minimum", "split_roles"]
+__all__ = ["Roles", "RoleSplitError", "role_minimum", "split_roles", "class_cpus"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,11 @@ def role_minimum(config: Config, *, ascend950: bool = False) -> int:
     if config.small_pool == "share":
         return 1
     return 5 if config.irq_binding else 3
+
+
+def class_cpus(main: Sequence[int], classes: Sequence[ThreadClass]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, CPUs) of every share class, carved from ``main`` in config order."""
+    return tuple((c.name, carve(main, c.share)) for c in classes if c.share is not None)
 
 
 def _default_minimum(config: Config) -> int:
