@@ -74,6 +74,7 @@ HOST_INDEPENDENT = (
     "tests/test_planner_policy.py", "tests/test_planner_properties.py", "tests/test_planner_roles.py",
     "tests/test_planner_seed.py", "tests/test_planner_smt.py", "tests/test_product_text.py",
     "tests/test_settings.py", "tests/test_state_record.py", "tests/test_targets_rule.py",
+    "tests/test_thread_classes.py",
 )
 # a real daemon (tests/daemon_harness.py) binding real workers, read back from /proc, and
 # new daemons answering their first requests at once (Python 3.9's concurrent imports)
