@@ -7,6 +7,10 @@ The reads (all small, all through ``source``, so a snapshot records and replays 
 * ``/proc/<pid>/ns/mnt`` against ``/proc/1/ns/mnt``: the driver treats a process in
   the host's mount namespace as the host (every NPU); only a container's ``/dev``
   is a device set.
+  Where pid 1's link is unreadable (a hardened host, some sandboxes), a worker in
+  another pid namespace than pid 1's, or than the reader's own (which sees host pids),
+  is taken as a container's: container runtimes give a container both namespaces, and
+  taking it for the host would let a position among "its devices" name a host NPU.
 * ``/proc/<pid>/ns/user`` against ``/proc/1/ns/user``: a mount namespace in the host's
   user namespace was made by a privileged process (a container runtime); one inside a
   user namespace of its own may be any user's, with any device nodes it could reach
@@ -56,6 +60,16 @@ def _host_namespace(source: HostSource, key: str, kind: str = "mnt") -> bool | N
     return None if mine is None or init is None else mine == init
 
 
+def _container_by_pid_namespace(source: HostSource, key: str) -> bool:
+    """Whether the worker's pid namespace is neither pid 1's nor the reader's own."""
+    readlink = getattr(source, "readlink", None)
+    mine = readlink(f"/proc/{key}/ns/pid") if readlink is not None else None
+    if mine is None:
+        return False
+    refs = [r for r in (readlink("/proc/1/ns/pid"), readlink("/proc/self/ns/pid")) if r is not None]
+    return bool(refs) and mine not in refs
+
+
 def _cgroup_devices(source: HostSource, view, major: int, unavailable: dict[str, str]) -> CgroupDevices | None:
     entry = next((e for e in view.cgroup or () if "devices" in e.controllers), None)
     if entry is None:
@@ -80,6 +94,8 @@ def read_npu_evidence(source: HostSource, view) -> NpuEvidence:
     unavailable: dict[str, str] = {}
     major = _major(source, unavailable)
     host_ns = _host_namespace(source, key)
+    if host_ns is None and _container_by_pid_namespace(source, key):
+        host_ns = False
     host_userns = _host_namespace(source, key, "user")
     nodes = None
     cgroup = None

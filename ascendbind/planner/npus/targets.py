@@ -75,6 +75,7 @@ class _Reach:
     npus: list[int]  # in the driver's device order
     rule: str | None  # None: nothing narrowed it below the host
     why: str
+    known: bool = True  # False: a container whose device set could not be read
 
 
 def _ids(ids) -> str:
@@ -182,6 +183,11 @@ class _Weigh:
             return _Reach(npus, "container_devices", f"{what}: NPU {_ids(npus)}")
         if visible is not None:
             return _Reach(visible, "visible_devices", f"ASCEND_VISIBLE_DEVICES: NPU {_ids(visible)}")
+        if self.ev.host_namespace is False:
+            # a container holds the nodes its runtime mounted, not the host's: without its device
+            # set, a position among "its devices" names no NPU (the host's list would be a guess)
+            return _Reach([], None, f"its container's devices, which could not be read ("
+                          f"{self.lines['device_nodes'].detail})", known=False)
         whole = sorted(self.chips.logic)
         if not (self.chips.ascend950 and self.ev.host_namespace is not False):
             whole.sort(key=self.chips.order)
@@ -225,7 +231,11 @@ class _Weigh:
         raw = self.env.get("ASCEND_RT_VISIBLE_DEVICES")
         if raw is None:
             self.line("rt_visible_devices", None, f"ASCEND_RT_VISIBLE_DEVICES unset ({self.env_where})")
-            return list(reach.npus), ""
+            return (list(reach.npus), "") if reach.known else (None, f"pid {self.worker.pid} sees {reach.why}")
+        if not reach.known:
+            why = (f"ASCEND_RT_VISIBLE_DEVICES={raw} ({self.env_where}) picks by position among {reach.why}")
+            self.line("rt_visible_devices", None, f"unusable: {why}")
+            return None, why
         try:
             order = parse_rt_visible_devices(raw)
         except ValueError as exc:
