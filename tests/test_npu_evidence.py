@@ -159,6 +159,36 @@ def test_unreadable_and_malformed_pieces_are_recorded_as_unavailable(tmp_path):
     assert ev.device_nodes is None and "NAME MAJOR:MINOR" in ev.unavailable["device_nodes"]
 
 
+@pytest.mark.parametrize("pid_ns, refs, host_ns", [
+    ("pid:[4026532800]", {"1": "pid:[4026531836]"}, False),     # another pid namespace than pid 1's: a container
+    ("pid:[4026532800]", {"self": "pid:[4026531836]"}, False),  # ... than the reader's, pid 1's unreadable
+    ("pid:[4026531836]", {"1": "pid:[4026531836]"}, None),      # the host's pid namespace: nothing is concluded
+    ("pid:[4026532800]", {}, None),                             # nothing to compare with
+    (None, {"1": "pid:[4026531836]"}, None),
+])
+def test_where_pid_1s_mount_namespace_is_unreadable_another_pid_namespace_is_a_container(tmp_path, pid_ns, refs,
+                                                                                            host_ns):
+    source = _snapshot(tmp_path, proc_devices="Character devices:\n  1 mem\n")
+    root = tmp_path / "snap" / "proc"
+    (root / "1" / "ns" / "mnt").unlink()
+    if pid_ns is not None:
+        (root / "4242" / "ns" / "pid").write_text(pid_ns + "\n")
+    for key, link in refs.items():
+        (root / key / "ns").mkdir(parents=True, exist_ok=True)
+        (root / key / "ns" / "pid").write_text(link + "\n")
+    assert _evidence(source).host_namespace is host_ns
+
+
+def test_a_live_contained_worker_is_not_taken_for_the_host():
+    from .containers import contained_worker
+
+    live = LiveHost()
+    with contained_worker([("davinci0", 3)], allow=[3]) as w:
+        assert read_npu_evidence(live, observe_process(live, w.pid)).host_namespace is False
+    with contained_worker(bare=True) as w:
+        assert read_npu_evidence(live, observe_process(live, w.pid)).host_namespace is not False
+
+
 def test_a_pid_recycled_while_its_devices_were_read_is_refused(tmp_path):
     source = _snapshot(tmp_path)
     view = observe_process(source, 4242)
