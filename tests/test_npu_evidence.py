@@ -13,8 +13,8 @@ import stat
 
 import pytest
 
-from ascendbind.discovery.parse.devices import (allowed_minors, devdrv_major, format_char_devices, parse_char_devices,
-                                          trs_core_udevids)
+from ascendbind.discovery.parse.devices import (allowed_minors, devdrv_major, format_char_devices, nested_pid_namespace,
+                                          parse_char_devices, trs_core_udevids)
 from ascendbind.discovery.read.devnodes import DEV_ENTRIES_LIMIT, scan_char_devices
 from ascendbind.discovery.gather.deviceset import read_npu_evidence
 from ascendbind.discovery.gather.process import observe_process
@@ -159,24 +159,25 @@ def test_unreadable_and_malformed_pieces_are_recorded_as_unavailable(tmp_path):
     assert ev.device_nodes is None and "NAME MAJOR:MINOR" in ev.unavailable["device_nodes"]
 
 
-@pytest.mark.parametrize("pid_ns, refs, host_ns", [
-    ("pid:[4026532800]", {"1": "pid:[4026531836]"}, False),     # another pid namespace than pid 1's: a container
-    ("pid:[4026532800]", {"self": "pid:[4026531836]"}, False),  # ... than the reader's, pid 1's unreadable
-    ("pid:[4026531836]", {"1": "pid:[4026531836]"}, None),      # the host's pid namespace: nothing is concluded
-    ("pid:[4026532800]", {}, None),                             # nothing to compare with
-    (None, {"1": "pid:[4026531836]"}, None),
+@pytest.mark.parametrize("nspid, host_ns", [
+    ("NSpid:\t4242\t1\n", False),   # a pid namespace below the reader's: a container's process
+    ("NSpid:\t4242\n", None),        # the reader's own pid namespace: nothing is concluded
+    ("", None),                       # no NSpid line
+    ("NSpid:\t4242\tx\n", None),    # malformed: nothing is concluded
 ])
-def test_where_pid_1s_mount_namespace_is_unreadable_another_pid_namespace_is_a_container(tmp_path, pid_ns, refs,
-                                                                                            host_ns):
+def test_where_pid_1s_mount_namespace_is_unreadable_a_nested_pid_namespace_is_a_container(tmp_path, nspid, host_ns):
     source = _snapshot(tmp_path, proc_devices="Character devices:\n  1 mem\n")
     root = tmp_path / "snap" / "proc"
     (root / "1" / "ns" / "mnt").unlink()
-    if pid_ns is not None:
-        (root / "4242" / "ns" / "pid").write_text(pid_ns + "\n")
-    for key, link in refs.items():
-        (root / key / "ns").mkdir(parents=True, exist_ok=True)
-        (root / key / "ns" / "pid").write_text(link + "\n")
+    status = root / "4242" / "status"
+    status.write_text(status.read_text() + nspid)
     assert _evidence(source).host_namespace is host_ns
+
+
+def test_nspid_parser():
+    assert nested_pid_namespace("Name:\tx\nNSpid:\t77\t5\t1\n") is True
+    assert nested_pid_namespace("NSpid:\t77\n") is False
+    assert nested_pid_namespace("Name:\tx\n") is None and nested_pid_namespace("NSpid:\n") is None
 
 
 def test_a_live_contained_worker_is_not_taken_for_the_host():

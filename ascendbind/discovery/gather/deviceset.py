@@ -7,10 +7,10 @@ The reads (all small, all through ``source``, so a snapshot records and replays 
 * ``/proc/<pid>/ns/mnt`` against ``/proc/1/ns/mnt``: the driver treats a process in
   the host's mount namespace as the host (every NPU); only a container's ``/dev``
   is a device set.
-  Where pid 1's link is unreadable (a hardened host, some sandboxes), a worker in
-  another pid namespace than pid 1's, or than the reader's own (which sees host pids),
-  is taken as a container's: container runtimes give a container both namespaces, and
-  taking it for the host would let a position among "its devices" name a host NPU.
+  Where pid 1's link is unreadable (a hardened host, some sandboxes), a worker whose
+  ``NSpid`` (``/proc/<pid>/status``) shows a pid namespace below the reader's is taken
+  as a container's: container runtimes give a container both namespaces, and taking
+  it for the host would let a position among "its devices" name a host NPU.
 * ``/proc/<pid>/ns/user`` against ``/proc/1/ns/user``: a mount namespace in the host's
   user namespace was made by a privileged process (a container runtime); one inside a
   user namespace of its own may be any user's, with any device nodes it could reach
@@ -33,7 +33,7 @@ from __future__ import annotations
 from ...errors import ParseError, ProcessGone
 from ...values.frozen import frozen_map
 from ...values.targeting import CgroupDevices, NpuEvidence
-from ..parse.devices import DEVDRV_CDEV, allowed_minors, devdrv_major, trs_core_udevids
+from ..parse.devices import DEVDRV_CDEV, allowed_minors, devdrv_major, nested_pid_namespace, trs_core_udevids
 from ..parse.procfs import parse_stat_start_time
 from ..read.sources import HostSource, read_parsed
 
@@ -61,13 +61,9 @@ def _host_namespace(source: HostSource, key: str, kind: str = "mnt") -> bool | N
 
 
 def _container_by_pid_namespace(source: HostSource, key: str) -> bool:
-    """Whether the worker's pid namespace is neither pid 1's nor the reader's own."""
-    readlink = getattr(source, "readlink", None)
-    mine = readlink(f"/proc/{key}/ns/pid") if readlink is not None else None
-    if mine is None:
-        return False
-    refs = [r for r in (readlink("/proc/1/ns/pid"), readlink("/proc/self/ns/pid")) if r is not None]
-    return bool(refs) and mine not in refs
+    """Whether the worker lives in a pid namespace below the reader's (its status's NSpid)."""
+    text = source.read(f"/proc/{key}/status")
+    return text is not None and nested_pid_namespace(text) is True
 
 
 def _cgroup_devices(source: HostSource, view, major: int, unavailable: dict[str, str]) -> CgroupDevices | None:
