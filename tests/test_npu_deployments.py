@@ -292,3 +292,132 @@ def test_a_snapshot_of_a_device_plugin_pod_replays_its_decision(a2, tmp_path):
     assert list(plan["npus"]) == ["5"] and plan["targets"]["rule"] == "device_index"
     code, plan, err = run_plan(str(snap), ["--npu", "0"])
     assert code == 9 and "only NPU 5" in err
+
+
+
+# ------------------------------------------------------------ one rule: the runtime's devices, step by step
+
+RENAMED = [(f"davinci{i}", 3 + i) for i in range(5)]  # a container of host NPUs 3..7, named by its own numbering
+THREE_TO_SEVEN = [3, 4, 5, 6, 7]
+
+
+def test_renamed_nodes_the_runtimes_device_0_is_npu_5(a2, tmp_path):
+    # the name says nothing, the minor does: ASCEND_RT_VISIBLE_DEVICES=2 is the third of 3..7
+    env = {"ASCEND_RT_VISIBLE_DEVICES": "2"}
+    with plugin(a2, tmp_path, env=env, devices=RENAMED, allow=THREE_TO_SEVEN) as w:
+        drive(w, 0)
+        entry = assert_bound(a2, w.pid, 5, "device_index")
+        assert evidence(entry)["device_nodes"] == THREE_TO_SEVEN and evidence(entry)["rt_visible_devices"] == [5]
+        assert "/dev/davinci2 (%d:5) -> NPU 5" % MAJOR in next(
+            e["detail"] for e in entry["plan"]["targets"]["evidence"] if e["source"] == "device_nodes")
+
+
+def test_renamed_nodes_explained_step_by_step(a2, tmp_path):
+    env = {"ASCEND_RT_VISIBLE_DEVICES": "2"}
+    with contained_worker(RENAMED, env=env, allow=THREE_TO_SEVEN, major=MAJOR) as w:
+        argv = daemon_with_driver_major(str(tmp_path), MAJOR)[:-1] + ["plan", "--pid", str(w.pid), "--device-index",
+                                                                     "0", "--small-pool", "share", "--explain"]
+        run = subprocess.run(argv, env={**a2.daemon.env, "ASCENDBIND_CONFIG": ""}, capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "targets: NPU 5 by rule device_index" in run.stdout
+    assert "runtime: it can open NPU 3,4,5,6,7" in run.stdout
+    assert "runtime: after ASCEND_RT_VISIBLE_DEVICES=2: device 0 = NPU 5" in run.stdout
+    assert "runtime: device index 0 -> NPU 5" in run.stdout
+
+
+def test_a_container_whose_devices_cannot_be_read_is_refused_not_given_the_hosts(a2, tmp_path):
+    # without the driver's major (here: a planner that cannot read it) the container's nodes cannot be
+    # told apart; the host's NPU 2 would be a guess, so the position is refused
+    env = {"ASCEND_RT_VISIBLE_DEVICES": "2"}
+    with contained_worker(RENAMED, env=env, allow=THREE_TO_SEVEN, major=MAJOR) as w:
+        run = subprocess.run([sys.executable, "-m", "ascendbind", "plan", "--pid", str(w.pid), "--device-index", "0",
+                              "--explain"], env={**a2.daemon.env, "ASCENDBIND_CONFIG": ""}, capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 9, (run.stdout, run.stderr)
+    assert "[npu_mismatch]" in run.stdout + run.stderr
+    assert "device index 0 cannot be resolved" in run.stderr and "could not be read" in run.stderr
+    assert "NPU 2" not in run.stderr
+
+
+def test_vllm_ascend_bare_host_the_device_index_among_rt_visible_devices(a2, tmp_path):
+    # rank 1 of a server started with ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 drives device 1: NPU 5
+    with plugin(a2, tmp_path, env={"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"}) as w:
+        a2.host.table((w.pid, 5))
+        drive(w, 1)
+        assert_bound(a2, w.pid, 5, "device_index")
+
+
+def test_vllm_ascend_container_of_npus_3_to_7_rt_visible_2_is_npu_5(a2, tmp_path):
+    # the nodes keep the host's names here; the answer is the same as when they are renamed
+    nodes = [(f"davinci{n}", n) for n in THREE_TO_SEVEN]
+    with plugin(a2, tmp_path, env={"ASCEND_RT_VISIBLE_DEVICES": "2"}, devices=nodes, allow=THREE_TO_SEVEN) as w:
+        drive(w, 0)
+        assert_bound(a2, w.pid, 5, "device_index")
+
+
+@pytest.mark.parametrize("minors", [list(range(8)), [4, 5, 6, 7]], ids=["every-npu", "npus-4-to-7"])
+def test_mindie_motor_physical_visible_devices_and_logical_rt_visible_devices(a2, minors):
+    # Motor: ASCEND_VISIBLE_DEVICES=4,5,6,7 (physical), ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 (positions among them)
+    env = {"ASCEND_VISIBLE_DEVICES": "4,5,6,7", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}
+    with contained_worker([(f"davinci{n}", n) for n in minors], env=env, allow=minors, major=MAJOR) as w:
+        a2.daemon.client.bind(pid=w.pid, device_index=1)
+        entry = assert_bound(a2, w.pid, 5, "device_index")
+        assert evidence(entry)["rt_visible_devices"] == [4, 5, 6, 7]
+
+
+def test_a_variable_naming_a_device_the_container_cannot_open_is_refused(a2):
+    with contained_worker(RENAMED, env={"ASCEND_VISIBLE_DEVICES": "1"}, allow=THREE_TO_SEVEN, major=MAJOR) as w:
+        before = {cpus_allowed_of(w.pid, int(t)) for t in os.listdir(f"/proc/{w.pid}/task")}
+        with pytest.raises(Conflict) as exc:
+            a2.daemon.client.bind(pid=w.pid, device_index=0)
+        assert exc.value.code == "npu_mismatch" and exc.value.status == 409
+        assert "ASCEND_VISIBLE_DEVICES=1" in str(exc.value) and "cannot open" in str(exc.value)
+        assert "NPU 3,4,5,6,7" in str(exc.value)
+        assert w.pid not in a2.held()
+        assert {cpus_allowed_of(w.pid, int(t)) for t in os.listdir(f"/proc/{w.pid}/task")} == before
+
+
+def test_a_device_index_past_the_containers_devices_is_refused(a2):
+    with contained_worker(RENAMED, env={"ASCEND_RT_VISIBLE_DEVICES": "4,3"}, allow=THREE_TO_SEVEN, major=MAJOR) as w:
+        with pytest.raises(Conflict) as exc:
+            a2.daemon.client.bind(pid=w.pid, device_index=2)
+        assert exc.value.code == "npu_mismatch" and "sees 2 device(s): NPU 7,6" in str(exc.value)
+        assert "device 0 = NPU 7, device 1 = NPU 6" in str(exc.value)
+        assert w.pid not in a2.held()
+
+
+# ------------------------------------------------------------ stray contexts: listed on its NPU and on NPU 0
+
+def test_a_stray_context_on_npu_0_with_visible_devices_binds_npu_3_only(a2):
+    with contained_worker(env={"ASCEND_VISIBLE_DEVICES": "3"}, bare=True) as w:
+        a2.host.table((w.pid, 3), (w.pid, 0))
+        answer = a2.daemon.client.bind(pid=w.pid)
+        assert answer["npus"] == [3]
+        entry = assert_bound(a2, w.pid, 3, "process_table")
+        assert list(entry["plan"]["npus"]) == ["3"]
+        assert any(f"pid {w.pid} on NPU 0" in x for x in answer["warnings"]), answer["warnings"]
+    assert wait_for(lambda: "target npu warning" in a2.daemon.log() and f"pid {w.pid} on NPU 0" in a2.daemon.log(),
+                    10), a2.daemon.log()[-3000:]
+
+
+def test_a_stray_context_in_a_container_of_npu_3_binds_npu_3_only(a2):
+    with contained_worker([("davinci0", 3)], allow=[3], major=MAJOR) as w:
+        a2.host.table((w.pid, 3), (w.pid, 0))
+        answer = a2.daemon.client.bind(pid=w.pid)
+        assert_bound(a2, w.pid, 3, "process_table")
+        assert any("NPU 0" in x for x in answer["warnings"]), answer["warnings"]
+
+
+def test_a_stray_context_without_evidence_is_refused_naming_both(a2):
+    from ascendbind.errors import PlanImpossible
+
+    with contained_worker(bare=True) as w:
+        a2.host.table((w.pid, 3), (w.pid, 0))
+        before = {cpus_allowed_of(w.pid, int(t)) for t in os.listdir(f"/proc/{w.pid}/task")}
+        with pytest.raises(PlanImpossible) as exc:
+            a2.daemon.client.bind(pid=w.pid)
+        assert exc.value.code == "stray_context" and exc.value.status == 422
+        assert "NPU 0 and NPU 3" in str(exc.value)
+        assert w.pid not in a2.held()
+        assert {cpus_allowed_of(w.pid, int(t)) for t in os.listdir(f"/proc/{w.pid}/task")} == before

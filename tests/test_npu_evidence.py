@@ -13,8 +13,8 @@ import stat
 
 import pytest
 
-from ascendbind.discovery.parse.devices import (allowed_minors, devdrv_major, format_char_devices, parse_char_devices,
-                                          trs_core_udevids)
+from ascendbind.discovery.parse.devices import (allowed_minors, devdrv_major, format_char_devices, nested_pid_namespace,
+                                          parse_char_devices, trs_core_udevids)
 from ascendbind.discovery.read.devnodes import DEV_ENTRIES_LIMIT, scan_char_devices
 from ascendbind.discovery.gather.deviceset import read_npu_evidence
 from ascendbind.discovery.gather.process import observe_process
@@ -157,6 +157,37 @@ def test_unreadable_and_malformed_pieces_are_recorded_as_unavailable(tmp_path):
     assert ev.driver_udevids is None and "trs_core" in ev.unavailable["driver"]
     ev = _evidence(_snapshot(tmp_path / "b", dev="davinci5 five\n"))
     assert ev.device_nodes is None and "NAME MAJOR:MINOR" in ev.unavailable["device_nodes"]
+
+
+@pytest.mark.parametrize("nspid, host_ns", [
+    ("NSpid:\t4242\t1\n", False),   # a pid namespace below the reader's: a container's process
+    ("NSpid:\t4242\n", None),        # the reader's own pid namespace: nothing is concluded
+    ("", None),                       # no NSpid line
+    ("NSpid:\t4242\tx\n", None),    # malformed: nothing is concluded
+])
+def test_where_pid_1s_mount_namespace_is_unreadable_a_nested_pid_namespace_is_a_container(tmp_path, nspid, host_ns):
+    source = _snapshot(tmp_path, proc_devices="Character devices:\n  1 mem\n")
+    root = tmp_path / "snap" / "proc"
+    (root / "1" / "ns" / "mnt").unlink()
+    status = root / "4242" / "status"
+    status.write_text(status.read_text() + nspid)
+    assert _evidence(source).host_namespace is host_ns
+
+
+def test_nspid_parser():
+    assert nested_pid_namespace("Name:\tx\nNSpid:\t77\t5\t1\n") is True
+    assert nested_pid_namespace("NSpid:\t77\n") is False
+    assert nested_pid_namespace("Name:\tx\n") is None and nested_pid_namespace("NSpid:\n") is None
+
+
+def test_a_live_contained_worker_is_not_taken_for_the_host():
+    from .containers import contained_worker
+
+    live = LiveHost()
+    with contained_worker([("davinci0", 3)], allow=[3]) as w:
+        assert read_npu_evidence(live, observe_process(live, w.pid)).host_namespace is False
+    with contained_worker(bare=True) as w:
+        assert read_npu_evidence(live, observe_process(live, w.pid)).host_namespace is not False
 
 
 def test_a_pid_recycled_while_its_devices_were_read_is_refused(tmp_path):

@@ -226,9 +226,11 @@ def test_a_narrowed_reach_decides_when_nothing_else_does(name, host, wk, npus, r
     assert (d.npus, d.rule) == (npus, rule), name
 
 
-def test_the_device_nodes_win_over_ascend_visible_devices_with_a_warning():
-    d = decide(a2_host(), w(POD5, env={"ASCEND_VISIBLE_DEVICES": "2"}))
-    assert d.npus == (5,) and any("ASCEND_VISIBLE_DEVICES names NPU 2" in x for x in d.warnings)
+@pytest.mark.parametrize("req", [{}, {"device_index": 0}, {"npus": [5]}])
+def test_ascend_visible_devices_naming_a_device_the_worker_cannot_open_is_refused(req):
+    # the runtime would see no such device: which one the worker drives is not known, so nothing is guessed
+    text = refused(a2_host(), w(POD5, env={"ASCEND_VISIBLE_DEVICES": "2"}), "npu_mismatch", **req)
+    assert "ASCEND_VISIBLE_DEVICES=2" in text and "names NPU 2" in text and "NPU 5" in text
 
 
 def test_a_worker_in_the_host_namespace_reaches_every_npu():
@@ -281,3 +283,115 @@ def test_every_rule_is_reached_by_some_row_and_the_decision_round_trips_json():
     d = decide(a2_host(processes=table((4242, 2))), w(POD5, env=PLUGIN_ENV), device_index=0)
     assert TargetDecision.from_json(d.to_json()) == d
     assert d.lines()[0].startswith("targets: NPU 5 by rule device_index")
+
+
+# ------------------------------------------------------------ one rule for the runtime's devices
+
+def a2_phy(**kw):
+    """An A2 whose npu-smi prints Chip Phy-ID: logical NPU k is physical (k + 4) % 8."""
+    h = a2_host(**kw)
+    chips = tuple(NpuChip(card=k, chip=0, logic_id=k, name="Ascend910B3", phy_id=(k + 4) % 8) for k in range(8))
+    return dataclasses.replace(h, chips=chips)
+
+
+RENAMED = ev(dev=nodes(*((f"davinci{i}", 3 + i) for i in range(5))), cgroup={3, 4, 5, 6, 7})  # host NPUs 3..7
+HOST_3_TO_7 = ev(dev=nodes(*((f"davinci{n}", n) for n in range(3, 8))), cgroup={3, 4, 5, 6, 7})
+ALL_8 = ev(dev=nodes(*((f"davinci{n}", n) for n in range(8))), cgroup=None)
+MOTOR = {"ASCEND_VISIBLE_DEVICES": "4,5,6,7", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}
+
+
+@pytest.mark.parametrize("name, host, evidence, env, index, npu", [
+    # the node's name says nothing: /dev/davinci0..4 are the host's NPUs 3..7 by minor
+    ("renamed nodes, RT=2, device 0", a2_host(), RENAMED, {"ASCEND_RT_VISIBLE_DEVICES": "2"}, 0, 5),
+    ("renamed nodes, device 0", a2_host(), RENAMED, {}, 0, 3),
+    ("renamed nodes, device 4", a2_host(), RENAMED, {}, 4, 7),
+    ("host NPUs 3..7 named as on the host, RT=2", a2_host(), HOST_3_TO_7, {"ASCEND_RT_VISIBLE_DEVICES": "2"}, 0, 5),
+    ("renamed nodes in reverse, RT=1,0", a2_host(), ev(dev=nodes(("davinci0", 6), ("davinci1", 2)), cgroup={2, 6}),
+     {"ASCEND_RT_VISIBLE_DEVICES": "1,0"}, 0, 6),
+    # partly mounted: the cgroup allows 3..5, only 3 and 5 have a node
+    ("partly mounted", a2_host(), ev(dev=nodes(("davinci3", 3), ("davinci5", 5)), cgroup={3, 4, 5}), {}, 1, 5),
+    ("the cgroup narrower than the nodes", a2_host(), ev(dev=HOST_3_TO_7.device_nodes, cgroup={4, 6}), {}, 1, 6),
+    # MindIE Motor: physical ASCEND_VISIBLE_DEVICES, positions in ASCEND_RT_VISIBLE_DEVICES
+    ("Motor, bare host", a2_host(), BARE, MOTOR, 2, 6),
+    ("Motor, a container of every NPU", a2_host(), ALL_8, MOTOR, 2, 6),
+    ("Motor, a container of 4..7", a2_host(), ev(dev=nodes(*((f"davinci{n}", n) for n in range(4, 8))),
+                                                 cgroup={4, 5, 6, 7}), MOTOR, 3, 7),
+    ("Motor, /dev unreadable", a2_host(), ev(), MOTOR, 1, 5),
+    # vllm-ascend: the device index is a position among the runtime's devices, not a table row
+    ("bare host, RT=4,5,6,7", a2_host(processes=table((4242, 5))), BARE, {"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"},
+     1, 5),
+    ("bare host, device 3", a2_host(), BARE, {}, 3, 3),
+    # HAMi: a vNPU node's minor is 100 + 16 x physical + sub-device
+    ("HAMi vNPU of NPU 5", a2_host(), ev(dev=nodes(("vdavinci180", 180)), cgroup={180}),
+     {"ASCEND_VISIBLE_DEVICES": "5"}, 0, 5),
+    ("HAMi vNPU renamed davinci0", a2_host(), ev(dev=nodes(("davinci0", 181)), cgroup={181}), {}, 0, 5),
+    # physical -> logical through npu-smi's Chip Phy-ID: physical 5 is logical 1
+    ("renamed nodes, physical ids", a2_phy(), RENAMED, {"ASCEND_RT_VISIBLE_DEVICES": "2"}, 0, 1),
+    ("Motor on physical ids", a2_phy(), BARE, MOTOR, 0, 0),
+])
+def test_the_runtimes_devices_then_the_variables_then_the_index(name, host, evidence, env, index, npu):
+    d = decide(host, w(evidence, env=env), device_index=index)
+    assert (d.npus, d.rule) == ((npu,), "device_index"), name
+    assert d.steps[-1].startswith(f"device index {index} -> NPU {npu}"), d.steps
+
+
+@pytest.mark.parametrize("name, host, evidence, env, req, says", [
+    ("the index past the devices", a2_host(), RENAMED, {}, {"device_index": 5}, "sees 5 device(s)"),
+    ("RT past the devices", a2_host(), RENAMED, {"ASCEND_RT_VISIBLE_DEVICES": "5"}, {"device_index": 0},
+     "names index 5"),
+    ("the variable names an NPU the nodes lack", a2_host(), RENAMED, {"ASCEND_VISIBLE_DEVICES": "1"},
+     {"device_index": 0}, "names NPU 1, which pid 4242 cannot open"),
+    ("Motor's variables in a container of 0..3", a2_host(), ev(dev=nodes(*((f"d{n}", n) for n in range(4))),
+                                                            cgroup={0, 1, 2, 3}), MOTOR, {}, "names NPU 4,5,6,7"),
+    ("a container whose devices cannot be read, RT=2", a2_host(), ev(),
+     {"ASCEND_RT_VISIBLE_DEVICES": "2"}, {"device_index": 0}, "could not be read"),
+    ("a container whose devices cannot be read", a2_host(), ev(), {}, {"device_index": 0}, "could not be read"),
+    ("the table disagrees with the index", a2_host(processes=table((4242, 3))), RENAMED,
+     {"ASCEND_RT_VISIBLE_DEVICES": "2"}, {"device_index": 0}, "device index 0 is NPU 5"),
+    ("a request NPU the rule does not give", a2_host(), RENAMED, {}, {"npus": [2]}, "names NPU 2"),
+])
+def test_a_contradiction_is_refused_naming_the_steps(name, host, evidence, env, req, says):
+    text = refused(host, w(evidence, env=env), "npu_mismatch", **req)
+    assert says in text, (name, text)
+
+
+def test_the_steps_show_each_variable():
+    d = decide(a2_host(), w(ALL_8, env=MOTOR), device_index=2)
+    assert d.steps == ("found NPU 0,1,2,3,4,5,6,7; ASCEND_VISIBLE_DEVICES keeps NPU 4,5,6,7",
+                       "it can open NPU 4,5,6,7: its container's device nodes: NPU 0,1,2,3,4,5,6,7, of which "
+                       "ASCEND_VISIBLE_DEVICES names NPU 4,5,6,7",
+                       "after ASCEND_RT_VISIBLE_DEVICES=0,1,2,3: device 0 = NPU 4, device 1 = NPU 5, device 2 = NPU 6, "
+                       "device 3 = NPU 7",
+                       "device index 2 -> NPU 6")
+    assert any(line.startswith("  runtime: device index 2 -> NPU 6") for line in d.lines())
+    phy = decide(a2_phy(), w(RENAMED, env={"ASCEND_RT_VISIBLE_DEVICES": "2"}), device_index=0)
+    assert phy.steps[-1] == "device index 0 -> NPU 1 (physical 5)"
+
+
+# ------------------------------------------------------------ stray contexts: listed on NPU 0 and on its own
+
+STRAY = table((4242, 3), (4242, 0))
+
+
+@pytest.mark.parametrize("name, evidence, env, req, npus, rule", [
+    ("ASCEND_VISIBLE_DEVICES=3 on the host", BARE, {"ASCEND_VISIBLE_DEVICES": "3"}, {}, (3,), "process_table"),
+    ("ASCEND_RT_VISIBLE_DEVICES=3 on the host", BARE, {"ASCEND_RT_VISIBLE_DEVICES": "3"}, {}, (3,), "process_table"),
+    ("a container of NPU 3", ev(dev=nodes(("davinci3", 3)), cgroup={3}), {}, {}, (3,), "process_table"),
+    ("a device index", BARE, {"ASCEND_RT_VISIBLE_DEVICES": "3"}, {"device_index": 0}, (3,), "device_index"),
+    ("a request", BARE, {}, {"npus": [3]}, (3,), "request"),
+])
+def test_a_stray_context_on_npu_0_is_left_out_with_a_warning(name, evidence, env, req, npus, rule):
+    d = decide(a2_host(processes=STRAY), w(evidence, env=env), **req)
+    assert (d.npus, d.rule) == (npus, rule), name
+    assert any("NPU 0" in x for x in d.warnings), d.warnings
+
+
+@pytest.mark.parametrize("evidence, env", [(BARE, {}), (ALL_8, {}), (BARE, {"ASCEND_RT_VISIBLE_DEVICES": "0,3"})])
+def test_a_stray_context_without_evidence_is_refused_naming_both(evidence, env):
+    text = refused(a2_host(processes=STRAY), w(evidence, env=env), "stray_context")
+    assert "NPU 0 and NPU 3" in text and "pid 4242" in text
+
+
+def test_a_worker_listed_on_two_npus_other_than_0_keeps_both():
+    d = decide(a2_host(processes=table((4242, 3), (4242, 5))), w(BARE))
+    assert (d.npus, d.rule, d.warnings) == ((3, 5), "process_table", ())

@@ -386,6 +386,8 @@ class Daemon(Ownership):
             self.metrics.alignment_failure(reason)
         outcome = "aligned" if aligned else "unaligned"
         log.info("worker bound", pid=pid, npus=list(binding.npus), outcome=outcome, failed_step=binding.failed)
+        for warning in decision.warnings:  # e.g. a stray context's row left out
+            log.warning("target npu warning", pid=pid, warning=warning)
         return {
             "pid": pid,
             "npus": list(binding.npus),

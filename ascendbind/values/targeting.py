@@ -147,6 +147,9 @@ class TargetDecision:
     reason: str
     evidence: tuple[EvidenceLine, ...] = ()
     warnings: tuple[str, ...] = ()
+    # the runtime's devices step by step (found, after each variable, the index): printed by
+    # ``plan --explain``; not part of the plan JSON, whose evidence lines carry each source
+    steps: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"npus": list(self.npus), "rule": self.rule, "reason": self.reason,
@@ -162,6 +165,7 @@ class TargetDecision:
         """The decision as text: what ``plan --explain`` and ``status --explain`` print."""
         out = [f"targets: NPU {','.join(map(str, self.npus))} by rule {self.rule}: {self.reason}"]
         out.extend(evidence_lines(self.evidence))
+        out.extend(f"  runtime: {step}" for step in self.steps)
         out.extend(f"  warning: {w}" for w in self.warnings)
         return out
 

@@ -7,6 +7,10 @@ The reads (all small, all through ``source``, so a snapshot records and replays 
 * ``/proc/<pid>/ns/mnt`` against ``/proc/1/ns/mnt``: the driver treats a process in
   the host's mount namespace as the host (every NPU); only a container's ``/dev``
   is a device set.
+  Where pid 1's link is unreadable (a hardened host, some sandboxes), a worker whose
+  ``NSpid`` (``/proc/<pid>/status``) shows a pid namespace below the reader's is taken
+  as a container's: container runtimes give a container both namespaces, and taking
+  it for the host would let a position among "its devices" name a host NPU.
 * ``/proc/<pid>/ns/user`` against ``/proc/1/ns/user``: a mount namespace in the host's
   user namespace was made by a privileged process (a container runtime); one inside a
   user namespace of its own may be any user's, with any device nodes it could reach
@@ -29,7 +33,7 @@ from __future__ import annotations
 from ...errors import ParseError, ProcessGone
 from ...values.frozen import frozen_map
 from ...values.targeting import CgroupDevices, NpuEvidence
-from ..parse.devices import DEVDRV_CDEV, allowed_minors, devdrv_major, trs_core_udevids
+from ..parse.devices import DEVDRV_CDEV, allowed_minors, devdrv_major, nested_pid_namespace, trs_core_udevids
 from ..parse.procfs import parse_stat_start_time
 from ..read.sources import HostSource, read_parsed
 
@@ -56,6 +60,12 @@ def _host_namespace(source: HostSource, key: str, kind: str = "mnt") -> bool | N
     return None if mine is None or init is None else mine == init
 
 
+def _container_by_pid_namespace(source: HostSource, key: str) -> bool:
+    """Whether the worker lives in a pid namespace below the reader's (its status's NSpid)."""
+    text = source.read(f"/proc/{key}/status")
+    return text is not None and nested_pid_namespace(text) is True
+
+
 def _cgroup_devices(source: HostSource, view, major: int, unavailable: dict[str, str]) -> CgroupDevices | None:
     entry = next((e for e in view.cgroup or () if "devices" in e.controllers), None)
     if entry is None:
@@ -80,6 +90,8 @@ def read_npu_evidence(source: HostSource, view) -> NpuEvidence:
     unavailable: dict[str, str] = {}
     major = _major(source, unavailable)
     host_ns = _host_namespace(source, key)
+    if host_ns is None and _container_by_pid_namespace(source, key):
+        host_ns = False
     host_userns = _host_namespace(source, key, "user")
     nodes = None
     cgroup = None

@@ -12,6 +12,9 @@ Kernel and driver facts these rely on:
 * Drivers with the process map create ``/proc/trs_core/proc/<tgid>-<task>-dev-<udevid>``
   for every device context a process opens; ``<tgid>`` is the host's (the kernel's
   global) pid.
+* ``/proc/<pid>/status``'s ``NSpid`` lists the process's pid in each pid namespace
+  from the reader's down to its own: more than one means it lives in a pid
+  namespace below the reader's, as a container's process does.
 * A snapshot cannot hold device nodes, so it records the listing of a ``/dev``
   directory as text: one ``NAME MAJOR:MINOR`` line per node of the driver's major.
 """
@@ -25,7 +28,7 @@ from ...errors import ParseError
 from ...values.targeting import DeviceNode
 
 __all__ = ["DEVDRV_CDEV", "devdrv_major", "allowed_minors", "trs_core_udevids", "parse_char_devices",
-           "format_char_devices"]
+           "format_char_devices", "nested_pid_namespace"]
 
 DEVDRV_CDEV = "devdrv-cdev"
 
@@ -97,3 +100,13 @@ def parse_char_devices(text: str, source: str) -> tuple[DeviceNode, ...]:
 
 def format_char_devices(nodes: Iterable[DeviceNode]) -> str:
     return "".join(f"{n.name} {n.major}:{n.minor}\n" for n in sorted(nodes, key=lambda n: (n.minor, n.name)))
+
+
+def nested_pid_namespace(status: str) -> bool | None:
+    """Whether ``/proc/<pid>/status`` says the process lives in a pid namespace below the
+    reader's (``NSpid`` with more than one pid); None without a well-formed ``NSpid`` line."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            pids = line[len("NSpid:"):].split()
+            return len(pids) > 1 if pids and all(p.isascii() and p.isdigit() for p in pids) else None
+    return None

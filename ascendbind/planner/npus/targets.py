@@ -7,9 +7,12 @@ map (``npu-smi info -m``'s ``Chip Phy-ID``; without that column the physical id 
 taken as the logical one, and the evidence says so). The rule, in precedence order:
 
 1. **Reach**: the NPUs the worker can open. Its container's device nodes of the
-   driver's major (minor = udevid), narrowed by its v1 devices cgroup; without a
-   readable device set, ``ASCEND_VISIBLE_DEVICES``; for a worker in the host's mount
-   namespace, or with nothing readable, every NPU of the host.
+   driver's major (minor = udevid; the node's name says nothing), narrowed by its v1
+   devices cgroup; without a readable device set, ``ASCEND_VISIBLE_DEVICES``; for a
+   worker in the host's mount namespace, or one not known to be in a container,
+   every NPU of the host. A container whose device set cannot be read has unknown
+   devices: a position among them (``ASCEND_RT_VISIBLE_DEVICES``, a device index) is
+   refused rather than taken among the host's.
 2. **Use**: the driver's map of the process to its device contexts
    (``/proc/trs_core/proc``), else the rows of ``npu-smi info``'s process table for
    its host pid. A row outside the reach is dropped with a warning: a stale table,
@@ -22,7 +25,10 @@ taken as the logical one, and the evidence says so). The rule, in precedence ord
       is known, in the use;
    b. the request's device index (``device_index``): that entry of the runtime's
       devices, which must be in the use when it is known;
-   c. the use (``driver``, ``process_table``);
+   c. the use (``driver``, ``process_table``). Listed on NPU 0 and on others (a
+      runtime that also opened a context on device 0), the worker is bound to those
+      its runtime's devices hold when they single them out, else refused
+      (``stray_context``, naming both); under a and b the unbound rows are a warning;
    d. the runtime's devices when something narrowed them below the host
       (``container_devices``, ``visible_devices``, ``rt_visible_devices``): all of
       them, or when there are several, those npu-smi shows busy if that leaves any;
@@ -75,6 +81,8 @@ class _Reach:
     npus: list[int]  # in the driver's device order
     rule: str | None  # None: nothing narrowed it below the host
     why: str
+    known: bool = True  # False: a container whose device set could not be read
+    conflict: str | None = None  # a variable naming devices the worker cannot open
 
 
 def _ids(ids) -> str:
@@ -99,6 +107,7 @@ class _Weigh:
         self.env, self.env_where = _env(worker, request)
         self.lines: dict[str, EvidenceLine] = {}
         self.warnings: list[str] = []
+        self.steps: list[str] = []  # the runtime's devices, step by step
 
     def line(self, source: str, npus, detail: str) -> None:
         self.lines[source] = EvidenceLine(source, None if npus is None else tuple(sorted(npus)), detail)
@@ -176,12 +185,27 @@ class _Weigh:
             what = "its container's device nodes" if nodes is not None else "its devices cgroup"
             if nodes is not None and allowed is not None:
                 what += " allowed by its devices cgroup"
-            if visible is not None and not set(visible) <= set(npus):
-                self.warnings.append(f"ASCEND_VISIBLE_DEVICES names NPU {_ids(sorted(set(visible) - set(npus)))}, "
-                                     f"which {what} do not hold; the device set wins")
-            return _Reach(npus, "container_devices", f"{what}: NPU {_ids(npus)}")
+            why = f"{what}: NPU {_ids(npus)}"
+            if visible is None:
+                return _Reach(npus, "container_devices", why)
+            outside = sorted(set(visible) - set(npus))
+            if outside:
+                return _Reach(npus, "container_devices", why, conflict=(
+                    f"{self.lines['visible_devices'].detail} names NPU {_ids(outside)}, which pid {self.worker.pid} "
+                    f"cannot open ({why})"))
+            # the runtime sees the devices the variable names among those it can open
+            inside = [n for n in npus if n in visible]
+            if inside != npus:
+                why += f", of which ASCEND_VISIBLE_DEVICES names NPU {_ids(inside)}"
+                self.steps.append(f"found {self.shown(npus)}; ASCEND_VISIBLE_DEVICES keeps {self.shown(inside)}")
+            return _Reach(inside, "container_devices", why)
         if visible is not None:
             return _Reach(visible, "visible_devices", f"ASCEND_VISIBLE_DEVICES: NPU {_ids(visible)}")
+        if self.ev.host_namespace is False:
+            # a container holds the nodes its runtime mounted, not the host's: without its device
+            # set, a position among "its devices" names no NPU (the host's list would be a guess)
+            return _Reach([], None, f"its container's devices, which could not be read ("
+                          f"{self.lines['device_nodes'].detail})", known=False)
         whole = sorted(self.chips.logic)
         if not (self.chips.ascend950 and self.ev.host_namespace is not False):
             whole.sort(key=self.chips.order)
@@ -220,12 +244,31 @@ class _Weigh:
 
     # ------------------------------------------------------------ the runtime's devices
 
+    def shown(self, npus) -> str:
+        """NPUs with their physical ids where the host prints them: ``NPU 5 (physical 1)``."""
+        if self.chips.assumed:
+            return "NPU " + _ids(npus)
+        return ", ".join(f"NPU {n} (physical {self.chips.order(n)})" for n in npus) or "none"
+
     def runtime(self, reach: _Reach) -> tuple[list[int] | None, str]:
         """The runtime's devices in index order, or None (and why) when they cannot be told."""
+        if reach.known:
+            self.steps.append(f"it can open {self.shown(reach.npus)}: {reach.why}")
+        devices, why = self._rt_visible(reach)
+        if devices is not None and "ASCEND_RT_VISIBLE_DEVICES" in self.env:
+            self.steps.append("after ASCEND_RT_VISIBLE_DEVICES=" + self.env["ASCEND_RT_VISIBLE_DEVICES"] + ": " +
+                              ", ".join(f"device {i} = NPU {n}" for i, n in enumerate(devices)))
+        return devices, why
+
+    def _rt_visible(self, reach: _Reach) -> tuple[list[int] | None, str]:
         raw = self.env.get("ASCEND_RT_VISIBLE_DEVICES")
         if raw is None:
             self.line("rt_visible_devices", None, f"ASCEND_RT_VISIBLE_DEVICES unset ({self.env_where})")
-            return list(reach.npus), ""
+            return (list(reach.npus), "") if reach.known else (None, f"pid {self.worker.pid} sees {reach.why}")
+        if not reach.known:
+            why = (f"ASCEND_RT_VISIBLE_DEVICES={raw} ({self.env_where}) picks by position among {reach.why}")
+            self.line("rt_visible_devices", None, f"unusable: {why}")
+            return None, why
         try:
             order = parse_rt_visible_devices(raw)
         except ValueError as exc:
@@ -253,29 +296,34 @@ class _Weigh:
         reach = self.reach()
         use, use_source = self.use(reach)
         devices, rt_why = self.runtime(reach)
+        if reach.conflict is not None:
+            raise self._mismatch(reach.conflict, steps=True)
         if req.names_npus:
             self._known(req.npus)
             self._within(req.npus, reach.npus, f"pid {pid} can reach only NPU {_ids(reach.npus)} ({reach.why})",
                          reach.rule is not None)
             if use is not None:
                 self._within(req.npus, use, f"the {use_source.replace('_', ' ')} puts pid {pid} on NPU {_ids(use)}")
+            self._extra_rows(use, use_source, req.npus)
             return self._decision(req.npus, "request", f"the request names NPU {_ids(req.npus)}, and the evidence "
                                   "agrees" if use or reach.rule else f"the request names NPU {_ids(req.npus)}")
         if req.device_index is not None:
             i = req.device_index
             if devices is None:
-                raise self._mismatch(f"device index {i} cannot be resolved: {rt_why}")
+                raise self._mismatch(f"device index {i} cannot be resolved: {rt_why}", steps=True)
             if i >= len(devices):
                 raise self._mismatch(f"the request names device index {i}, but pid {pid}'s runtime sees "
-                                     f"{len(devices)} device(s): NPU {_ids(devices)} ({reach.why})")
+                                     f"{len(devices)} device(s): NPU {_ids(devices)} ({reach.why})", steps=True)
             npu = devices[i]
+            self.steps.append(f"device index {i} -> {self.shown([npu])}")
             if use is not None:
                 self._within((npu,), use, f"the {use_source.replace('_', ' ')} puts pid {pid} on NPU {_ids(use)}",
-                             prefix=f"device index {i} is ")
+                             prefix=f"device index {i} is ", steps=True)
+            self._extra_rows(use, use_source, (npu,))
             return self._decision((npu,), "device_index", f"device index {i} of pid {pid}'s runtime is NPU {npu} "
                                   f"({reach.why})")
         if use is not None:
-            return self._decision(tuple(use), use_source, self.lines[use_source].detail)
+            return self._by_use(use, use_source, devices, reach)
         narrowed = reach.rule if reach.rule is not None else ("rt_visible_devices" if self.env.get(
             "ASCEND_RT_VISIBLE_DEVICES") is not None else None)
         if narrowed is not None and devices:
@@ -291,6 +339,38 @@ class _Weigh:
         raise PlanImpossible(f"no target NPU for pid {pid}: nothing says which NPU it drives ({tried}); pass --npu "
                              f"or a device index" + (f" ({rt_why})" if rt_why else ""), code="no_target_npu")
 
+    def _by_use(self, use: list[int], source: str, devices: list[int] | None, reach: _Reach) -> TargetDecision:
+        """The NPUs the driver or npu-smi lists the worker on. A runtime may also open a context
+        on device 0 (Mooncake, some launchers): listed on NPU 0 and on its own, the worker is
+        bound to the one its devices single out, else refused, never to both with NPU 0's IRQs."""
+        detail = self.lines[source].detail
+        if 0 not in use or len(use) == 1:
+            return self._decision(tuple(use), source, detail)
+        narrowed = devices is not None and (reach.rule is not None or "ASCEND_RT_VISIBLE_DEVICES" in self.env)
+        picked = [n for n in use if narrowed and n in devices]
+        if picked and len(picked) < len(use):
+            self._extra_rows(use, source, picked)
+            return self._decision(tuple(picked), source, f"{detail}; its devices ({self._devices_why(reach)}) hold "
+                                                         f"only NPU {_ids(picked)}")
+        tried = "; ".join(f"{e.source}: {e.detail}" for e in self._evidence() if e.source != "request")
+        raise PlanImpossible(f"the {source.replace('_', ' ')} lists pid {self.worker.pid} on NPU {_ids(use)}: NPU 0 "
+                             f"and NPU {_ids([n for n in use if n])}, and nothing says which it drives (a runtime that "
+                             f"also opened a context on NPU 0 is listed on both; tried {tried}); pass --npu or a "
+                             "device index", code="stray_context")
+
+    def _devices_why(self, reach: _Reach) -> str:
+        if "ASCEND_RT_VISIBLE_DEVICES" in self.env and "rt_visible_devices" in self.lines:
+            return f"{reach.why}, then {self.lines['rt_visible_devices'].detail}"
+        return reach.why
+
+    def _extra_rows(self, use: list[int] | None, source: str | None, bound) -> None:
+        """Name the rows of the use that are not bound (a stray context, typically on NPU 0)."""
+        extra = [n for n in use or () if n not in bound]
+        if extra and source is not None:
+            self.warnings.append(f"the {source.replace('_', ' ')} also lists pid {self.worker.pid} on NPU "
+                                 f"{_ids(extra)}, a context its runtime opened beside NPU {_ids(sorted(bound))}; "
+                                 "not bound")
+
     def _known(self, npus) -> None:
         known = self.chips.logic
         bad = [n for n in npus if n < 0 or (known and n not in known)]
@@ -299,12 +379,14 @@ class _Weigh:
             raise PlanImpossible(f"NPU {_ids(bad)} {'is' if len(bad) == 1 else 'are'} not a logical NPU of this host "
                                  f"({listed})", code="unknown_npu")
 
-    def _within(self, npus, allowed, why: str, applies: bool = True, *, prefix: str = "") -> None:
+    def _within(self, npus, allowed, why: str, applies: bool = True, *, prefix: str = "", steps: bool = False) -> None:
         outside = [n for n in npus if n not in allowed]
         if applies and outside:
-            raise self._mismatch(f"{prefix or 'the request names '}NPU {_ids(outside)}, but {why}")
+            raise self._mismatch(f"{prefix or 'the request names '}NPU {_ids(outside)}, but {why}", steps=steps)
 
-    def _mismatch(self, sentence: str) -> Conflict:
+    def _mismatch(self, sentence: str, *, steps: bool = False) -> Conflict:
+        if steps and self.steps:
+            sentence += " (the runtime's devices: " + "; ".join(self.steps) + ")"
         exc = Conflict(sentence, code="npu_mismatch")
         exc.evidence = self._evidence()  # type: ignore[attr-defined]
         return exc
@@ -316,7 +398,7 @@ class _Weigh:
         warnings = list(self.warnings)
         if self.chips.assumed_used:
             warnings.append("npu-smi info -m prints no Chip Phy-ID: physical ids were taken as logical ids")
-        return TargetDecision(tuple(npus), rule, reason, self._evidence(), tuple(warnings))
+        return TargetDecision(tuple(npus), rule, reason, self._evidence(), tuple(warnings), tuple(self.steps))
 
 
 def resolve_targets(host: HostFacts, worker: WorkerFacts, request: TargetRequest | None = None) -> TargetDecision:
