@@ -90,7 +90,7 @@ def test_guaranteed_pod_gets_a_cpu_of_its_own_and_gives_it_back(node):
         state = node.checkpoint()
         assert state["policyName"] == "static"
         assert cpu not in parse_cpulist(state["defaultCpuSet"]), state
-        assert 0 in parse_cpulist(state["defaultCpuSet"]), state  # reservedSystemCPUs stays shared
+        assert 0 in parse_cpulist(state["defaultCpuSet"]), state  # the reserved CPU stays shared
         path, cpus = _cpuset_of(pid)
         assert re.fullmatch(rf"/kubepods/pod{uid}/[0-9a-f]{{64}}", path), path
         assert cpus == {cpu}
