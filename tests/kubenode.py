@@ -85,7 +85,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -97,6 +96,7 @@ from dataclasses import dataclass
 
 from tests import oci_archive
 from tests.cpuset_cgroups import kubepods_lock
+from tests.daemon_harness import free_port
 
 CACHE = os.environ.get("ASCENDBIND_KUBE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ascendbind-kube")
 SOURCE_PACKAGE = "kubernetes"
@@ -437,12 +437,6 @@ state = "{d}/containerd/state"
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _kubepods() -> list[str]:
     """Every ``kubepods*`` cgroup directory at the top of a hierarchy (v1 controllers, the
     named systemd one, v2's unified)."""
@@ -736,7 +730,7 @@ class Node:
         self.wait_for("containerd answering on its socket", up, 60)
 
     def _write_kubelet_config(self) -> None:
-        self.kubelet_port, self.healthz_port = _free_port(), _free_port()
+        self.kubelet_port, self.healthz_port = free_port(), free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "staticPodPath": self.manifests, "fileCheckFrequency": "1s", "syncFrequency": "5s",
