@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ...values.digits import is_ascii_digits
 from ...errors import ParseError
-from ..read.procdir import read_once
+from ..read.bounded import read_bounded
 from ..parse.procfs import parse_cgroup, parse_stat
 
 __all__ = ["ProcessFacts", "list_pids", "process_facts", "thread_starts"]
@@ -51,7 +51,7 @@ def list_pids(proc_root: str = "/proc") -> list[int]:
 
 
 def _stat(path: str):
-    text = read_once(path, 4096)
+    text = read_bounded(path, 4096, single=True)
     if text is None:
         return None
     try:
@@ -67,7 +67,7 @@ def process_facts(pid: int, proc_root: str = "/proc", *, cgroups: bool = True) -
         return None
     paths: tuple[str, ...] = ()
     if cgroups and not st.is_kthread:
-        text = read_once(f"{proc_root}/{pid}/cgroup", 65536)
+        text = read_bounded(f"{proc_root}/{pid}/cgroup", 65536, single=True)
         if text is not None:
             try:
                 paths = tuple(e.path for e in parse_cgroup(text, f"{proc_root}/{pid}/cgroup"))

@@ -35,7 +35,8 @@ from ..parse.procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cp
                      parse_environ, parse_stat, parse_status)
 from ..parse.mountinfo import MOUNTINFO_LIMIT, cgroup2_mounts, locate_cgroup
 from ..read.pin import ProcessPin, pin_observed
-from ..read.procdir import ProcDir, read_once
+from ..read.bounded import read_bounded
+from ..read.procdir import ProcDir
 from ..read.sources import HostSource, path_proc_dir
 
 __all__ = [
@@ -326,10 +327,6 @@ def identity_of(source: HostSource, pid: int) -> ProcessIdentity | None:
 
 # ------------------------------------------------------------ the small reads, by proc_root
 
-def _read(path: str, limit: int = 16384, dir_fd: int | None = None) -> str | None:
-    return read_once(path, limit, dir_fd)
-
-
 def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
     """``pid``'s identity from one read of its stat and status, or None when it is absent."""
     from ..read.sources import LiveHost
@@ -339,7 +336,7 @@ def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
 
 def _stat(pid: int, proc_root: str) -> ProcStat | None:
     where = f"{proc_root}/{pid}/stat"
-    text = _read(where)
+    text = read_bounded(where, 16384, single=True)
     if text is None:
         return None
     try:
@@ -364,7 +361,7 @@ def exiting(pid: int, proc_root: str = "/proc") -> bool:
 
 def status_field(pid: int | str, name: str, proc_root: str = "/proc") -> str | None:
     """One field of ``/proc/<pid>/status`` (``pid`` may be ``self``), or None."""
-    text = _read(f"{proc_root}/{pid}/status")
+    text = read_bounded(f"{proc_root}/{pid}/status", 16384, single=True)
     if text is None:
         return None
     for line in text.splitlines():
@@ -385,7 +382,7 @@ def parent_of(pid: int, proc_root: str = "/proc") -> int | None:
 
 def read_comm(path: str) -> str | None:
     """A thread's ``comm`` at ``path`` (one read, at most 64 bytes); None once the thread is gone."""
-    text = _read(path, _COMM_BYTES)
+    text = read_bounded(path, _COMM_BYTES, single=True)
     return None if text is None else text.rstrip("\n")
 
 
