@@ -37,6 +37,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..discovery.read.bounded import task_affinity
 from ..values.cpulist import format_cpulist
 from ..discovery.read.pin import ProcessPin
 from ..discovery.gather.process import new_tasks, task_comm
@@ -140,7 +141,7 @@ def set_tid_affinity(tid: int, cpus: frozenset[int]) -> tuple[str, frozenset[int
             return "refused", _mask_or_empty(tid)
         raise
     try:
-        got = os.sched_getaffinity(tid)
+        got = task_affinity(tid)
     except ProcessLookupError:
         return "gone", frozenset()
     if got == cpus:
@@ -150,7 +151,7 @@ def set_tid_affinity(tid: int, cpus: frozenset[int]) -> tuple[str, frozenset[int
 
 def _mask_or_empty(tid: int) -> frozenset[int]:
     try:
-        return frozenset(os.sched_getaffinity(tid))
+        return frozenset(task_affinity(tid))
     except OSError:
         return frozenset()
 
@@ -235,7 +236,7 @@ def _bind(
     stable = only_tids is not None
     passes = 0
     setaff = os.sched_setaffinity
-    getaff = os.sched_getaffinity
+    getaff = task_affinity
 
     while passes < (1 if only_tids is not None else MAX_PASSES):
         passes += 1

@@ -35,7 +35,7 @@ from ..parse.procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cp
                      parse_environ, parse_stat, parse_status)
 from ..parse.mountinfo import MOUNTINFO_LIMIT, cgroup2_mounts, locate_cgroup
 from ..read.pin import ProcessPin, pin_observed
-from ..read.bounded import read_bounded
+from ..read.bounded import read_bounded, task_affinity
 from ..read.procdir import ProcDir
 from ..read.sources import HostSource, path_proc_dir
 
@@ -148,7 +148,7 @@ def _tasks(d: ProcDir, masks: bool) -> tuple[TaskView, ...]:
         return tuple(starmap(TaskView, listed))
     out: list[TaskView] = []
     read = getattr(d, "read_small", d.read)
-    getaff = os.sched_getaffinity
+    getaff = task_affinity
     for name in d.listdir("task") or ():
         if not name.isdigit():
             continue
@@ -440,7 +440,7 @@ def thread_masks(pid: int, *, proc_root: str = "/proc") -> dict[int, tuple[str, 
             continue
         tid = int(name)
         try:
-            out[tid] = (comm, frozenset(os.sched_getaffinity(tid)))
+            out[tid] = (comm, frozenset(task_affinity(tid)))
         except OSError:
             continue
     return out
