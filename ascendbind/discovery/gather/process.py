@@ -241,20 +241,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         raise ProcessGone(f"no process {key}: /proc/{key} is absent", code="pid_gone")
     held = pin_observed(source, d, pid) if pin else None  # before stat: the reads below prove it
     try:
-        stat_text = d.read("stat")
-        status_text = d.read("status")
-        if status_text is None:
-            raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
-        status = parse_status(status_text, f"/proc/{key}/status")
-        d.owner = status.uids[0] if status.uids else None
-        real = pid if pid is not None else status.tgid
-        if real is None:
-            raise ParseError(f"/proc/{key}/status", "no Tgid line")
-        identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
-        if vet is not None:
-            if identity is None:
-                raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
-            vet(identity)
+        stat_text, status, real, identity = _vetted_identity(d, key, pid, vet)
         cg_text = d.read("cgroup")
         climbed = _climbed_cpuset(d, key, cg_text)
         env_text = d.read("environ", ENVIRON_LIMIT) if environ else None
@@ -269,12 +256,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
             d.close()
     try:
         if identity is not None and last_stat != stat_text:
-            again = _identity(real, last_stat, status, f"/proc/{key}/stat")
-            if again is None:
-                raise ProcessGone(f"process {real} exited while it was being read", code="pid_gone")
-            if again.start_time != identity.start_time:
-                raise ProcessGone(f"pid {real} was recycled while it was being read: started at tick "
-                                  f"{again.start_time}, not {identity.start_time}", code="pid_recycled")
+            _same_start(identity, _identity(real, last_stat, status, f"/proc/{key}/stat"))
         cgroup = parse_cgroup(cg_text, f"/proc/{key}/cgroup") if cg_text is not None else None
         env, cut = cut_environ(env_text) if env_text is not None else (None, None)
     except BaseException:
@@ -292,6 +274,37 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         cgroup=cgroup,
         pin=held,
     )
+
+
+def _vetted_identity(d: ProcDir, key: str, pid: int | None, vet: Callable[[ProcessIdentity], None] | None,
+                     ) -> tuple[str | None, ProcStatus, int, ProcessIdentity | None]:
+    """(stat text, status, pid, identity) of the process ``d`` was opened on, once ``vet``
+    (when given) has let it through; ProcessGone/ParseError as ``observe_process`` says."""
+    stat_text = d.read("stat")
+    status_text = d.read("status")
+    if status_text is None:
+        raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
+    status = parse_status(status_text, f"/proc/{key}/status")
+    d.owner = status.uids[0] if status.uids else None
+    real = pid if pid is not None else status.tgid
+    if real is None:
+        raise ParseError(f"/proc/{key}/status", "no Tgid line")
+    identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
+    if vet is not None:
+        if identity is None:
+            raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
+        vet(identity)
+    return stat_text, status, real, identity
+
+
+def _same_start(first: ProcessIdentity, again: ProcessIdentity | None) -> None:
+    """Raises ProcessGone when the stat read last shows the process gone, or another one
+    (a different start time) under its pid: a path-by-path source saw it change."""
+    if again is None:
+        raise ProcessGone(f"process {first.pid} exited while it was being read", code="pid_gone")
+    if again.start_time != first.start_time:
+        raise ProcessGone(f"pid {first.pid} was recycled while it was being read: started at tick "
+                          f"{again.start_time}, not {first.start_time}", code="pid_recycled")
 
 
 def check_same_process(view: ProcessView, identity: ProcessIdentity) -> None:
