@@ -156,20 +156,10 @@ def _mask_or_empty(tid: int) -> frozenset[int]:
         return frozenset()
 
 
-def bind_threads(
-    pid: int,
-    npu_plan: NpuPlan,
-    mode: Mode | str,
-    *,
-    proc_root: str = "/proc",
-    only_tids: Collection[int] | None = None,
-    tasks: Iterable[tuple] | None = None,
-    pin: ProcessPin | None = None,
-    classes: Sequence[ThreadClass] = (),
-) -> StepResult:
-    """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop)."""
-    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks, pin=pin,
-                      classes=classes).result
+def bind_threads(pid: int, npu_plan: NpuPlan, mode: Mode | str, **how) -> StepResult:
+    """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop):
+    ``bind_tasks``'s step result, with the same keywords."""
+    return bind_tasks(pid, npu_plan, mode, **how).result
 
 
 def bind_tasks(
