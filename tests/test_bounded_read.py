@@ -17,12 +17,21 @@ def test_at_most_limit_plus_one_bytes_so_an_overlong_file_shows(tmp_path):
     assert read_bounded(str(f), 3 * PIECE + 7) == "x" * (3 * PIECE + 7)  # exactly the limit: nothing more to see
 
 
+def test_text_counts_characters_and_binary_bytes(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("\u00e9\u4e2d" * 40000, encoding="utf-8")  # 200,000 bytes, several pieces
+    assert read_bounded(str(f), 70001) == ("\u00e9\u4e2d" * 40000)[:70002]
+    assert read_bounded(str(f), 70001, binary=True) == f.read_bytes()[:70002]
+    assert read_bounded(str(f), 80000) == "\u00e9\u4e2d" * 40000  # exactly the limit
+
+
 def test_single_makes_one_read_and_binary_keeps_the_bytes(tmp_path):
     f = tmp_path / "f"
     f.write_bytes(b"a\xff\nb")
     assert read_bounded(str(f), binary=True) == b"a\xff\nb"
     assert read_bounded(str(f)) == "a\ufffd\nb"
-    assert read_bounded(str(f), 1, single=True) == "a\ufffd"
+    assert read_bounded(str(f), 1, single=True) == "a\ufffd"  # one read of 2 bytes
+    assert read_bounded(str(f), 2) == "a\ufffd\n"  # characters, decoded as read
     d = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
     try:
         assert read_bounded("f", 100, dir_fd=d, binary=True, single=True) == b"a\xff\nb"

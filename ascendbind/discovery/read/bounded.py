@@ -1,13 +1,14 @@
 """One bounded read of a file, and a task's CPU affinity: the two ways the package looks at a
 file of ``/proc`` or ``/sys`` (or a recorded snapshot of them) and at a task's mask.
 
-The limit rule, the same for every caller: at most ``limit + 1`` bytes are read, so an
-answer longer than ``limit`` says that the file went on (a caller that cares cuts it and
-says so; one that does not parses what it got). ``limit=None`` reads the file whole. The
-answer is text (UTF-8, undecodable bytes replaced) or, with ``binary=True``, the bytes; None
-when the file cannot be opened or read: absent, not a file, not permitted, or ESRCH when
-the task it describes exits between the open and the read. Gone is news for the caller,
-never an error.
+The limit rule, the same for every caller: the answer holds at most ``limit + 1`` of the
+file's units, characters for text and bytes with ``binary=True``, so an answer longer than
+``limit`` says that the file went on (a caller that cares cuts it and says so; one that
+does not parses what it got). ``limit=None`` reads the file whole. Text is UTF-8 with
+undecodable bytes replaced, decoded as it is read, so the bound counts what the caller will
+measure with ``len``. The answer is None when the file cannot be opened or read: absent, not
+a file, not permitted, or ESRCH when the task it describes exits between the open and the
+read. Gone is news for the caller, never an error.
 
 Kernel facts it relies on:
 
@@ -15,8 +16,9 @@ Kernel facts it relies on:
   ``read(2)``, so a long file (``/proc/interrupts``, ``environ``) is read a piece at a
   time until the kernel says end of file. A file the kernel prints as one record
   (``stat``, ``status``, ``comm``, ``schedstat``, a mask) comes whole from the first
-  read: ``single=True`` makes exactly one ``read`` (no second call to see the end), the
-  per-thread hot path of a scrape or an observation.
+  read: ``single=True`` makes exactly one ``read`` of at most ``limit + 1`` bytes (no second
+  call to see the end), the per-thread hot path of a scrape or an observation. A character
+  is at least a byte, so its text keeps the rule; such a file is far below its limit.
 * Each piece is asked for at most 64 KiB: ``read(n)`` allocates ``n`` bytes first, and
   asking a large bound for every page of /proc text would map and unmap a buffer each time.
 * ``os.open``/``os.read``: no buffering and no decoding surprises; ``dir_fd`` reads a
@@ -25,6 +27,7 @@ Kernel facts it relies on:
 
 from __future__ import annotations
 
+import codecs
 import os
 
 __all__ = ["read_bounded", "task_affinity", "PIECE"]
@@ -41,9 +44,9 @@ task_affinity = os.sched_getaffinity
 
 def read_bounded(path: str, limit: int | None = None, *, dir_fd: int | None = None, binary: bool = False,
                  single: bool = False) -> str | bytes | None:
-    """The file at ``path`` (relative to ``dir_fd`` when given), at most ``limit + 1`` bytes of
-    it (None: all), as text or with ``binary`` as bytes; None when it cannot be read.
-    ``single``: one ``read(2)``, for a file the kernel prints whole at once."""
+    """The file at ``path`` (relative to ``dir_fd`` when given), at most ``limit + 1``
+    characters of it, or with ``binary`` bytes (None: all of it); None when it cannot be
+    read. ``single``: one ``read(2)``, for a file the kernel prints whole at once."""
     try:
         fd = os.open(path, _FLAGS, dir_fd=dir_fd)
     except OSError:
@@ -51,16 +54,15 @@ def read_bounded(path: str, limit: int | None = None, *, dir_fd: int | None = No
     try:
         if single:
             raw = os.read(fd, PIECE if limit is None else limit + 1)
-        else:
-            raw = _pieces(fd, limit)
+            return raw if binary else raw.decode("utf-8", "replace")
+        return _bytes(fd, limit) if binary else _text(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return raw if binary else raw.decode("utf-8", "replace")
 
 
-def _pieces(fd: int, limit: int | None) -> bytes:
+def _bytes(fd: int, limit: int | None) -> bytes:
     """Reads of ``fd`` until end of file or past ``limit`` bytes."""
     chunks, left = [], None if limit is None else limit + 1
     while left is None or left > 0:
@@ -71,3 +73,21 @@ def _pieces(fd: int, limit: int | None) -> bytes:
         if left is not None:
             left -= len(chunk)
     return b"".join(chunks)
+
+
+def _text(fd: int, limit: int | None) -> str:
+    """Reads of ``fd``, decoded as they come, until end of file or past ``limit`` characters.
+    A piece asks for no more bytes than the characters still wanted (a character is at
+    least a byte), so nothing is read far past the bound."""
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    pieces, left = [], None if limit is None else limit + 1
+    while left is None or left > 0:
+        chunk = os.read(fd, PIECE if left is None else min(PIECE, left))
+        piece = decode(chunk, final=not chunk)
+        pieces.append(piece)
+        if not chunk:
+            break
+        if left is not None:
+            left -= len(piece)
+    text = "".join(pieces)
+    return text if limit is None else text[:limit + 1]

@@ -122,7 +122,21 @@ def command_file_name(argv: Sequence[str]) -> str:
     return "_".join(argv) + ".txt"
 
 
-class LiveHost:
+class _HostTree:
+    """A tree of files standing for the host's (the host itself, or a snapshot of it): a
+    host path maps to one of its files by ``host_path``, and is listed there."""
+
+    def host_path(self, path: str) -> str:
+        raise NotImplementedError
+
+    def listdir(self, path: str) -> list[str] | None:
+        try:
+            return sorted(os.listdir(self.host_path(path)))
+        except OSError:
+            return None
+
+
+class LiveHost(_HostTree):
     """The machine we run on."""
 
     def __init__(
@@ -205,14 +219,10 @@ class LiveHost:
 
     def _owner(self, key: str) -> int | None:
         """The real uid of process ``key``, to charge a stuck read of it to (deadline.py)."""
-        text = read_bounded(self.host_path(f"/proc/{key}/status"), 4096, single=True) if ascii_int(key) is not None else None
-        return None if text is None else real_uid(text)
-
-    def listdir(self, path: str) -> list[str] | None:
-        try:
-            return sorted(os.listdir(self.host_path(path)))
-        except OSError:
+        if ascii_int(key) is None:
             return None
+        text = read_bounded(self.host_path(f"/proc/{key}/status"), 4096, single=True)
+        return None if text is None else real_uid(text)
 
     def readlink(self, path: str) -> str | None:
         try:
@@ -317,7 +327,7 @@ def _load_meta(path: str) -> dict:
     return meta
 
 
-class SnapshotHost:
+class SnapshotHost(_HostTree):
     """A directory recorded by ``ascendbind snapshot`` (or written as a fixture).
 
     ``recorded_pid`` is the worker the snapshot was taken for (``meta.json``'s
@@ -339,12 +349,6 @@ class SnapshotHost:
 
     def read(self, path: str, limit: int | None = None) -> str | None:
         return read_bounded(self.host_path(path), limit)
-
-    def listdir(self, path: str) -> list[str] | None:
-        try:
-            return sorted(os.listdir(self.host_path(path)))
-        except OSError:
-            return None
 
     def readlink(self, path: str) -> str | None:
         text = self.read(path)
