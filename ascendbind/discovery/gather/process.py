@@ -40,6 +40,7 @@ from ..read.procdir import ProcDir
 from ..read.sources import HostSource, path_proc_dir
 
 __all__ = [
+    "stat_at",
     "ProcessView",
     "TaskView",
     "CpusetView",
@@ -348,12 +349,16 @@ def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
 
 
 def _stat(pid: int, proc_root: str) -> ProcStat | None:
-    where = f"{proc_root}/{pid}/stat"
-    text = read_bounded(where, 16384, single=True)
+    return stat_at(f"{proc_root}/{pid}/stat")
+
+
+def stat_at(path: str) -> ProcStat | None:
+    """The process or thread ``stat`` file at ``path``, parsed; None when it is gone or malformed."""
+    text = read_bounded(path, 4096, single=True)
     if text is None:
         return None
     try:
-        return parse_stat(text, where)
+        return parse_stat(text, path)
     except ParseError:
         return None
 
