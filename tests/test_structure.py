@@ -11,6 +11,12 @@
   discovery: no path under them is spelled there (no ``"/proc…"``/``"/sys…"``
   literal, no path built from ``proc_root``/``sys_root``) and no directory is
   listed there. They may pass ``proc_root`` along; discovery turns it into paths.
+* Nothing outside discovery reads the host by call either: no task's affinity
+  (``os.sched_getaffinity``), no listing, no file opened to be read; the
+  applier's writes are its job, its reading back goes through discovery. The
+  few reads of the program's own files are named by module and function.
+* No function is over 60 lines; those still being split are named, and each
+  must still be too long.
 * The daemon's top holds the ``Daemon`` (core.py, ownership.py), the process
   (serve.py) and the rooms; discovery's top holds only rooms, the planner's
   its entry (plan.py, codes.py, explain.py, lint.py) and rooms. Each room's

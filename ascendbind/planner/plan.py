@@ -173,8 +173,9 @@ def _unknown_npu(npu: int, known: set[int]) -> PlanIssue:
 
 def _seed(host: HostFacts, layout: Layout, mode: Mode, wanted: list[int], config: Config, *, own: bool,
           errors: list[PlanIssue]) -> SeedPools:
-    """The seed's pools of ``wanted`` (the cpuset's own when ``own``); the seed's errors about
-    them, and global_slice's unknown ids inside its slice count, join ``errors``."""
+    """The first pools of ``wanted``, before alignment (the cpuset's own when ``own``); the
+    pool rules' errors about them, and global_slice's unknown ids inside its slice count,
+    join ``errors``."""
     if own:
         seed = SeedPools(mode)
         seed.pools = cpuset_pools(layout, wanted)
