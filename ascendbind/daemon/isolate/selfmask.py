@@ -17,7 +17,6 @@ the CPUs the process started on are used: a housekeeping set outside them
 
 from __future__ import annotations
 
-
 from ...discovery.read.bounded import task_affinity
 from ...applier.taskmask import set_task_cpus, task_cpus
 from ...values.cpulist import format_cpulist

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import codecs
 import os
+from typing import Literal, overload
 
 __all__ = ["read_bounded", "task_affinity", "PIECE"]
 
@@ -40,6 +41,16 @@ _FLAGS = os.O_RDONLY | os.O_CLOEXEC
 # builtin, not wrapped: the watch loop calls it once per thread of every worker it looks at,
 # and a Python frame around it would cost more than the system call.
 task_affinity = os.sched_getaffinity
+
+
+@overload
+def read_bounded(path: str, limit: int | None = None, *, dir_fd: int | None = None, binary: Literal[False] = False,
+                 single: bool = False) -> str | None: ...
+
+
+@overload
+def read_bounded(path: str, limit: int | None = None, *, dir_fd: int | None = None, binary: Literal[True],
+                 single: bool = False) -> bytes | None: ...
 
 
 def read_bounded(path: str, limit: int | None = None, *, dir_fd: int | None = None, binary: bool = False,
