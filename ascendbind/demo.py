@@ -77,6 +77,63 @@ def _wait(predicate, timeout: float) -> bool:
     return False
 
 
+def _daemon_env(tmp: str, sock: str, port: int) -> dict[str, str]:
+    """The environment of the demo daemon: everything under ``tmp``, the fixture npu-smi first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCENDBIND_", "NOTIFY_SOCKET", "LISTEN_"))}
+    env.update(ASCENDBIND_SOCKET=sock, ASCENDBIND_STATE_DIR=os.path.join(tmp, "state"), ASCENDBIND_CONFIG="",
+               ASCENDBIND_METRICS_LISTEN=f"127.0.0.1:{port}", ASCENDBIND_RECONCILE_SECONDS="1",
+               ASCENDBIND_SMALL_POOL="share", PATH=f"{FIXTURE_BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    return env
+
+
+def _daemon_log(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _show_bind(client: Client, sock: str, pid: int) -> dict:
+    """Binds the worker to NPU 0, printing its threads before and after; the plan of NPU 0."""
+    print(f"demo worker pid {pid}\n\nbefore:")
+    print("\n".join(_threads(pid)))
+    print(f"\n$ curl --unix-socket {sock} -d '{{\"pid\": {pid}, \"npu\": 0}}' http://localhost/v1/bind")
+    result = client.bind(pid=pid, npu=0)
+    p = result["plan"]["npus"]["0"]
+    print(f"bound ({result['outcome']}): pool {format_cpulist(p['pool'])}  main {format_cpulist(p['main'])}  "
+          f"acl {format_cpulist(p['acl'])}  release {format_cpulist(p['release'])}")
+    for s in result["steps"]:
+        print(f"  {s['step']:<8} {s['outcome']:<8} {s['reason'] or '-':<20} {s['detail'][:90]}")
+    print("\nafter:")
+    print("\n".join(_threads(pid)))
+    return p
+
+
+def _show_late_thread(worker: subprocess.Popen, client: Client, pid: int, plan: dict) -> None:
+    """Has the worker start a late ACL thread and shows the reconcile loop moving it."""
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write("spawn acl_thread_2\n")
+    worker.stdin.flush()
+    worker.stdout.readline()
+    print("\nthe worker starts a late acl_thread_2; the reconcile loop pins it within a second or two:")
+    _wait(lambda: any(c == "acl_thread_2" and m == set(plan["acl"]) for c, m in thread_masks(pid).values()), 5)
+    print("\n".join(line for line in _threads(pid) if "acl_thread_2" in line))
+    counter = [ln for ln in client.metrics().splitlines() if ln.startswith("ascendbind_bind_requests_total")]
+    print("\n" + "\n".join(counter))
+
+
+def _stop(worker: subprocess.Popen, daemon: subprocess.Popen) -> None:
+    if worker.stdin:
+        worker.stdin.close()
+    worker.kill()
+    worker.wait()
+    daemon.terminate()
+    try:
+        daemon.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+
+
 def main() -> int:
     if not (FIXTURE_BIN / "npu-smi").exists():
         print(f"demo: the fixture npu-smi is missing ({FIXTURE_BIN}); run from a source checkout", file=sys.stderr)
@@ -88,15 +145,10 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="ascendbind-demo-")
     sock = os.path.join(tmp, "ascendbind.sock")
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCENDBIND_", "NOTIFY_SOCKET", "LISTEN_"))}
-    env.update(ASCENDBIND_SOCKET=sock, ASCENDBIND_STATE_DIR=os.path.join(tmp, "state"), ASCENDBIND_CONFIG="",
-               ASCENDBIND_METRICS_LISTEN=f"127.0.0.1:{port}", ASCENDBIND_RECONCILE_SECONDS="1",
-               ASCENDBIND_SMALL_POOL="share", PATH=f"{FIXTURE_BIN}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}")
     log_path = os.path.join(tmp, "daemon.log")
     log = open(log_path, "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "ascendbind.cli", "serve"], env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    daemon = subprocess.Popen([sys.executable, "-m", "ascendbind.cli", "serve"], env=_daemon_env(tmp, sock, port),
+                              stdout=log, stderr=subprocess.STDOUT)
     worker = subprocess.Popen([sys.executable, "-c", _WORKER, *THREAD_NAMES], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     client = Client(sock, timeout=30)
@@ -105,33 +157,12 @@ def main() -> int:
             print("demo: the demo worker did not start", file=sys.stderr)
             return 1
         if not _wait(lambda: client.health()["discovery"] == "ok", 20):
-            print("demo: the daemon did not come up; its log:\n" + open(log_path).read(), file=sys.stderr)
+            print("demo: the daemon did not come up; its log:\n" + _daemon_log(log_path), file=sys.stderr)
             return 4
         pid = worker.pid
         print(f"daemon pid {daemon.pid} on {sock} (metrics http://127.0.0.1:{port}/metrics)")
-        print(f"demo worker pid {pid}\n\nbefore:")
-        print("\n".join(_threads(pid)))
-
-        print(f"\n$ curl --unix-socket {sock} -d '{{\"pid\": {pid}, \"npu\": 0}}' http://localhost/v1/bind")
-        result = client.bind(pid=pid, npu=0)
-        p = result["plan"]["npus"]["0"]
-        print(f"bound ({result['outcome']}): pool {format_cpulist(p['pool'])}  main {format_cpulist(p['main'])}  "
-              f"acl {format_cpulist(p['acl'])}  release {format_cpulist(p['release'])}")
-        for s in result["steps"]:
-            print(f"  {s['step']:<8} {s['outcome']:<8} {s['reason'] or '-':<20} {s['detail'][:90]}")
-        print("\nafter:")
-        print("\n".join(_threads(pid)))
-
-        assert worker.stdin is not None
-        worker.stdin.write("spawn acl_thread_2\n")
-        worker.stdin.flush()
-        worker.stdout.readline()
-        print("\nthe worker starts a late acl_thread_2; the reconcile loop pins it within a second or two:")
-        _wait(lambda: any(c == "acl_thread_2" and m == set(p["acl"]) for c, m in thread_masks(pid).values()), 5)
-        print("\n".join(line for line in _threads(pid) if "acl_thread_2" in line))
-        counter = [ln for ln in client.metrics().splitlines() if ln.startswith("ascendbind_bind_requests_total")]
-        print("\n" + "\n".join(counter))
-
+        plan = _show_bind(client, sock, pid)
+        _show_late_thread(worker, client, pid, plan)
         client.release(pid)
         print("\nreleased; after release:")
         print("\n".join(_threads(pid)))
@@ -140,16 +171,7 @@ def main() -> int:
         print(f"demo: {exc}", file=sys.stderr)
         return exc.exit_status
     finally:
-        if worker.stdin:
-            worker.stdin.close()
-        worker.kill()
-        worker.wait()
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        _stop(worker, daemon)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 

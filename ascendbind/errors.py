@@ -41,8 +41,18 @@ __all__ = [
 
 
 class AscendbindError(Exception):
+    """Base: ``code`` (a reason code) and ``exit_status``. A subclass states both in its
+    header, ``class X(AscendbindError, exit_status=.., code=..)``; one it leaves out is inherited."""
+
     exit_status = 1
     code = "error"
+
+    def __init_subclass__(cls, *, exit_status: int | None = None, code: str | None = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_status is not None:
+            cls.exit_status = exit_status
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -50,49 +60,40 @@ class AscendbindError(Exception):
             self.code = code
 
 
-class UsageError(AscendbindError):
-    exit_status = 2
-    code = "usage"
+class UsageError(AscendbindError, exit_status=2, code="usage"):
+    """Bad flags or arguments."""
 
 
-class ConfigError(AscendbindError):
-    exit_status = 2
-    code = "bad_config"
+class ConfigError(AscendbindError, exit_status=2, code="bad_config"):
+    """A bad config file, environment value or unknown key (named)."""
 
 
-class PlanImpossible(AscendbindError):
+class PlanImpossible(AscendbindError, exit_status=3, code="plan_impossible"):
     """No usable plan. ``plan`` (a model.Plan or None) carries the per-NPU errors."""
-
-    exit_status = 3
-    code = "plan_impossible"
 
     def __init__(self, message: str, *, code: str | None = None, plan=None) -> None:
         super().__init__(message, code=code)
         self.plan = plan
 
 
-class DaemonUnreachable(AscendbindError):
-    exit_status = 4
-    code = "daemon_unreachable"
+class DaemonUnreachable(AscendbindError, exit_status=4, code="daemon_unreachable"):
+    """The socket is absent or nobody answers."""
 
 
-class DiscoveryError(AscendbindError):
-    exit_status = 5
-    code = "discovery_failed"
+class DiscoveryError(AscendbindError, exit_status=5, code="discovery_failed"):
+    """A host input is unavailable or unusable."""
 
 
-class ToolMissing(DiscoveryError):
-    code = "tool_missing"
+class ToolMissing(DiscoveryError, code="tool_missing"):
+    """The command does not exist on this host."""
 
 
-class CommandFailed(DiscoveryError):
-    code = "command_failed"
+class CommandFailed(DiscoveryError, code="command_failed"):
+    """A non-zero exit or a timeout (named, with its stderr)."""
 
 
-class ParseError(DiscoveryError):
+class ParseError(DiscoveryError, code="parse_error"):
     """Malformed input. The message always names the source and, when known, the line."""
-
-    code = "parse_error"
 
     def __init__(self, source: str, message: str, *, line: int | None = None, text: str | None = None) -> None:
         where = source if line is None else f"{source} line {line}"
@@ -104,28 +105,22 @@ class ParseError(DiscoveryError):
         self.line = line
 
 
-class DiscoveryUnavailable(DiscoveryError):
+class DiscoveryUnavailable(DiscoveryError, code="discovery_unavailable"):
     """A recent failure of the same query, answered from the cache without running
     anything; the message names the query and the failure's own code and text."""
 
-    code = "discovery_unavailable"
+
+class ProcessGone(AscendbindError, exit_status=6, code="pid_gone"):
+    """No such pid, or the pid was recycled."""
 
 
-class ProcessGone(AscendbindError):
-    exit_status = 6
-    code = "pid_gone"
+class NotPermitted(AscendbindError, exit_status=7, code="not_permitted"):
+    """The caller may not touch that process."""
 
 
-class NotPermitted(AscendbindError):
-    exit_status = 7
-    code = "not_permitted"
+class StepFailed(AscendbindError, exit_status=8, code="step_failed"):
+    """Bound, but at least one step failed."""
 
 
-class StepFailed(AscendbindError):
-    exit_status = 8
-    code = "step_failed"
-
-
-class Conflict(AscendbindError):
-    exit_status = 9
-    code = "conflict"
+class Conflict(AscendbindError, exit_status=9, code="conflict"):
+    """Another live worker holds the NPU, or a policy mismatch."""

@@ -418,6 +418,9 @@ _NOT_ANSWERED = {
     "state_dir_untrusted": "serve refuses to start (exit 2) before the socket opens",
     "bad_policy": "the API checks the policy first and answers bad_request",
     "too_large": "a numa_maps over its read limit: a locality check result, never an answer",
+    # the codes of errors.py's classes that only the client and the CLI raise
+    "daemon_unreachable": "the client's own error when no daemon answers on the socket",
+    "step_failed": "the CLI's exit 8 after an answer that names a failed step",
     # why the reconcile loop has no process events: a reason on ascendbind_reconcile_mode, never an answer
     "permission": "the kernel refused the process-events subscription",
     "namespace": "the process-events connector lives in the initial network namespace only",

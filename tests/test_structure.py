@@ -11,6 +11,12 @@
   discovery: no path under them is spelled there (no ``"/proc…"``/``"/sys…"``
   literal, no path built from ``proc_root``/``sys_root``) and no directory is
   listed there. They may pass ``proc_root`` along; discovery turns it into paths.
+* Nothing outside discovery reads the host by call either: no task's affinity
+  (``os.sched_getaffinity``), no listing, no file opened to be read; the
+  applier's writes are its job, its reading back goes through discovery. The
+  few reads of the program's own files are named by module and function.
+* No function is over 60 lines; those still being split are named, and each
+  must still be too long.
 * The daemon's top holds the ``Daemon`` (core.py, ownership.py), the process
   (serve.py) and the rooms; discovery's top holds only rooms, the planner's
   its entry (plan.py, codes.py, explain.py, lint.py) and rooms. Each room's
@@ -216,6 +222,163 @@ def test_the_checks_catch_what_they_are_meant_to_catch():
                         "planner.pools.newrule", "planner", "values.model", "daemon.watch.reconcile"])
     assert [r for r in roots if r not in PURE_RULES] == ["discovery.parse.newformat", "discovery.parse",
                                                          "planner.pools.newrule", "planner", "values.model"]
+
+
+# ---------------------------------------------------------------- reads, by call
+
+# Outside discovery nothing reads the host: no task's affinity, no listing, no file opened to be
+# read. Writing is the applier's job (a mask file opened write-only); reading back what it wrote
+# goes through discovery (``read_bounded``, ``task_affinity``). The calls that read files of the
+# daemon's or the user's own, never /proc or /sys, are named here by module and function, with
+# why; each must still read (a stale entry fails), so that a new read beside them is caught.
+OWN_FILE_READS: dict[tuple[str, str], str] = {
+    ("client.py", "_tty_foreground"): "the terminal, to learn the foreground group (workers import the client alone)",
+    ("mempolicy.py", "prefer_nodes"): "the worker's own status, read in the worker (stdlib only, like the client)",
+    ("settings.py", "_read_toml"): "the configuration file",
+    ("demo.py", "_daemon_log"): "the demo daemon's own log, shown when it does not come up",
+    ("daemon/state/state.py", "_open_dir"): "the state directory, held open",
+    ("daemon/state/state.py", "clean"): "the state directory's entries (leftovers to remove)",
+    ("daemon/state/state.py", "_load_at"): "the checkpoint",
+    ("daemon/state/state.py", "_create_exclusive"): "a new checkpoint file (its flags are a variable)",
+    ("daemon/state/statedir.py", "trusted_state_dir"): "the state path's links, checked for who may change them",
+}
+_READ_CALLS = {"os.listdir", "os.scandir", "os.walk", "os.readlink", "glob.glob", "glob.iglob"}
+_READ_METHODS = {"read_text", "read_bytes", "iterdir", "glob", "rglob"}
+_WRITE_FLAGS = {"O_WRONLY", "O_PATH"}  # os.open neither reads: a write, or a handle for *at() calls
+
+
+def _dotted_call(f: ast.expr) -> str:
+    return f"{f.value.id}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+
+
+def _opens_to_read(node: ast.Call, name: str) -> bool:
+    """Whether ``open(...)``/``os.open(...)`` may read: a mode or flags this cannot see counts as reading."""
+    if name == "os.open":
+        flags = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "flags"), None)
+        named = {n.attr for n in ast.walk(flags) if isinstance(n, ast.Attribute)} if flags is not None else set()
+        return not named & _WRITE_FLAGS
+    mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+    if mode is None:
+        return True
+    if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)):
+        return True
+    return "r" in mode.value or "+" in mode.value
+
+
+def host_reads(tree: ast.Module) -> list[tuple[str, str]]:
+    """(enclosing function, what) for every read of a file, a directory or a task's mask."""
+    found: list[tuple[str, str]] = []
+
+    def visit(node: ast.AST, func: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            here = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            what = None
+            if isinstance(child, ast.Attribute) and child.attr == "sched_getaffinity":
+                what = "sched_getaffinity"  # called or bound to a name: either reads masks
+            elif isinstance(child, ast.Call):
+                name = _dotted_call(child.func) or (child.func.id if isinstance(child.func, ast.Name) else "")
+                if name in ("open", "io.open", "os.open") and _opens_to_read(child, name):
+                    what = f"{name}() to read"
+                elif name in _READ_CALLS:
+                    what = name
+                elif isinstance(child.func, ast.Attribute) and child.func.attr in _READ_METHODS:
+                    what = f".{child.func.attr}()"
+            if what:
+                found.append((func, f"line {child.lineno}: {what}"))
+            visit(child, here)
+
+    visit(tree, "<module>")
+    return found
+
+
+OUTSIDE_DISCOVERY = sorted(p for p in PKG.rglob("*.py") if p.relative_to(PKG).parts[0] != "discovery")
+
+
+@pytest.mark.parametrize("path", OUTSIDE_DISCOVERY, ids=lambda p: str(p.relative_to(PKG)))
+def test_nothing_outside_discovery_reads_a_file_a_listing_or_a_tasks_mask(path):
+    rel = str(path.relative_to(PKG))
+    found = host_reads(_tree(path))
+    kept = {func for (mod, func) in OWN_FILE_READS if mod == rel}
+    for func in kept:
+        assert any(f == func for f, _ in found), f"{rel}:{func} reads nothing now: take it off OWN_FILE_READS"
+    bad = [f"{func}: {what}" for func, what in found if func not in kept]
+    assert not bad, f"{rel} reads the host itself (go through discovery: read_bounded, task_affinity): {bad}"
+
+
+def test_the_read_check_catches_each_kind_of_read_and_lets_writes_pass():
+    planted = ast.parse(
+        "import os\n"
+        "def look(tid, path, d):\n"
+        "    getaff = os.sched_getaffinity\n"  # bound for a loop: still a read
+        "    os.sched_getaffinity(tid)\n"
+        "    open(path).read()\n"
+        "    open(path, 'r+')\n"
+        "    open(path, mode)\n"
+        "    os.open(path, os.O_RDONLY)\n"
+        "    os.open(path, flags)\n"
+        "    os.listdir(d)\n"
+        "    os.scandir(d)\n"
+        "    d.iterdir()\n"
+        "    d.read_text()\n"
+        "    d.read_bytes()\n"
+        "def write(path, text):\n"
+        "    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)\n"
+        "    os.open(path, os.O_PATH | os.O_DIRECTORY)\n"
+        "    open(path, 'w').write(text)\n"
+        "    open(path, mode='ab')\n"
+        "    sock.open()\n")
+    found = host_reads(planted)
+    assert [f for f, _ in found] == ["look"] * 12, found
+    assert [w.split(": ", 1)[1] for _, w in found[:3]] == ["sched_getaffinity", "sched_getaffinity", "open() to read"]
+
+
+# ---------------------------------------------------------------- function length
+
+MAX_FUNCTION_LINES = 60  # a function fits on a screen; past that it is two ideas
+# functions still being split; each must still be too long (a fixed one leaves the list), and the
+# list is meant to end empty
+LONG_FUNCTIONS: dict[str, str] = {
+    "daemon/core.py:Daemon._bind_view": "the bind's steps under the lock, moving into the held table's step",
+    "daemon/isolate/keeper.py:Isolation._masks": "the mask kinds, moving behind one interface",
+    "daemon/isolate/hosttasks.py:HostTasks.wanted": "the task sweep, moving behind the mask interface",
+}
+
+
+def long_functions(tree: ast.Module, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``Class.method`` / ``function`` -> its length in lines (decorators aside), for those over ``limit``."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef) and child.end_lineno - child.lineno + 1 > limit:
+                    found[name] = child.end_lineno - child.lineno + 1
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return found
+
+
+def test_no_function_in_the_package_is_over_60_lines():
+    found = {f"{p.relative_to(PKG)}:{name}": n for p in sorted(PKG.rglob("*.py"))
+             for name, n in long_functions(_tree(p)).items()}
+    fixed = sorted(set(LONG_FUNCTIONS) - set(found))
+    assert not fixed, f"no longer over {MAX_FUNCTION_LINES} lines, take them off LONG_FUNCTIONS: {fixed}"
+    new = {k: v for k, v in found.items() if k not in LONG_FUNCTIONS}
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines (split them by idea): {new}"
+
+
+def test_the_length_check_measures_every_function_and_names_it_by_its_class():
+    body = "\n".join(f"    x{i} = {i}" for i in range(59))
+    src = (f"class A:\n    def short(self):\n{body}\n\n"  # 60 lines: the limit itself passes
+           f"    def long(self):\n{body}\n        y = 1\n\n"
+           f"def outer():\n    def inner():\n{body}\n        z = 2\n    return inner\n")
+    src = src.replace("\n    x", "\n        x")
+    found = long_functions(ast.parse(src))
+    assert found == {"A.long": 61, "outer": 63, "outer.inner": 61}, found
 
 
 # ---------------------------------------------------------------- rooms

@@ -34,9 +34,10 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..discovery.read.bounded import task_affinity
 from ..values.cpulist import format_cpulist
 from ..discovery.read.pin import ProcessPin
 from ..discovery.gather.process import new_tasks, task_comm
@@ -140,7 +141,7 @@ def set_tid_affinity(tid: int, cpus: frozenset[int]) -> tuple[str, frozenset[int
             return "refused", _mask_or_empty(tid)
         raise
     try:
-        got = os.sched_getaffinity(tid)
+        got = task_affinity(tid)
     except ProcessLookupError:
         return "gone", frozenset()
     if got == cpus:
@@ -150,25 +151,15 @@ def set_tid_affinity(tid: int, cpus: frozenset[int]) -> tuple[str, frozenset[int
 
 def _mask_or_empty(tid: int) -> frozenset[int]:
     try:
-        return frozenset(os.sched_getaffinity(tid))
+        return frozenset(task_affinity(tid))
     except OSError:
         return frozenset()
 
 
-def bind_threads(
-    pid: int,
-    npu_plan: NpuPlan,
-    mode: Mode | str,
-    *,
-    proc_root: str = "/proc",
-    only_tids: Collection[int] | None = None,
-    tasks: Iterable[tuple] | None = None,
-    pin: ProcessPin | None = None,
-    classes: Sequence[ThreadClass] = (),
-) -> StepResult:
-    """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop)."""
-    return bind_tasks(pid, npu_plan, mode, proc_root=proc_root, only_tids=only_tids, tasks=tasks, pin=pin,
-                      classes=classes).result
+def bind_threads(pid: int, npu_plan: NpuPlan, mode: Mode | str, **how) -> StepResult:
+    """Bind every thread of ``pid`` by role (or only ``only_tids``, for the reconcile loop):
+    ``bind_tasks``'s step result, with the same keywords."""
+    return bind_tasks(pid, npu_plan, mode, **how).result
 
 
 def bind_tasks(
@@ -207,6 +198,23 @@ def set_all_threads(
                  step=step, pin=pin).result
 
 
+@dataclass
+class _Tally:
+    """What the passes of one bind have done so far, thread by thread."""
+
+    counts: dict[str, int]  # role -> threads left on its CPUs
+    seen: set[str] = field(default_factory=set)  # tids (as listed) already handled
+    named: dict[str, str] = field(default_factory=dict)  # comm -> its class's target: threads share a few names
+    vanished: int = 0
+    problems: dict[str, list[dict]] = field(default_factory=lambda: {"denied": [], "refused": [], "narrowed": []})
+    readback: dict[int, ThreadMask] = field(default_factory=dict)
+    before: dict[int, set[int]] = field(default_factory=dict)  # with a pin: tid -> its mask before our write
+    passes: int = 0
+    stable: bool = False
+    listed_any: bool = False
+    listed_after: frozenset[int] | None = None  # with a pin: the last pass's task list, after every write
+
+
 def _bind(
     pid: int,
     role_cpus: Mapping[str, frozenset[int]],
@@ -219,97 +227,97 @@ def _bind(
     pin: ProcessPin | None = None,
     classes: tuple[ThreadClass, ...] = (),
 ) -> AffinityResult:
-    main_cpus = role_cpus["main"]
-    acl_cpus = role_cpus["acl"]
-    rel_cpus = role_cpus["release"]
-    counts = dict.fromkeys(role_cpus, 0)
-    named: dict[str, str] = {}  # comm -> its class's target: a worker's threads share a few names
-    classed = bool(classes) and by_role
-    seen: set[str] = set()
-    vanished = 0
-    problems: dict[str, list[dict]] = {"denied": [], "refused": [], "narrowed": []}
-    readback: dict[int, ThreadMask] = {}
-    before: dict[int, set[int]] = {}  # with a pin: tid -> its mask right before our write
-    listed_after = None  # with a pin: the task list of the pass that found nothing new, after every write
-    listed_any = False
-    stable = only_tids is not None
-    passes = 0
-    setaff = os.sched_setaffinity
-    getaff = os.sched_getaffinity
-
-    while passes < (1 if only_tids is not None else MAX_PASSES):
-        passes += 1
+    tally = _Tally(dict.fromkeys(role_cpus, 0), stable=only_tids is not None)
+    while tally.passes < (1 if only_tids is not None else MAX_PASSES):
+        tally.passes += 1
         if only_tids is not None:
             batch = [(str(t), task_comm(pid, t, proc_root)) for t in sorted(only_tids)]
-        elif passes == 1 and tasks is not None:
+        elif tally.passes == 1 and tasks is not None:
             batch = [(str(t[0]), t[1]) for t in tasks]
         else:
-            batch = new_tasks(pid, seen, proc_root) if pin is None else pin.new_tasks(seen)
+            batch = new_tasks(pid, tally.seen, proc_root) if pin is None else pin.new_tasks(tally.seen)
             if batch is None:
                 break
-        listed_any = listed_any or bool(batch) or bool(seen)
+        tally.listed_any = tally.listed_any or bool(batch) or bool(tally.seen)
         if not batch:
-            stable = True
+            tally.stable = True
             if pin is not None and only_tids is None:
-                listed_after = pin.listed
+                tally.listed_after = pin.listed
             break
-        for name, comm in batch:
-            seen.add(name)
-            if comm is None:
-                vanished += 1
-                continue
-            if classed:
-                role = named.get(comm)
-                if role is None:
-                    role = named[comm] = _class_role(comm, classes)
-                cpus = role_cpus[role]
-            elif by_role and comm.startswith("acl_thread"):
-                role, cpus = "acl", acl_cpus
-            elif by_role and comm.startswith("release_thread"):
-                role, cpus = "release", rel_cpus
-            else:
-                role, cpus = "main", main_cpus
-            tid = int(name)
-            try:
-                if pin is not None:
-                    before[tid] = getaff(tid)
-                setaff(tid, cpus)
-                got = getaff(tid)
-            except ProcessLookupError:
-                vanished += 1
-                continue
-            except OSError:
-                status, kept = set_tid_affinity(tid, cpus)  # classify the error once, off the hot path
-                if status == "gone":
-                    vanished += 1
-                else:
-                    _note(problems[status], tid, comm, role, cpus, kept)
-                    readback[tid] = ThreadMask(comm, kept)
-                continue
-            if got != cpus:
-                kept = frozenset(got)
-                _note(problems["narrowed"], tid, comm, role, cpus, kept)
-                readback[tid] = ThreadMask(comm, kept)
-                continue
-            readback[tid] = ThreadMask(comm, cpus)
-            counts[role] += 1
-
-    confirmed = None
-    if pin is not None and readback:
-        confirmed = confirm_writes(pin, {tid: (frozenset(before[tid]), m.mask) for tid, m in readback.items()
-                                         if tid in before}, listed_after)
-        for s in confirmed.stray:
-            gone = readback.pop(s.tid)
-            role = _class_role(gone.comm, classes) if by_role else "main"
-            if gone.mask == role_cpus[role]:
-                counts[role] -= 1
-    result = _result(
-        step, pid, role_cpus, by_role, counts, vanished, problems, listed_any or only_tids is not None,
-        stable, passes, len(seen), whole=only_tids is None,
-    )
+        _write_batch(batch, role_cpus, tally, by_role=by_role, classes=classes if by_role else (),
+                     read_first=pin is not None)
+    confirmed = _confirm(pin, tally, role_cpus, classes if by_role else None)
+    result = _result(step, pid, role_cpus, by_role, tally, listed_any=tally.listed_any or only_tids is not None,
+                     whole=only_tids is None)
     if confirmed is not None and (confirmed.exited or confirmed.landed_elsewhere):
-        result = _unconfirmed(result, pid, confirmed, len(readback))
-    return AffinityResult(result, frozen_map(readback), confirmed)
+        result = _unconfirmed(result, pid, confirmed, len(tally.readback))
+    return AffinityResult(result, frozen_map(tally.readback), confirmed)
+
+
+def _write_batch(batch: list[tuple[str, str | None]], role_cpus: Mapping[str, frozenset[int]], tally: _Tally, *,
+                 by_role: bool, classes: tuple[ThreadClass, ...], read_first: bool) -> None:
+    """Sets the mask of each (tid, comm) of ``batch`` by its role and reads it back; one plain
+    loop over locals, since a bind of a large worker spends its time here, thread by thread.
+    ``read_first``: each mask is read before it is written, for the check after the writes."""
+    main_cpus, acl_cpus, rel_cpus = role_cpus["main"], role_cpus["acl"], role_cpus["release"]
+    counts, named, seen, readback, before = tally.counts, tally.named, tally.seen, tally.readback, tally.before
+    setaff, getaff = os.sched_setaffinity, task_affinity
+    for name, comm in batch:
+        seen.add(name)
+        if comm is None:
+            tally.vanished += 1
+            continue
+        if classes:
+            role = named.get(comm)
+            if role is None:
+                role = named[comm] = _class_role(comm, classes)
+            cpus = role_cpus[role]
+        elif by_role and comm.startswith("acl_thread"):
+            role, cpus = "acl", acl_cpus
+        elif by_role and comm.startswith("release_thread"):
+            role, cpus = "release", rel_cpus
+        else:
+            role, cpus = "main", main_cpus
+        tid = int(name)
+        try:
+            if read_first:
+                before[tid] = getaff(tid)
+            setaff(tid, cpus)
+            got = getaff(tid)
+        except ProcessLookupError:
+            tally.vanished += 1
+            continue
+        except OSError:
+            status, kept = set_tid_affinity(tid, cpus)  # classify the error once, off the hot path
+            if status == "gone":
+                tally.vanished += 1
+            else:
+                _note(tally.problems[status], tid, comm, role, cpus, kept)
+                readback[tid] = ThreadMask(comm, kept)
+            continue
+        if got != cpus:
+            kept = frozenset(got)
+            _note(tally.problems["narrowed"], tid, comm, role, cpus, kept)
+            readback[tid] = ThreadMask(comm, kept)
+            continue
+        readback[tid] = ThreadMask(comm, cpus)
+        counts[role] += 1
+
+
+def _confirm(pin: ProcessPin | None, tally: _Tally, role_cpus: Mapping[str, frozenset[int]],
+             classes: tuple[ThreadClass, ...] | None) -> Confirmation | None:
+    """With a pin, the check after the writes (confirm.py); a write it found on another process's
+    thread leaves the read-back masks and the counts. ``classes`` None: bound without roles."""
+    if pin is None or not tally.readback:
+        return None
+    confirmed = confirm_writes(pin, {tid: (frozenset(tally.before[tid]), m.mask) for tid, m in tally.readback.items()
+                                     if tid in tally.before}, tally.listed_after)
+    for s in confirmed.stray:
+        gone = tally.readback.pop(s.tid)
+        role = _class_role(gone.comm, classes) if classes is not None else "main"
+        if gone.mask == role_cpus[role]:
+            tally.counts[role] -= 1
+    return confirmed
 
 
 def _unconfirmed(result: StepResult, pid: int, c: Confirmation, kept: int) -> StepResult:
@@ -337,29 +345,16 @@ def _note(bucket: list[dict], tid: int, comm: str, role: str, wanted: frozenset[
     bucket.append({"tid": tid, "comm": comm, "role": role, "wanted": sorted(wanted), "kept": sorted(kept)})
 
 
-def _result(
-    step: Step,
-    pid: int,
-    role_cpus: Mapping[str, frozenset[int]],
-    by_role: bool,
-    counts: dict[str, int],
-    vanished: int,
-    problems: dict[str, list[dict]],
-    listed_any: bool,
-    stable: bool,
-    passes: int,
-    n_seen: int,
-    *,
-    whole: bool,
-) -> StepResult:
+def _result(step: Step, pid: int, role_cpus: Mapping[str, frozenset[int]], by_role: bool, tally: _Tally, *,
+            listed_any: bool, whole: bool) -> StepResult:
+    counts, vanished, problems = tally.counts, tally.vanished, tally.problems
     bound = sum(counts.values())
-    n_bad = {k: len(v) for k, v in problems.items()}
     data: dict = {
         "bound": bound,
         "counts": dict(counts),
         "vanished": vanished,
-        "passes": passes,
-        "stable": stable,
+        "passes": tally.passes,
+        "stable": tally.stable,
         "cpus": {r: sorted(c) for r, c in role_cpus.items()} if by_role else sorted(role_cpus["main"]),
     }
     for kind, entries in problems.items():
@@ -369,7 +364,7 @@ def _result(
 
     # binding a whole process that has (or keeps) no thread means it exited; a
     # named set of tids that all vanished is just threads that came and went
-    if whole and (not listed_any or (bound == 0 and not any(n_bad.values()))):
+    if whole and (not listed_any or (bound == 0 and not any(problems.values()))):
         return StepResult(
             step,
             Outcome.FAILED,
@@ -385,9 +380,16 @@ def _result(
         summary = f"bound {bound} threads of {pid} to {format_cpulist(role_cpus['main'])}"
     if vanished:
         summary += f"; {vanished} exited meanwhile"
-    if not stable:
-        summary += f"; threads were still appearing after {passes} passes"
+    if not tally.stable:
+        summary += f"; threads were still appearing after {tally.passes} passes"
+    failed = _first_problem(problems, len(tally.seen), summary)
+    if failed is not None:
+        return StepResult(step, Outcome.FAILED, failed[0], failed[1], frozen_map(data))
+    return StepResult(step, Outcome.APPLIED, None, summary, frozen_map(data))
 
+
+def _first_problem(problems: Mapping[str, list[dict]], n_seen: int, summary: str) -> tuple[Reason, str] | None:
+    """(reason, detail) of the first kind of thread the kernel did not take the mask for."""
     for kind, reason, why in (
         ("denied", Reason.NOT_PERMITTED, "not permitted to set the mask"),
         ("refused", Reason.MASK_REFUSED, "the kernel refused the mask (no CPU of it is in the thread's cpuset)"),
@@ -396,9 +398,6 @@ def _result(
         if problems[kind]:
             first = problems[kind][0]
             kept = format_cpulist(first["kept"]) or "none"
-            detail = (
-                f"{n_bad[kind]} of {n_seen} threads: {why}; e.g. tid {first['tid']} ({first['comm']}) "
-                f"wanted {format_cpulist(first['wanted'])}, kernel kept {kept}. {summary}"
-            )
-            return StepResult(step, Outcome.FAILED, reason, detail, frozen_map(data))
-    return StepResult(step, Outcome.APPLIED, None, summary, frozen_map(data))
+            return reason, (f"{len(problems[kind])} of {n_seen} threads: {why}; e.g. tid {first['tid']} "
+                            f"({first['comm']}) wanted {format_cpulist(first['wanted'])}, kernel kept {kept}. {summary}")
+    return None

@@ -31,6 +31,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..discovery.read.bounded import task_affinity
 from ..values.cpulist import format_cpulist
 from ..discovery.read.pin import ProcessPin
 
@@ -90,14 +91,14 @@ def confirm_writes(pin: ProcessPin, written: Mapping[int, tuple[frozenset[int], 
 
 def _undo(tid: int, before: frozenset[int], after: frozenset[int]) -> StrayWrite:
     try:
-        now = frozenset(os.sched_getaffinity(tid))
+        now = frozenset(task_affinity(tid))
     except OSError:
         return StrayWrite(tid, after, before, "gone")
     if now != after or now == before:
         return StrayWrite(tid, after, before, "unchanged")
     try:
         os.sched_setaffinity(tid, before)
-        back = frozenset(os.sched_getaffinity(tid))
+        back = frozenset(task_affinity(tid))
     except ProcessLookupError:
         return StrayWrite(tid, after, before, "gone")
     except OSError:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from ..values.cpulist import parse_mask
 from ..values.decisions import MaskWrite
-from ..discovery.read.procdir import read_once
+from ..discovery.read.bounded import read_bounded
 
 __all__ = ["write_mask_file"]
 
@@ -32,7 +32,7 @@ _GONE = (errno.ENOENT, errno.ENODEV, errno.ESRCH)
 
 
 def _read(path: str) -> str | None:
-    text = read_once(path, 4096)
+    text = read_bounded(path, 4096, single=True)
     return None if text is None else text.strip()
 
 

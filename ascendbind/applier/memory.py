@@ -254,24 +254,8 @@ class PageMove:
         moved = status.count(node)
         busy: list[int] = []
         if moved < len(todo):
-            unsure = []
-            for a, s in zip(todo, status):
-                if s == node:
-                    continue
-                if s < 0 and -s not in _BUSY:
-                    self._count_left(-s)
-                else:  # busy, unwritten, or (after a failed page) not tried
-                    unsure.append(a)
-            if unsure:
-                self.calls += 1
-                again = self.syscall.query(self.pid, unsure)
-                moved += again.count(node)
-                for a, s in zip(unsure, again):
-                    if s != node:
-                        if full:
-                            self._count_left(errno.ENOMEM)
-                        else:
-                            busy.append(a)
+            later, busy = self._recheck(todo, status, full)
+            moved += later
         self.pages_moved += moved
         self.moved += moved * page
         if last:
@@ -283,6 +267,32 @@ class PageMove:
         if full:
             raise _NodeFull
         return busy
+
+    def _recheck(self, todo: list[int], status, full: bool) -> tuple[int, list[int]]:
+        """After a move that left pages of ``todo`` off the node: counts those the kernel gave a
+        reason for, and asks again where the others are (busy, unwritten, or after a failed
+        page not tried). Returns (how many of those are on the node now, those still busy)."""
+        node = self.node
+        unsure = []
+        for a, s in zip(todo, status):
+            if s == node:
+                continue
+            if s < 0 and -s not in _BUSY:
+                self._count_left(-s)
+            else:
+                unsure.append(a)
+        if not unsure:
+            return 0, []
+        self.calls += 1
+        again = self.syscall.query(self.pid, unsure)
+        busy = []
+        for a, s in zip(unsure, again):
+            if s != node:
+                if full:
+                    self._count_left(errno.ENOMEM)
+                else:
+                    busy.append(a)
+        return again.count(node), busy
 
     def _count_left(self, err: int) -> None:
         why = ("shared" if err in _SHARED else "gone" if err in _GONE else

@@ -16,6 +16,7 @@ import errno
 import os
 from collections.abc import Iterable
 
+from ..discovery.read.bounded import task_affinity
 from ..values.cpulist import format_cpulist
 from ..values.decisions import MaskWrite
 
@@ -25,7 +26,7 @@ __all__ = ["set_task_cpus", "task_cpus"]
 def task_cpus(tid: int) -> frozenset[int] | None:
     """``tid``'s allowed CPUs, or None when it is gone."""
     try:
-        return frozenset(os.sched_getaffinity(tid))
+        return frozenset(task_affinity(tid))
     except OSError:
         return None
 

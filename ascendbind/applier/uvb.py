@@ -11,10 +11,10 @@ last 950 worker goes), since other workers still rely on them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..discovery.read.bounded import task_affinity
 from ..values.cpulist import format_cpulist
 from ..values.frozen import frozen_map
 from ..values.model import Mode, Plan, StepResult
@@ -69,7 +69,7 @@ def _set(tids, cpus: frozenset[int], *, save: bool) -> tuple[StepResult, dict[in
     for tid in tids:
         if save:
             try:
-                previous[tid] = sorted(os.sched_getaffinity(tid))
+                previous[tid] = sorted(task_affinity(tid))
             except OSError:
                 gone.append(tid)
                 continue

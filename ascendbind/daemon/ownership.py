@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
@@ -45,6 +44,7 @@ from typing import Any
 
 import structlog
 
+from ..discovery.read.bounded import task_affinity
 from ..applier import release_binding
 from ..applier.affinity import bind_threads
 from ..applier.bind import bind_irqs_of, merge_npu_plans
@@ -492,7 +492,7 @@ class Ownership:
         cpus = role_cpus(h.binding.plan)
         for tid, role in threads:
             try:
-                mask = accepted(os.sched_getaffinity(tid), cpus[role])
+                mask = accepted(task_affinity(tid), cpus[role])
             except OSError:
                 h.threads.pop(tid, None)  # exited meanwhile
                 continue

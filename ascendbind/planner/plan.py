@@ -20,7 +20,7 @@ out of ``plan.npus``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..values.config import Config
 from ..values.decisions import PlanAlignment
@@ -128,26 +128,10 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     for npu in sorted(set(targets)):
         # global_slice reports ids past the end itself (npu_out_of_range)
         if npu < 0 or (known and npu not in known and (own or mode is not Mode.GLOBAL_SLICE)):
-            errors.append(issue(npu, "unknown_npu",
-                                f"NPU {npu} is not a logical NPU of this host (npu-smi info -m lists "
-                                f"{cl(known)})"))
+            errors.append(_unknown_npu(npu, known))
         else:
             wanted.append(npu)
-
-    if own:
-        seed = SeedPools(mode)
-        seed.pools = cpuset_pools(layout, wanted)
-        seed.candidates = tuple(sorted(seed.pools))
-    else:
-        seed = seed_pools(host, layout, mode, wanted, config)
-    if mode is Mode.GLOBAL_SLICE and known and not own:
-        for npu in wanted:
-            if npu < seed.total and npu not in known:
-                seed.pools.pop(npu, None)
-                errors.append(issue(npu, "unknown_npu",
-                                    f"NPU {npu} is not a logical NPU of this host (npu-smi info -m lists "
-                                    f"{cl(known)})"))
-    errors.extend(e for e in seed.errors if e.npu in wanted)
+    seed = _seed(host, layout, mode, wanted, config, own=own, errors=errors)
     failed = {e.npu for e in errors}
 
     planned = [npu for npu in wanted if npu not in failed and npu in seed.pools]
@@ -165,20 +149,8 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
     warnings = [w for w in seed.warnings if w.npu not in rebuilt]
 
     ascend950 = mode is Mode.ASCEND950_CLUSTER
-    npus: list[NpuPlan] = []
-    for npu in wanted:
-        pool = seed.pools.get(npu)
-        if npu in failed or pool is None:
-            continue
-        try:
-            roles = split_roles(pool, config, layout, ascend950=ascend950)
-        except RoleSplitError as exc:
-            errors.append(issue(npu, "pool_too_small", str(exc)))
-            continue
-        npus.append(NpuPlan(npu=npu, pool=pool, irq=roles.irq, main=roles.main, acl=roles.acl,
-                            release=roles.release, numa_nodes=layout.nodes_of(pool),
-                            classes=() if ascend950 else class_cpus(roles.main, config.thread_classes)))
-
+    npus = _npu_plans([npu for npu in wanted if npu not in failed], seed.pools, config, layout,
+                      ascend950=ascend950, errors=errors)
     return Plan(
         mode=mode,
         device_type=device_type,
@@ -193,3 +165,47 @@ def plan_with_alignment(host: HostFacts, worker: WorkerFacts, targets: Sequence[
         pool_source=source if own else None,
         thread_classes=config.thread_classes,
     ), alignment
+
+
+def _unknown_npu(npu: int, known: set[int]) -> PlanIssue:
+    return issue(npu, "unknown_npu", f"NPU {npu} is not a logical NPU of this host (npu-smi info -m lists {cl(known)})")
+
+
+def _seed(host: HostFacts, layout: Layout, mode: Mode, wanted: list[int], config: Config, *, own: bool,
+          errors: list[PlanIssue]) -> SeedPools:
+    """The first pools of ``wanted``, before alignment (the cpuset's own when ``own``); the
+    pool rules' errors about them, and global_slice's unknown ids inside its slice count,
+    join ``errors``."""
+    if own:
+        seed = SeedPools(mode)
+        seed.pools = cpuset_pools(layout, wanted)
+        seed.candidates = tuple(sorted(seed.pools))
+    else:
+        seed = seed_pools(host, layout, mode, wanted, config)
+    known = set(host.logic_ids)
+    if mode is Mode.GLOBAL_SLICE and known and not own:
+        for npu in wanted:
+            if npu < seed.total and npu not in known:
+                seed.pools.pop(npu, None)
+                errors.append(_unknown_npu(npu, known))
+    errors.extend(e for e in seed.errors if e.npu in wanted)
+    return seed
+
+
+def _npu_plans(npus: list[int], pools: Mapping[int, frozenset[int]], config: Config, layout: Layout, *,
+               ascend950: bool, errors: list[PlanIssue]) -> list[NpuPlan]:
+    """Each of ``npus`` with a pool, split into its roles; a pool too small joins ``errors``."""
+    out: list[NpuPlan] = []
+    for npu in npus:
+        pool = pools.get(npu)
+        if pool is None:
+            continue
+        try:
+            roles = split_roles(pool, config, layout, ascend950=ascend950)
+        except RoleSplitError as exc:
+            errors.append(issue(npu, "pool_too_small", str(exc)))
+            continue
+        out.append(NpuPlan(npu=npu, pool=pool, irq=roles.irq, main=roles.main, acl=roles.acl,
+                           release=roles.release, numa_nodes=layout.nodes_of(pool),
+                           classes=() if ascend950 else class_cpus(roles.main, config.thread_classes)))
+    return out

@@ -19,10 +19,33 @@ from collections.abc import Iterable
 
 from .digits import ascii_int
 
-__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask", "bits", "MAX_CPU"]
+__all__ = ["parse_cpulist", "format_cpulist", "parse_mask", "format_mask", "bits", "MAX_CPU", "IdRanges"]
 
 # no kernel numbers CPUs this far (NR_CPUS is at most 8192 on any architecture)
 MAX_CPU = (1 << 16) - 1
+
+
+class IdRanges:
+    """Numbers gathered range by range under two bounds: none past ``largest``, and no more
+    than ``largest + 1`` named in all, repeats included, each range checked before it is
+    expanded, so that no text (``0-99999999``, or one range a thousand times) costs more
+    than a list of every number allowed."""
+
+    PAST = "past"  # a range ends past ``largest``
+    TOO_MANY = "too_many"  # the ranges so far name more than ``largest + 1``
+
+    def __init__(self, largest: int) -> None:
+        self.largest, self.ids, self.named = largest, set(), 0
+
+    def add(self, lo: int, hi: int) -> str | None:
+        """Adds ``lo``..``hi`` (inclusive); or, adding nothing, the bound it breaks."""
+        if hi > self.largest:
+            return self.PAST
+        self.named += hi - lo + 1
+        if self.named > self.largest + 1:
+            return self.TOO_MANY
+        self.ids.update(range(lo, hi + 1))
+        return None
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -33,11 +56,10 @@ def parse_cpulist(text: str) -> frozenset[int]:
     ``MAX_CPU + 1`` CPUs (repeats included) is refused, each range before it is
     expanded: a tool's garbled ``0-99999999`` costs nothing.
     """
-    cpus: set[int] = set()
     text = text.strip()
     if not text:
         return frozenset()
-    named = 0
+    cpus = IdRanges(MAX_CPU)
     for raw in text.split(","):
         item = raw.strip()
         if not item:
@@ -49,13 +71,12 @@ def parse_cpulist(text: str) -> frozenset[int]:
             raise ValueError(f"bad item {item[:40]!r} in cpu list {text[:80]!r}")
         if end < start:
             raise ValueError(f"bad range {item[:40]!r} in cpu list {text[:80]!r}")
-        if end > MAX_CPU:
+        broken = cpus.add(start, end)
+        if broken == IdRanges.PAST:
             raise ValueError(f"CPU {end} in cpu list {text[:80]!r} is past the largest CPU number, {MAX_CPU}")
-        named += end - start + 1
-        if named > MAX_CPU + 1:
+        if broken == IdRanges.TOO_MANY:
             raise ValueError(f"cpu list {text[:80]!r} names more than {MAX_CPU + 1} CPUs")
-        cpus.update(range(start, end + 1))
-    return frozenset(cpus)
+    return frozenset(cpus.ids)
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:

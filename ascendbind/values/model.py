@@ -34,6 +34,7 @@ __all__ = [
     "CpuInfo",
     "NpuChip",
     "NpuProcess",
+    "CpuFacts",
     "HostFacts",
     "WorkerFacts",
     "PoolEvidence",
@@ -105,8 +106,8 @@ class NpuProcess:
 
 
 @dataclass(frozen=True)
-class HostFacts:
-    """The static facts of a host: what ``npu-smi`` and ``lscpu`` say, plus sysfs."""
+class CpuFacts:
+    """The CPU half of a host's facts: what ``lscpu`` and sysfs say of its CPUs and NUMA nodes."""
 
     cpus: tuple[CpuInfo, ...]
     threads_per_core: int | None
@@ -114,6 +115,18 @@ class HostFacts:
     numa_nodes: Mapping[int, frozenset[int]]
     # NUMA node -> distances to nodes in ascending node order (sysfs node*/distance); may be empty
     numa_distances: Mapping[int, tuple[int, ...]]
+
+    def node_of_cpu(self, cpu: int) -> int | None:
+        for node, cpus in self.numa_nodes.items():
+            if cpu in cpus:
+                return node
+        return None
+
+
+@dataclass(frozen=True)
+class HostFacts(CpuFacts):
+    """The static facts of a host: what ``npu-smi`` and ``lscpu`` say, plus sysfs."""
+
     chips: tuple[NpuChip, ...]
     # npu-smi chip name of the first chip (e.g. "Ascend 910B3"), informational
     chip_name: str | None
@@ -141,12 +154,6 @@ class HostFacts:
         for c in self.chips:
             if c.logic_id == logic_id:
                 return c
-        return None
-
-    def node_of_cpu(self, cpu: int) -> int | None:
-        for node, cpus in self.numa_nodes.items():
-            if cpu in cpus:
-                return node
         return None
 
     def chips_on_card(self, card: int) -> tuple[NpuChip, ...]:

@@ -9,6 +9,7 @@ the first scrape.
 
 from __future__ import annotations
 
+import itertools
 import platform
 import threading
 import time
@@ -108,6 +109,13 @@ class WorkerReads:
             yield family
 
 
+def _at_zero(family, *values: tuple) -> None:
+    """Creates ``family``'s series for every combination of label ``values`` (one tuple per
+    label, in order), at 0: a failure never seen still shows, so alerts on increase() work."""
+    for labels in itertools.product(*values):
+        family.labels(*labels)
+
+
 class Metrics:
     """All series of one daemon. Methods take domain values and map them to labels.
     ``readers``: the worker reads whose counts it exports (the process's own by default)."""
@@ -115,6 +123,20 @@ class Metrics:
     def __init__(self, readers: Readers = READERS) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         r.register(WorkerReads(readers))
+        # the families by subject, registered in this order (the order of /metrics)
+        self._bind_series(r)
+        self._discovery_series(r)
+        self._reconcile_series(r)
+        self._isolation_series(r)
+        self._thread_event_series(r)
+        self._worker_series(r)
+        self._http_series(r)
+        self._memory_series(r)
+        self.build_info = Info("ascendbind_build", "Version of the running daemon", registry=r)
+        self.build_info.info({"version": __version__, "python": platform.python_version()})
+
+    def _bind_series(self, r: CollectorRegistry) -> None:
+        """A bind's outcome, alignment, steps, duration and phases; the workers held."""
         self.bind_requests = Counter(
             "ascendbind_bind_requests", "Bind requests by outcome", ["outcome"], registry=r
         )
@@ -137,6 +159,13 @@ class Metrics:
             "four steps; record: held table and state file; answer: JSON and send)",
             ["phase"], registry=r,
         )
+        _at_zero(self.bind_requests, OUTCOMES)
+        self._phase_children = {p: self.bind_phase.labels(p) for p in BIND_PHASES}
+        _at_zero(self.alignment_failures, self.alignment_reasons)
+        _at_zero(self.steps, STEPS, STEP_OUTCOMES)
+
+    def _discovery_series(self, r: CollectorRegistry) -> None:
+        """The host's discovery, its hot-plug rediscoveries and the re-plans they cause."""
         self.discovery_duration = Histogram(
             "ascendbind_discovery_duration_seconds",
             "Time to discover the host's static facts (npu-smi, lscpu, sysfs)",
@@ -153,6 +182,11 @@ class Metrics:
             "ascendbind_replans", "Bound workers planned again, by why (host_changed, cpuset_changed, "
             "checkpoint_changed, classes_changed) and outcome (rebound, unchanged, failed)", ["reason", "outcome"], registry=r,
         )
+        _at_zero(self.discovery_errors, DISCOVERY_ERRORS)
+        _at_zero(self.replans, REPLAN_REASONS, REPLAN_OUTCOMES)
+
+    def _reconcile_series(self, r: CollectorRegistry) -> None:
+        """The reconcile loop: drift and what it set back, its passes, their cost and its mode."""
         self.drift = Counter(
             "ascendbind_drift", "Bound thread or IRQ masks found changed by someone else, by culprit (on evidence)",
             ["culprit"], registry=r,
@@ -193,6 +227,11 @@ class Metrics:
             "events) or listing (task lists and a staggered name sweep), with the reason events are off",
             ["mode", "reason"], registry=r,
         )
+        _at_zero(self.drift, CULPRITS)
+        self.reconcile_mode.labels("events", "")
+        _at_zero(self.reconcile_mode, ("listing",), LISTING_REASONS)
+
+    def _isolation_series(self, r: CollectorRegistry) -> None:
         self.isolation_tasks = Gauge(
             "ascendbind_isolation_tasks",
             "Threads the host isolation level holds moved (recorded), leaves to their owner, leaves pinned inside "
@@ -201,6 +240,9 @@ class Metrics:
         )
         for state in ISOLATION_TASK_STATES:
             self.isolation_tasks.labels(state=state).set(0)
+
+    def _thread_event_series(self, r: CollectorRegistry) -> None:
+        """The kernel's process events about bound workers' threads."""
         self.thread_events = Counter(
             "ascendbind_thread_events", "Process events about bound workers' threads read by the reconcile loop",
             registry=r,
@@ -222,6 +264,9 @@ class Metrics:
             "threads found by listing once a pass",
             registry=r,
         )
+
+    def _worker_series(self, r: CollectorRegistry) -> None:
+        """Workers dropped, NPU checks after a bind, writes that reached a recycled thread."""
         self.dropped = Counter(
             "ascendbind_workers_dropped", "Workers no longer held, by reason", ["reason"], registry=r
         )
@@ -235,6 +280,11 @@ class Metrics:
             "(its pid or a thread id recycled since it was observed): undone (mask set back as read before "
             "the write) or failed (could not be)", ["result"], registry=r,
         )
+        _at_zero(self.dropped, DROP_REASONS)
+        _at_zero(self.npu_checks, NPU_CHECK_VERDICTS)
+        _at_zero(self.recycled, RECYCLED_WRITE_RESULTS)
+
+    def _http_series(self, r: CollectorRegistry) -> None:
         self.http = Counter(
             "ascendbind_http_requests", "Socket API requests by path and status", ["path", "code"], registry=r
         )
@@ -245,6 +295,10 @@ class Metrics:
         self.internal_errors = Counter(
             "ascendbind_http_internal_errors", "API requests that failed on an unexpected exception", registry=r
         )
+        _at_zero(self.refused, LISTENERS)
+
+    def _memory_series(self, r: CollectorRegistry) -> None:
+        """Bound workers' memory: its locality, its checks and reruns, and the background moves."""
         self.memory_local_ratio = Gauge(
             "ascendbind_memory_local_ratio",
             "Share (0-1, of bytes) of the bound worker's resident memory on its pool's NUMA nodes, by NPU",
@@ -274,43 +328,10 @@ class Metrics:
             "ascendbind_memory_moves_queued", "Memory moves queued (pending) or running (moving)", ["state"],
             registry=r,
         )
-        self.build_info = Info("ascendbind_build", "Version of the running daemon", registry=r)
-        self.build_info.info({"version": __version__, "python": platform.python_version()})
-
-        for o in OUTCOMES:
-            self.bind_requests.labels(o)
-        self._phase_children = {p: self.bind_phase.labels(p) for p in BIND_PHASES}
-        for reason in self.alignment_reasons:
-            self.alignment_failures.labels(reason)
-        for s in STEPS:
-            for o in STEP_OUTCOMES:
-                self.steps.labels(s, o)
-        for c in CULPRITS:
-            self.drift.labels(c)
-        for c in DISCOVERY_ERRORS:
-            self.discovery_errors.labels(c)
-        for why in REPLAN_REASONS:
-            for o in REPLAN_OUTCOMES:
-                self.replans.labels(why, o)
-        for d in DROP_REASONS:
-            self.dropped.labels(d)
-        for v in NPU_CHECK_VERDICTS:
-            self.npu_checks.labels(v)
-        for res in RECYCLED_WRITE_RESULTS:
-            self.recycled.labels(res)
-        for name in LISTENERS:
-            self.refused.labels(name)
-        for c in MEMORY_CHECK_RESULTS:
-            self.memory_checks.labels(c)
-        for o in STEP_OUTCOMES:
-            self.memory_reruns.labels(o)
-        for o in MOVE_OUTCOMES:
-            self.memory_moves.labels(o)
-        for state in ("pending", "moving"):
-            self.memory_moves_queued.labels(state)
-        self.reconcile_mode.labels("events", "")
-        for reason in LISTING_REASONS:
-            self.reconcile_mode.labels("listing", reason)
+        _at_zero(self.memory_checks, MEMORY_CHECK_RESULTS)
+        _at_zero(self.memory_reruns, STEP_OUTCOMES)
+        _at_zero(self.memory_moves, MOVE_OUTCOMES)
+        _at_zero(self.memory_moves_queued, ("pending", "moving"))
 
     def attach(self, collector) -> None:
         """Export ``collector``'s series (the daemon's contention.Contention), in place of any

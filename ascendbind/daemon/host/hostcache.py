@@ -227,44 +227,17 @@ class HostCache:
         return facts, changed
 
     def _query_processes_locked(self) -> tuple[NpuProcess, ...]:
-        start = time.monotonic()
         facts = self._facts
         chips = facts.chips if facts is not None and facts.chips else None
-        try:
-            rows = tuple(discover_processes(OneTimeoutPerTool(self.source), self.config, chips=chips))
-        except DiscoveryError as exc:
-            self._failed(PROCESS_TABLE, exc)
-            raise
-        except Exception as exc:  # a parser bug must not take the daemon down
-            err = DiscoveryError(f"process table query crashed: {type(exc).__name__}: {exc}")
-            log.exception("process table query crashed")
-            self._failed(PROCESS_TABLE, err)
-            raise err from None
-        finally:
-            if self.metrics:
-                self.metrics.discovery_duration.observe(time.monotonic() - start)
+        rows = self._timed(PROCESS_TABLE, "process table query", lambda: tuple(
+            discover_processes(OneTimeoutPerTool(self.source), self.config, chips=chips)))
         self._succeeded(PROCESS_TABLE)
         return rows
 
     def _discover_locked(self, *, keep_previous: bool = False) -> HostFacts:
-        start = time.monotonic()
-        try:
-            facts = discover_host(OneTimeoutPerTool(self.source), self.config)
-        except DiscoveryError as exc:
-            if not keep_previous:
-                self._facts = None
-            self._failed(HOST_FACTS, exc)
-            raise
-        except AscendbindError:
-            raise
-        except Exception as exc:  # a parser bug must not take the daemon down: report it as discovery
-            err = DiscoveryError(f"host discovery crashed: {type(exc).__name__}: {exc}")
-            log.exception("host discovery crashed")
-            self._failed(HOST_FACTS, err)
-            raise err from None
-        finally:
-            if self.metrics:
-                self.metrics.discovery_duration.observe(time.monotonic() - start)
+        facts = self._timed(HOST_FACTS, "host discovery", lambda: discover_host(OneTimeoutPerTool(self.source),
+                                                                                  self.config),
+                            forget=not keep_previous)
         with self._state:
             self._facts = facts
             self._irqs, self._irq_facts = {}, None  # a discovery is the event IRQ numbers change with
@@ -276,6 +249,29 @@ class HostCache:
             except Exception:  # a listener's bug must not turn good facts into a failed discovery
                 log.exception("on_discovered hook failed")
         return facts
+
+    def _timed(self, query: str, shown: str, run: Callable[[], Any], *, forget: bool = False) -> Any:
+        """``run()``, timed on the discovery histogram. A DiscoveryError is cached as ``query``'s
+        failure (``forget``: the facts held are dropped too); any other exception but our own
+        is a parser's bug, which must not take the daemon down: reported as a discovery failure."""
+        start = time.monotonic()
+        try:
+            return run()
+        except DiscoveryError as exc:
+            if forget:
+                self._facts = None
+            self._failed(query, exc)
+            raise
+        except AscendbindError:
+            raise
+        except Exception as exc:
+            err = DiscoveryError(f"{shown} crashed: {type(exc).__name__}: {exc}")
+            log.exception(f"{shown} crashed")
+            self._failed(query, err)
+            raise err from None
+        finally:
+            if self.metrics:
+                self.metrics.discovery_duration.observe(time.monotonic() - start)
 
     # ---------------------------------------------------------- the failure cache
 

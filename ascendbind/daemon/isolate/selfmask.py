@@ -17,8 +17,7 @@ the CPUs the process started on are used: a housekeeping set outside them
 
 from __future__ import annotations
 
-import os
-
+from ...discovery.read.bounded import task_affinity
 from ...applier.taskmask import set_task_cpus, task_cpus
 from ...values.cpulist import format_cpulist
 from ...discovery.gather.hostwork import own_threads
@@ -32,7 +31,7 @@ class DaemonThreads:
     """The daemon process's threads and where they started."""
 
     def __init__(self) -> None:
-        self.started_on = frozenset(os.sched_getaffinity(0))
+        self.started_on = frozenset(task_affinity(0))
         self.cpus: frozenset[int] = self.started_on  # where they are kept now
         self.note = "where they started: nothing is bound"
 

@@ -43,10 +43,10 @@ that need the applier are returned for the daemon to act on.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 
+from ...discovery.read.bounded import task_affinity
 from ...applier.affinity import cpus_for_role, role_of, targets_of
 from ...applier.bind import merge_npu_plans
 from ...discovery.read.tasks import list_tids, task_comm, thread_count
@@ -103,7 +103,7 @@ def slot_quiet(slot: Slot) -> bool:
     each, compared in one sweep); False when one moved or is gone."""
     tids, want = slot
     try:
-        return list(map(os.sched_getaffinity, tids)) == want
+        return list(map(task_affinity, tids)) == want
     except OSError:  # ESRCH: a thread exited since it was cached; the look that follows forgets it
         return False
 
@@ -174,7 +174,7 @@ def _look_listed(pid: int, threads: dict[int, SeenThread], role_cpus: Mapping[st
     names = list_tids(pid, proc_root)
     if names is None:
         return None
-    getaff = os.sched_getaffinity
+    getaff = task_affinity
     to_pin: list[tuple[int, str]] = []
     drifted: list[int] = []
     for tid in names:
@@ -239,7 +239,7 @@ def observe_marked(
     else:  # the usual pass: both straight from the dict, in its order, no loop in the interpreter
         tids, seen = list(threads), list(threads.values())
     try:
-        masks = list(map(os.sched_getaffinity, tids))
+        masks = list(map(task_affinity, tids))
     except OSError:  # a thread exited since the events were read: its exit is in the next batch
         masks = [_mask_or_none(t) for t in tids]
     drifted: list[int] = []
@@ -260,7 +260,7 @@ def observe_marked(
 
 def _mask_or_none(tid: int) -> frozenset[int] | None:
     try:
-        return frozenset(os.sched_getaffinity(tid))
+        return frozenset(task_affinity(tid))
     except OSError:
         return None
 

@@ -27,6 +27,7 @@ from ...values.digits import is_ascii_digits
 from ..parse.kubelet import PodPlace, is_container_name, kubelet_place, link_is_pods, parse_container_log, \
     parse_pod_log_dir
 from ..parse.procfs import parse_cgroup
+from ..read.bounded import read_bounded
 from ..parse.schedstat import ThreadSched, parse_cpu_busy, parse_interrupt_counts_by, parse_nonvoluntary, parse_schedstat, \
     parse_stat_cpu
 from ...errors import ParseError
@@ -39,26 +40,6 @@ __all__ = ["open_task_dir", "task_tids", "thread_sched", "thread_cpu", "cpu_busy
 LOG_DIR = "/var/log"
 INTERRUPTS_LIMIT = 64 << 20  # a 640-CPU host with a few thousand IRQs prints some 20 MiB
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _read(name: str, limit: int, dir_fd: int | None = None) -> str | None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        chunks, size = [], 0
-        while size < limit:
-            chunk = os.read(fd, min(1 << 20, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def open_task_dir(pid: int, proc_root: str = "/proc") -> int | None:
@@ -77,26 +58,11 @@ def task_tids(task_fd: int) -> list[int]:
         return []
 
 
-def _read_once(name: str, limit: int, dir_fd: int) -> str | None:
-    """One ``read`` of a small file the kernel prints whole on the first (a thread's
-    ``schedstat``, ``status``): the hot path of a scrape, no loop, no buffer list."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def thread_sched(task_fd: int, tid: int) -> ThreadSched | None:
     """Thread ``tid``'s counters, read under an open task directory; None when it is gone
     (or its files do not parse)."""
-    sched = _read_once(f"{tid}/schedstat", 256, task_fd)
-    status = _read_once(f"{tid}/status", 16384, task_fd) if sched is not None else None
+    sched = read_bounded(f"{tid}/schedstat", 256, dir_fd=task_fd, single=True)
+    status = read_bounded(f"{tid}/status", 16384, dir_fd=task_fd, single=True) if sched is not None else None
     if status is None:
         return None
     times = parse_schedstat(sched)
@@ -109,13 +75,13 @@ def thread_sched(task_fd: int, tid: int) -> ThreadSched | None:
 def thread_cpu(task_fd: int, tid: int) -> int | None:
     """The CPU thread ``tid`` last ran on (its ``stat``, read under an open task directory);
     None when it is gone."""
-    text = _read_once(f"{tid}/stat", 2048, task_fd)
+    text = read_bounded(f"{tid}/stat", 2048, dir_fd=task_fd, single=True)
     return None if text is None else parse_stat_cpu(text)
 
 
 def cpu_busy_ns(cpus, proc_root: str = "/proc") -> dict[int, int] | None:
     """CPU -> the time it was busy since boot (ns, at the tick's resolution), for ``cpus``."""
-    text = _read(f"{proc_root}/stat", 1 << 20)
+    text = read_bounded(f"{proc_root}/stat", 1 << 20)
     if text is None:
         return None
     return {cpu: ticks * 1_000_000_000 // _CLK_TCK for cpu, ticks in parse_cpu_busy(text, cpus).items()}
@@ -124,7 +90,7 @@ def cpu_busy_ns(cpus, proc_root: str = "/proc") -> dict[int, int] | None:
 def interrupt_counts(groups: Mapping[K, Iterable[int]], proc_root: str = "/proc") -> dict[K, dict[int, int]] | None:
     """Per group of CPUs, IRQ -> how often it fired on them since boot (numbered IRQs only),
     from one read of ``/proc/interrupts``."""
-    text = _read(f"{proc_root}/interrupts", INTERRUPTS_LIMIT)
+    text = read_bounded(f"{proc_root}/interrupts", INTERRUPTS_LIMIT)
     return None if text is None else parse_interrupt_counts_by(text, groups)
 
 
@@ -141,7 +107,7 @@ def _kubelet_dir(path: str) -> bool:
 def _place(pid: int, proc_root: str) -> PodPlace | None:
     """The kubelet's pod and container of ``pid`` from its cgroup paths (kubelet.py's
     kubelet_place), None when it is in none or its hierarchies disagree on the pod."""
-    text = _read(f"{proc_root}/{pid}/cgroup", 1 << 16)
+    text = read_bounded(f"{proc_root}/{pid}/cgroup", 1 << 16)
     if text is None:
         return None
     try:

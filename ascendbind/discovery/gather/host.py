@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ...values.config import Config
 from ...errors import DiscoveryError, ToolMissing
 from ...values.frozen import frozen_map
-from ...values.model import CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess
+from ...values.model import CpuFacts, CpuInfo, DeviceType, HostFacts, NpuChip, NpuProcess
 from ..parse.lscpu import LscpuSummary, parse_lscpu, parse_lscpu_e
 from ..parse.npu_smi import SRC_INFO, TopoTable, board_source, parse_board, parse_chip_map, parse_process_table, parse_topo
 from ..read.sources import HostSource
@@ -60,13 +60,10 @@ def read_boot_id(source: HostSource) -> str:
 
 
 @dataclass(frozen=True)
-class CpuTopology:
-    """The CPU half of HostFacts (what is left when npu-smi is missing)."""
+class CpuTopology(CpuFacts):
+    """The CPU half of HostFacts (what is left when npu-smi is missing), with what its
+    discovery warned of and lscpu's summary."""
 
-    cpus: tuple[CpuInfo, ...]
-    threads_per_core: int | None
-    numa_nodes: Mapping[int, frozenset[int]]
-    numa_distances: Mapping[int, tuple[int, ...]]
     warnings: tuple[str, ...]
     summary: LscpuSummary | None
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from ...values.digits import is_ascii_digits
 from ...errors import ParseError
-from ..read.procdir import read_once
-from ..parse.procfs import parse_cgroup, parse_stat
+from ..read.bounded import read_bounded
+from ..parse.procfs import parse_cgroup
+from .process import stat_at
 
 __all__ = ["ProcessFacts", "list_pids", "process_facts", "thread_starts"]
 
@@ -50,24 +51,14 @@ def list_pids(proc_root: str = "/proc") -> list[int]:
     return [int(n) for n in names if is_ascii_digits(n)]
 
 
-def _stat(path: str):
-    text = read_once(path, 4096)
-    if text is None:
-        return None
-    try:
-        return parse_stat(text, path)
-    except ParseError:
-        return None
-
-
 def process_facts(pid: int, proc_root: str = "/proc", *, cgroups: bool = True) -> ProcessFacts | None:
     """``pid``'s stat and (with ``cgroups``) cgroup paths; None when it is gone."""
-    st = _stat(f"{proc_root}/{pid}/stat")
+    st = stat_at(f"{proc_root}/{pid}/stat")
     if st is None:
         return None
     paths: tuple[str, ...] = ()
     if cgroups and not st.is_kthread:
-        text = read_once(f"{proc_root}/{pid}/cgroup", 65536)
+        text = read_bounded(f"{proc_root}/{pid}/cgroup", 65536, single=True)
         if text is not None:
             try:
                 paths = tuple(e.path for e in parse_cgroup(text, f"{proc_root}/{pid}/cgroup"))
@@ -86,7 +77,7 @@ def thread_starts(pid: int, proc_root: str = "/proc") -> dict[int, int]:
     for name in names:
         if not is_ascii_digits(name):
             continue
-        st = _stat(f"{proc_root}/{pid}/task/{name}/stat")
+        st = stat_at(f"{proc_root}/{pid}/task/{name}/stat")
         if st is not None:
             out[int(name)] = st.start_time
     return out

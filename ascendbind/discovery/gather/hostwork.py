@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ...values.digits import is_ascii_digits
 from ...errors import ParseError
 from ..parse.irqs import parse_interrupts
-from ..read.procdir import read_once
+from ..read.bounded import read_bounded
 from ..parse.procfs import parse_stat
 from ..parse.sysfs import parse_cpulist_file
 
@@ -55,7 +55,7 @@ def irq_numbers(proc_root: str = "/proc") -> list[int]:
 
 def irq_names(proc_root: str = "/proc") -> dict[int, str]:
     """IRQ -> its action name(s) from ``<proc>/interrupts``; {} when unreadable or malformed."""
-    text = read_once(f"{proc_root}/interrupts", 1 << 24)
+    text = read_bounded(f"{proc_root}/interrupts", 1 << 24)
     if text is None:
         return {}
     try:
@@ -69,7 +69,7 @@ def default_affinity_path(proc_root: str = "/proc") -> str:
 
 
 def read_default_affinity(proc_root: str = "/proc") -> str | None:
-    text = read_once(default_affinity_path(proc_root), 4096)
+    text = read_bounded(default_affinity_path(proc_root), 4096, single=True)
     return None if text is None else text.strip()
 
 
@@ -81,7 +81,7 @@ def workqueue_mask_path(name: str, sys_root: str = "/sys") -> str:
 
 def read_workqueue_mask(name: str, sys_root: str = "/sys") -> str | None:
     """The mask text of workqueue ``name`` (None: no such workqueue in sysfs)."""
-    text = read_once(workqueue_mask_path(name, sys_root), 4096)
+    text = read_bounded(workqueue_mask_path(name, sys_root), 4096, single=True)
     return None if text is None else text.strip()
 
 
@@ -91,7 +91,7 @@ def unbound_workqueues_path(sys_root: str = "/sys") -> str:
 
 
 def read_unbound_workqueues(sys_root: str = "/sys") -> str | None:
-    text = read_once(unbound_workqueues_path(sys_root), 4096)
+    text = read_bounded(unbound_workqueues_path(sys_root), 4096, single=True)
     return None if text is None else text.strip()
 
 
@@ -103,7 +103,7 @@ def watchdog_mask_path(proc_root: str = "/proc") -> str:
 
 def read_watchdog_mask(proc_root: str = "/proc") -> str | None:
     """Its text (None: a kernel built without the lockup detector)."""
-    text = read_once(watchdog_mask_path(proc_root), 4096)
+    text = read_bounded(watchdog_mask_path(proc_root), 4096, single=True)
     return None if text is None else text.strip()
 
 
@@ -124,7 +124,7 @@ def kernel_threads(wanted: Callable[[str], bool], proc_root: str = "/proc") -> l
     for name in names:
         if not is_ascii_digits(name):
             continue
-        text = read_once(f"{proc_root}/{name}/stat", 4096)
+        text = read_bounded(f"{proc_root}/{name}/stat", 4096, single=True)
         if text is None:
             continue
         try:
@@ -141,7 +141,7 @@ def kernel_isolated_cpus(sys_root: str = "/sys") -> frozenset[int]:
     set irqbalance bans by default when nothing else names its banned CPUs."""
     out: frozenset[int] = frozenset()
     for name in ("isolated", "nohz_full"):
-        text = read_once(f"{sys_root}/devices/system/cpu/{name}", 65536)
+        text = read_bounded(f"{sys_root}/devices/system/cpu/{name}", 65536, single=True)
         if text is None:
             continue
         try:

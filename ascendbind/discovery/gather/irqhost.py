@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ...values.decisions import NpuIrqs
 from ...values.model import HostFacts
 from ..parse.irqs import npu_irqs_from, parse_interrupts
-from ..read.procdir import read_once
+from ..read.bounded import read_bounded
 from ..read.sources import HostSource, read_parsed
 
 __all__ = ["discover_npu_irqs", "NpuIrqLookup", "msi_dir", "irq_mask_path", "read_irq_mask", "irq_masks_writable",
@@ -79,7 +79,7 @@ def irq_mask_path(irq: int, proc_root: str = "/proc") -> str:
 
 def read_irq_mask(irq: int, *, proc_root: str = "/proc") -> str | None:
     """The mask text of ``<proc>/irq/<irq>/smp_affinity`` (stripped), or None when unreadable."""
-    text = read_once(irq_mask_path(irq, proc_root), 4096)
+    text = read_bounded(irq_mask_path(irq, proc_root), 4096, single=True)
     return None if text is None else text.strip()
 
 
@@ -99,7 +99,7 @@ def irqbalance_pids(proc_root: str = "/proc") -> list[int]:
     for name in entries:
         if not name.isdigit():
             continue
-        comm = read_once(f"{proc_root}/{name}/comm", 64)
+        comm = read_bounded(f"{proc_root}/{name}/comm", 64, single=True)
         if comm is not None and comm.strip() == "irqbalance":
             found.append(int(name))
     return sorted(found)

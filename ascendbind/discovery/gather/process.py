@@ -35,10 +35,12 @@ from ..parse.procfs import (ENVIRON_LIMIT, CgroupEntry, ProcStat, ProcStatus, cp
                      parse_environ, parse_stat, parse_status)
 from ..parse.mountinfo import MOUNTINFO_LIMIT, cgroup2_mounts, locate_cgroup
 from ..read.pin import ProcessPin, pin_observed
-from ..read.procdir import ProcDir, read_once
+from ..read.bounded import read_bounded, task_affinity
+from ..read.procdir import ProcDir
 from ..read.sources import HostSource, path_proc_dir
 
 __all__ = [
+    "stat_at",
     "ProcessView",
     "TaskView",
     "CpusetView",
@@ -147,7 +149,7 @@ def _tasks(d: ProcDir, masks: bool) -> tuple[TaskView, ...]:
         return tuple(starmap(TaskView, listed))
     out: list[TaskView] = []
     read = getattr(d, "read_small", d.read)
-    getaff = os.sched_getaffinity
+    getaff = task_affinity
     for name in d.listdir("task") or ():
         if not name.isdigit():
             continue
@@ -240,20 +242,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         raise ProcessGone(f"no process {key}: /proc/{key} is absent", code="pid_gone")
     held = pin_observed(source, d, pid) if pin else None  # before stat: the reads below prove it
     try:
-        stat_text = d.read("stat")
-        status_text = d.read("status")
-        if status_text is None:
-            raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
-        status = parse_status(status_text, f"/proc/{key}/status")
-        d.owner = status.uids[0] if status.uids else None
-        real = pid if pid is not None else status.tgid
-        if real is None:
-            raise ParseError(f"/proc/{key}/status", "no Tgid line")
-        identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
-        if vet is not None:
-            if identity is None:
-                raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
-            vet(identity)
+        stat_text, status, real, identity = _vetted_identity(d, key, pid, vet)
         cg_text = d.read("cgroup")
         climbed = _climbed_cpuset(d, key, cg_text)
         env_text = d.read("environ", ENVIRON_LIMIT) if environ else None
@@ -268,12 +257,7 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
             d.close()
     try:
         if identity is not None and last_stat != stat_text:
-            again = _identity(real, last_stat, status, f"/proc/{key}/stat")
-            if again is None:
-                raise ProcessGone(f"process {real} exited while it was being read", code="pid_gone")
-            if again.start_time != identity.start_time:
-                raise ProcessGone(f"pid {real} was recycled while it was being read: started at tick "
-                                  f"{again.start_time}, not {identity.start_time}", code="pid_recycled")
+            _same_start(identity, _identity(real, last_stat, status, f"/proc/{key}/stat"))
         cgroup = parse_cgroup(cg_text, f"/proc/{key}/cgroup") if cg_text is not None else None
         env, cut = cut_environ(env_text) if env_text is not None else (None, None)
     except BaseException:
@@ -291,6 +275,37 @@ def observe_process(source: HostSource, pid: int | None, *, tasks: bool = True, 
         cgroup=cgroup,
         pin=held,
     )
+
+
+def _vetted_identity(d: ProcDir, key: str, pid: int | None, vet: Callable[[ProcessIdentity], None] | None,
+                     ) -> tuple[str | None, ProcStatus, int, ProcessIdentity | None]:
+    """(stat text, status, pid, identity) of the process ``d`` was opened on, once ``vet``
+    (when given) has let it through; ProcessGone/ParseError as ``observe_process`` says."""
+    stat_text = d.read("stat")
+    status_text = d.read("status")
+    if status_text is None:
+        raise ProcessGone(f"no process {key}: /proc/{key}/status is absent", code="pid_gone")
+    status = parse_status(status_text, f"/proc/{key}/status")
+    d.owner = status.uids[0] if status.uids else None
+    real = pid if pid is not None else status.tgid
+    if real is None:
+        raise ParseError(f"/proc/{key}/status", "no Tgid line")
+    identity = _identity(real, stat_text, status, f"/proc/{key}/stat")
+    if vet is not None:
+        if identity is None:
+            raise ProcessGone(f"process {real} has no readable stat", code="pid_gone")
+        vet(identity)
+    return stat_text, status, real, identity
+
+
+def _same_start(first: ProcessIdentity, again: ProcessIdentity | None) -> None:
+    """Raises ProcessGone when the stat read last shows the process gone, or another one
+    (a different start time) under its pid: a path-by-path source saw it change."""
+    if again is None:
+        raise ProcessGone(f"process {first.pid} exited while it was being read", code="pid_gone")
+    if again.start_time != first.start_time:
+        raise ProcessGone(f"pid {first.pid} was recycled while it was being read: started at tick "
+                          f"{again.start_time}, not {first.start_time}", code="pid_recycled")
 
 
 def check_same_process(view: ProcessView, identity: ProcessIdentity) -> None:
@@ -326,10 +341,6 @@ def identity_of(source: HostSource, pid: int) -> ProcessIdentity | None:
 
 # ------------------------------------------------------------ the small reads, by proc_root
 
-def _read(path: str, limit: int = 16384, dir_fd: int | None = None) -> str | None:
-    return read_once(path, limit, dir_fd)
-
-
 def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
     """``pid``'s identity from one read of its stat and status, or None when it is absent."""
     from ..read.sources import LiveHost
@@ -338,12 +349,16 @@ def read_identity(pid: int, proc_root: str = "/proc") -> ProcessIdentity | None:
 
 
 def _stat(pid: int, proc_root: str) -> ProcStat | None:
-    where = f"{proc_root}/{pid}/stat"
-    text = _read(where)
+    return stat_at(f"{proc_root}/{pid}/stat")
+
+
+def stat_at(path: str) -> ProcStat | None:
+    """The process or thread ``stat`` file at ``path``, parsed; None when it is gone or malformed."""
+    text = read_bounded(path, 4096, single=True)
     if text is None:
         return None
     try:
-        return parse_stat(text, where)
+        return parse_stat(text, path)
     except ParseError:
         return None
 
@@ -364,7 +379,7 @@ def exiting(pid: int, proc_root: str = "/proc") -> bool:
 
 def status_field(pid: int | str, name: str, proc_root: str = "/proc") -> str | None:
     """One field of ``/proc/<pid>/status`` (``pid`` may be ``self``), or None."""
-    text = _read(f"{proc_root}/{pid}/status")
+    text = read_bounded(f"{proc_root}/{pid}/status", 16384, single=True)
     if text is None:
         return None
     for line in text.splitlines():
@@ -385,7 +400,7 @@ def parent_of(pid: int, proc_root: str = "/proc") -> int | None:
 
 def read_comm(path: str) -> str | None:
     """A thread's ``comm`` at ``path`` (one read, at most 64 bytes); None once the thread is gone."""
-    text = _read(path, _COMM_BYTES)
+    text = read_bounded(path, _COMM_BYTES, single=True)
     return None if text is None else text.rstrip("\n")
 
 
@@ -443,7 +458,7 @@ def thread_masks(pid: int, *, proc_root: str = "/proc") -> dict[int, tuple[str, 
             continue
         tid = int(name)
         try:
-            out[tid] = (comm, frozenset(os.sched_getaffinity(tid)))
+            out[tid] = (comm, frozenset(task_affinity(tid)))
         except OSError:
             continue
     return out

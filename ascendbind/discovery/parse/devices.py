@@ -22,7 +22,7 @@ Kernel and driver facts these rely on:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from ...errors import ParseError
 from ...values.targeting import DeviceNode
@@ -59,12 +59,7 @@ def allowed_minors(text: str, major: int, source: str = "devices.list") -> froze
     """The minors of ``major`` a v1 devices cgroup lets the process open for reading and
     writing; None when it allows every minor (a wildcard, or a cgroup that allows all)."""
     minors: set[int] = set()
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        m = _LIST_LINE.fullmatch(line.strip())
-        if m is None:
-            raise ParseError(source, "expected 'TYPE MAJOR:MINOR ACCESS'", line=lineno, text=line)
+    for m in _lines(text, _LIST_LINE, source, "expected 'TYPE MAJOR:MINOR ACCESS'"):
         kind, maj, minor, access = m.groups()
         if kind == "b" or not {"r", "w"} <= set(access):
             continue
@@ -87,15 +82,21 @@ def trs_core_udevids(names: Iterable[str], tgid: int) -> tuple[int, ...]:
 
 def parse_char_devices(text: str, source: str) -> tuple[DeviceNode, ...]:
     """A recorded listing (``NAME MAJOR:MINOR`` lines) back into device nodes."""
-    out = []
+    out = [DeviceNode(m.group(1), int(m.group(2)), int(m.group(3)))
+           for m in _lines(text, _NODE_LINE, source, "expected 'NAME MAJOR:MINOR'")]
+    return tuple(sorted(out, key=lambda n: (n.minor, n.name)))
+
+
+def _lines(text: str, pattern: re.Pattern, source: str, expected: str) -> Iterator[re.Match]:
+    """The match of each non-blank line of ``text`` (stripped) with ``pattern``; a line that
+    does not match is a ParseError naming it and saying what was ``expected``."""
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        m = _NODE_LINE.fullmatch(line.strip())
+        m = pattern.fullmatch(line.strip())
         if m is None:
-            raise ParseError(source, "expected 'NAME MAJOR:MINOR'", line=lineno, text=line)
-        out.append(DeviceNode(m.group(1), int(m.group(2)), int(m.group(3))))
-    return tuple(sorted(out, key=lambda n: (n.minor, n.name)))
+            raise ParseError(source, expected, line=lineno, text=line)
+        yield m
 
 
 def format_char_devices(nodes: Iterable[DeviceNode]) -> str:

@@ -1,4 +1,4 @@
-"""One process's ``/proc/<pid>`` directory, and one bounded read of a small /proc file.
+"""One process's ``/proc/<pid>`` directory, read through one descriptor held open.
 
 ``ProcDir`` is what an observation reads through (process.py): names relative to the
 process's directory (``stat``, ``task/12/comm``). ``LiveProcDir`` holds the directory
@@ -13,25 +13,11 @@ import threading
 from typing import Protocol
 
 from ...values.digits import ascii_int
+from .bounded import read_bounded
 from .deadline import MEMORY_FILES, Readers
 from ..parse.procfs import real_uid
 
-__all__ = ["ProcDir", "LiveProcDir", "read_once"]
-
-
-def read_once(path: str, limit: int, dir_fd: int | None = None) -> str | None:
-    """One read of at most ``limit`` bytes of a small /proc file, or None when it cannot be
-    opened or read (ESRCH: the task exited between open and read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+__all__ = ["ProcDir", "LiveProcDir"]
 
 
 class ProcDir(Protocol):
@@ -66,9 +52,9 @@ class LiveProcDir:
         # filesystem nobody serves: both are read on a reader with a deadline
         kind = name if name in MEMORY_FILES else ("root" if name.startswith("root/") else None)
         if kind is None or self.readers is None:
-            return _read_capped(self.fd, name, limit)
+            return read_bounded(name, limit, dir_fd=self.fd)
         if self.owner is None:
-            status = read_once("status", 4096, dir_fd=self.fd)
+            status = read_bounded("status", 4096, dir_fd=self.fd, single=True)
             self.owner = None if status is None else real_uid(status)
         try:
             # the reader's own copy of the directory: a read left behind may start after this
@@ -82,7 +68,7 @@ class LiveProcDir:
             if dir_fd < 0:
                 return None  # its caller has gone already
             try:
-                return _read_capped(dir_fd, name, limit)
+                return read_bounded(name, limit, dir_fd=dir_fd)
             finally:
                 os.close(dir_fd)
 
@@ -96,7 +82,7 @@ class LiveProcDir:
 
     def read_small(self, name: str, size: int) -> str | None:
         """One read of at most ``size`` bytes (a thread's comm): the per-thread hot path."""
-        return read_once(name, size, dir_fd=self.fd)
+        return read_bounded(name, size, dir_fd=self.fd, single=True)
 
     def task_comms(self) -> list[tuple[int, str]] | None:
         """(tid, comm) of every thread under ``task/`` (one listing, one read per thread; a
@@ -157,26 +143,3 @@ class _Once:
         with self.lock:
             fd, self.fd = self.fd, -1
         return fd
-
-
-def _read_capped(dir_fd: int, name: str, limit: int | None) -> str | None:
-    """``name`` under the directory ``dir_fd``, at most ``limit`` + 1 bytes of it (so a caller
-    sees that it went on), or None when it cannot be read (ESRCH: the task exited)."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        # one read returns a small /proc file whole; the loop is for the long ones (environ)
-        chunks, total = [], 0
-        while limit is None or total <= limit:
-            chunk = os.read(fd, 65536 if limit is None else min(65536, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")

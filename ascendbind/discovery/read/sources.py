@@ -56,7 +56,8 @@ from ...values.digits import ascii_int
 from ...errors import CommandFailed
 from ...values.targeting import DeviceNode
 from .deadline import MEMORY_FILES, READERS, Readers
-from .procdir import LiveProcDir, ProcDir, read_once
+from .bounded import read_bounded
+from .procdir import LiveProcDir, ProcDir
 from ..parse.devices import parse_char_devices
 from ..parse.procfs import real_uid
 from .devnodes import scan_char_devices
@@ -121,33 +122,21 @@ def command_file_name(argv: Sequence[str]) -> str:
     return "_".join(argv) + ".txt"
 
 
-_READ_PIECE = 1 << 16
+class _HostTree:
+    """A tree of files standing for the host's (the host itself, or a snapshot of it): a
+    host path maps to one of its files by ``host_path``, and is listed there."""
+
+    def host_path(self, path: str) -> str:
+        raise NotImplementedError
+
+    def listdir(self, path: str) -> list[str] | None:
+        try:
+            return sorted(os.listdir(self.host_path(path)))
+        except OSError:
+            return None
 
 
-def read_text(path: str, limit: int | None = None) -> str | None:
-    """The text at ``path`` (undecodable bytes replaced), or None when it cannot be read
-    (absent, not a file, not permitted, or ESRCH while a task exits under us). With
-    ``limit``, at most ``limit + 1`` characters, read a piece at a time: one ``read(n)``
-    asks the buffer for ``n`` bytes at every chunk (a fresh buffer of that size, mapped
-    and unmapped: a 32 MiB bound costs an mmap, a munmap and a mremap for each page of
-    /proc text, since the kernel hands a seq_file out a page a read)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            if limit is None:
-                return fh.read()
-            pieces, n = [], limit + 1
-            while n > 0:
-                piece = fh.read(min(n, _READ_PIECE))
-                if not piece:
-                    break
-                pieces.append(piece)
-                n -= len(piece)
-            return "".join(pieces)
-    except OSError:
-        return None
-
-
-class LiveHost:
+class LiveHost(_HostTree):
     """The machine we run on."""
 
     def __init__(
@@ -220,7 +209,7 @@ class LiveHost:
         return self._read(path, limit)
 
     def _read(self, path: str, limit: int | None) -> str | None:
-        return read_text(self.host_path(path), limit)
+        return read_bounded(self.host_path(path), limit)
 
     @staticmethod
     def _proc_file(path: str) -> tuple[str, str]:
@@ -230,14 +219,10 @@ class LiveHost:
 
     def _owner(self, key: str) -> int | None:
         """The real uid of process ``key``, to charge a stuck read of it to (deadline.py)."""
-        text = read_once(self.host_path(f"/proc/{key}/status"), 4096) if ascii_int(key) is not None else None
-        return None if text is None else real_uid(text)
-
-    def listdir(self, path: str) -> list[str] | None:
-        try:
-            return sorted(os.listdir(self.host_path(path)))
-        except OSError:
+        if ascii_int(key) is None:
             return None
+        text = read_bounded(self.host_path(f"/proc/{key}/status"), 4096, single=True)
+        return None if text is None else real_uid(text)
 
     def readlink(self, path: str) -> str | None:
         try:
@@ -342,7 +327,7 @@ def _load_meta(path: str) -> dict:
     return meta
 
 
-class SnapshotHost:
+class SnapshotHost(_HostTree):
     """A directory recorded by ``ascendbind snapshot`` (or written as a fixture).
 
     ``recorded_pid`` is the worker the snapshot was taken for (``meta.json``'s
@@ -357,19 +342,13 @@ class SnapshotHost:
         self.recorded_pid: int | None = self.meta.get("pid")
 
     def run(self, argv: Sequence[str]) -> str | None:
-        return read_text(os.path.join(self.directory, "cmd", command_file_name(argv)))
+        return read_bounded(os.path.join(self.directory, "cmd", command_file_name(argv)))
 
     def host_path(self, path: str) -> str:
         return os.path.join(self.directory, path.lstrip("/"))
 
     def read(self, path: str, limit: int | None = None) -> str | None:
-        return read_text(self.host_path(path), limit)
-
-    def listdir(self, path: str) -> list[str] | None:
-        try:
-            return sorted(os.listdir(self.host_path(path)))
-        except OSError:
-            return None
+        return read_bounded(self.host_path(path), limit)
 
     def readlink(self, path: str) -> str | None:
         text = self.read(path)

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 from ...values.digits import is_ascii_digits
 from ...errors import DiscoveryError
+from .bounded import read_bounded
 from .deadline import READERS
 from ..parse.procfs import ENVIRON_LIMIT, cut_environ, parse_environ, real_uid
 
@@ -35,25 +36,6 @@ __all__ = ["thread_count", "list_tids", "task_comm", "read_environ", "read_cmdli
            "pid_namespace", "open_pidfd", "exited_pidfds", "CMDLINE_LIMIT"]
 
 CMDLINE_LIMIT = 1 << 16
-
-
-def _read(path: str, limit: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        out = b""
-        while len(out) < limit:
-            chunk = os.read(fd, min(65536, limit - len(out)))
-            if not chunk:
-                break
-            out += chunk
-        return out
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def thread_count(pid: int, proc_root: str = "/proc") -> int | None:
@@ -75,18 +57,18 @@ def list_tids(pid: int, proc_root: str = "/proc") -> list[int] | None:
 
 def task_comm(pid: int, tid: int, proc_root: str = "/proc") -> str | None:
     """Thread ``tid``'s name, read under ``pid`` (None when it is not, or no longer, a thread of ``pid``)."""
-    raw = _read(f"{proc_root}/{pid}/task/{tid}/comm", 64)
-    return None if raw is None else raw.decode("utf-8", "replace").rstrip("\n")
+    text = read_bounded(f"{proc_root}/{pid}/task/{tid}/comm", 64, single=True)
+    return None if text is None else text.rstrip("\n")
 
 
 def _read_memory_file(pid: int, name: str, proc_root: str, limit: int) -> bytes | None:
     """``/proc/<pid>/<name>`` (environ, cmdline), on the readers: None when unreadable or
     when it did not answer in time."""
-    status = _read(f"{proc_root}/{pid}/status", 4096)
-    owner = None if status is None else real_uid(status.decode("utf-8", "replace"))
+    status = read_bounded(f"{proc_root}/{pid}/status", 4096, single=True)
+    owner = None if status is None else real_uid(status)
     try:
-        return READERS.read(name, f"{proc_root}/{pid}/{name}", lambda: _read(f"{proc_root}/{pid}/{name}", limit),
-                            worker=pid, owner=owner)
+        path = f"{proc_root}/{pid}/{name}"
+        return READERS.read(name, path, lambda: read_bounded(path, limit, binary=True), worker=pid, owner=owner)
     except DiscoveryError:
         return None
 
@@ -94,13 +76,13 @@ def _read_memory_file(pid: int, name: str, proc_root: str, limit: int) -> bytes 
 def read_environ(pid: int, proc_root: str = "/proc", limit: int = ENVIRON_LIMIT) -> dict[str, str]:
     """``pid``'s environment (getenv's view: the first entry of a key), from the complete
     entries within its first ``limit`` bytes; {} when unreadable."""
-    raw = _read_memory_file(pid, "environ", proc_root, limit + 1)
+    raw = _read_memory_file(pid, "environ", proc_root, limit)
     return parse_environ(cut_environ(raw.decode("utf-8", "replace"), limit)[0]) if raw else {}
 
 
 def read_cmdline(pid: int, proc_root: str = "/proc", limit: int = CMDLINE_LIMIT) -> bytes:
-    """``pid``'s raw command line (NUL-separated); b"" when unreadable."""
-    return _read_memory_file(pid, "cmdline", proc_root, limit) or b""
+    """``pid``'s raw command line (NUL-separated), its first ``limit`` bytes; b"" when unreadable."""
+    return (_read_memory_file(pid, "cmdline", proc_root, limit) or b"")[:limit]
 
 
 def pid_namespace(pid: int, proc_root: str = "/proc") -> str | None:
@@ -113,10 +95,9 @@ def pid_namespace(pid: int, proc_root: str = "/proc") -> str | None:
 
 def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
     """``pid``'s parent (field 4 of its stat, counted from the last ``)``); None when unreadable."""
-    raw = _read(f"{proc_root}/{pid}/stat", 4096)
-    if raw is None:
+    text = read_bounded(f"{proc_root}/{pid}/stat", 4096, single=True)
+    if text is None:
         return None
-    text = raw.decode("utf-8", "replace")
     rest = text[text.rfind(")") + 1:].split()
     try:
         return int(rest[1])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 
+from ...values.cpulist import IdRanges
 from ...values.digits import is_ascii_digits
 
 __all__ = ["parse_visible_devices", "parse_rt_visible_devices", "is_virtual", "MAX_ID"]
@@ -47,8 +48,7 @@ def parse_visible_devices(raw: str) -> tuple[int, ...]:
     text = raw.strip()
     if text.lower() == "void":
         return ()
-    ids: set[int] = set()
-    named = 0  # ids named so far, duplicates included
+    ids = IdRanges(MAX_ID)
     for item in text.split(","):
         item = item.strip()
         if len(item) <= ID_DIGITS and is_ascii_digits(item):
@@ -62,13 +62,12 @@ def parse_visible_devices(raw: str) -> tuple[int, ...]:
         else:
             raise ValueError(f"{_shown('ASCEND_VISIBLE_DEVICES', raw)}: {item[:40]!r} is not a device id, range or "
                              "chip name (ASCII digits only)")
-        if hi > MAX_ID:
+        broken = ids.add(lo, hi)
+        if broken == IdRanges.PAST:
             raise ValueError(f"{_shown('ASCEND_VISIBLE_DEVICES', raw)}: id {hi} is out of range (at most {MAX_ID})")
-        named += hi - lo + 1
-        if named > MAX_ID + 1:
+        if broken == IdRanges.TOO_MANY:
             raise ValueError(f"{_shown('ASCEND_VISIBLE_DEVICES', raw)}: names more than {MAX_ID + 1} ids")
-        ids.update(range(lo, hi + 1))
-    return tuple(sorted(ids))
+    return tuple(sorted(ids.ids))
 
 
 def parse_rt_visible_devices(raw: str) -> tuple[int, ...]:
