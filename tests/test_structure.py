@@ -37,14 +37,14 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "ascendbind"
 
 # pure by location: every module under these folders, and whatever it imports inside the package
-PURE_ROOMS = ("values", "discovery/parse", "planner")
+PURE_ROOMS = ("values", "discovery/parse", "planner", "daemon/isolate/rules")
+# (daemon/isolate/rules: isolation's keys, records and verdicts, a pure room inside the isolation room)
 # pure by name: the daemon's rules (the lifecycle and its verdicts, requests and HTTP as values, the
-# state record, what isolation does to a mask), which live in the daemon's rooms beside the shells
+# state record), which live in the daemon's rooms beside the shells
 # around them, and errors.py, the one value module left at the top (a worker imports it by that name)
 PURE_RULES = ["daemon.watch.lifecycle", "daemon.watch.blame", "daemon.watch.bans", "daemon.watch.proof",
               "daemon.api.requests",
-              "daemon.api.wire", "daemon.state.staterecord", "daemon.state.isolationrecord",
-              "daemon.isolate.rules", "errors"]
+              "daemon.api.wire", "daemon.state.staterecord", "errors"]
 MAX_MODULES = 16  # per folder
 HOST_MODULES = {"os", "subprocess", "psutil", "tomllib", "tomli", "shutil", "socket", "ctypes"}
 
