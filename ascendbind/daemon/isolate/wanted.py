@@ -1,6 +1,7 @@
 """What each level wants of the host's masks, mask by mask: key -> (the text it
 holds now, the CPUs the level wants for it). Each is weighed afterwards by
-rules.py against the record; a mask is always narrowed from its *original* (the
+rules/verdicts.py against the record; every mask is read through its kind
+(kinds.py); a mask is always narrowed from its *original* (the
 record's, else its text now), so a release of one of two workers puts back the
 CPUs the other no longer needs.
 """
