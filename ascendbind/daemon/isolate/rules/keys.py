@@ -29,11 +29,10 @@ import re
 __all__ = ["MaskKey", "KINDS", "BAN"]
 
 KINDS = ("irq", "default", "workqueue", "workqueues", "watchdog", "task")  # the kinds the record keeps
-_KEY = re.compile(r"(?P<kind>irq):(?P<irq>[0-9]{1,7})|(?P<bare>default|workqueues|watchdog)"
-                  r"|(?P<wq>workqueue):(?P<name>[A-Za-z0-9_.:-]{1,64})"
-                  r"|(?P<task>task):(?P<tid>[0-9]{1,10}):(?P<start>[0-9]{1,20})"
-                  r"|(?P<ban>irqbalance):(?P<pid>[0-9]{1,10})")
 BAN = "irqbalance"
+_BARE = ("default", "workqueues", "watchdog")
+_PARTS = {"irq": re.compile(r"([0-9]{1,7})"), "workqueue": re.compile(r"([A-Za-z0-9_.:-]{1,64})"),
+          "task": re.compile(r"([0-9]{1,10}):([0-9]{1,20})"), BAN: re.compile(r"([0-9]{1,10})")}
 
 
 class MaskKey(str):
@@ -44,22 +43,15 @@ class MaskKey(str):
     parts: tuple[int | str, ...]
 
     def __new__(cls, text: str) -> MaskKey:
-        if isinstance(text, MaskKey):
+        if type(text) is cls:
             return text
-        m = _KEY.fullmatch(text) if isinstance(text, str) else None
-        if m is None:
+        kind, sep, rest = text.partition(":") if isinstance(text, str) else ("", "", "")
+        m = _PARTS[kind].fullmatch(rest) if sep and kind in _PARTS else None
+        if m is None and (sep or text not in _BARE):
             raise ValueError(f"not an isolation mask key: {text!r}"[:200])
         key = super().__new__(cls, text)
-        if m["kind"]:
-            key.kind, key.parts = "irq", (int(m["irq"]),)
-        elif m["bare"]:
-            key.kind, key.parts = m["bare"], ()
-        elif m["wq"]:
-            key.kind, key.parts = "workqueue", (m["name"],)
-        elif m["task"]:
-            key.kind, key.parts = "task", (int(m["tid"]), int(m["start"]))
-        else:
-            key.kind, key.parts = BAN, (int(m["pid"]),)
+        key.kind = kind
+        key.parts = () if m is None else (rest,) if kind == "workqueue" else tuple(map(int, m.groups()))
         return key
 
     @classmethod

@@ -153,14 +153,19 @@ class SavedBan(_Texts):
         return cls(pid, start, _text(d.get("original"), "irqbalance"), _ours(d["ours"], "irqbalance"))
 
 
-def _sorted(masks: Mapping[str, SavedMask]) -> Mapping[MaskKey, SavedMask]:
-    return frozen_map({MaskKey(k): v for k, v in sorted(masks.items())})
+def _sorted(masks: Mapping[MaskKey, SavedMask]) -> Mapping[MaskKey, SavedMask]:
+    return frozen_map(dict(sorted(masks.items())))
 
 
 @dataclass(frozen=True)
 class IsolationRecord:
     masks: Mapping[MaskKey, SavedMask] = field(default_factory=frozen_map)
     irqbalance: SavedBan | None = None
+
+    def __post_init__(self) -> None:
+        # every key a MaskKey, whoever made the map (one pass; none is made again once all are)
+        if any(type(k) is not MaskKey for k in self.masks):
+            object.__setattr__(self, "masks", _sorted({MaskKey(k): v for k, v in self.masks.items()}))
 
     @property
     def empty(self) -> bool:
