@@ -41,7 +41,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -179,7 +179,7 @@ class Daemon(Ownership):
         """The state file as the held table is now, with isolation's record (isolation's ``persist``)."""
         self.state.save_encoded([h.state_record() for h in self.held.values()], isolation=self.isolation.state_json())
 
-    def adopt_tasks(self, pids) -> dict[str, int]:
+    def adopt_tasks(self, pids: Iterable[int]) -> dict[str, int]:
         """At ``host``: the tasks of ``pids`` (just started, just released) leave the protected CPUs."""
         with self.lock:
             return self.isolation.adopt(pids, [h.binding for h in self.held.values()], self.config, self._persist)

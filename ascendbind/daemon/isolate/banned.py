@@ -36,6 +36,7 @@ from ...discovery.gather.process import read_identity
 from ...discovery.read.tasks import read_environ
 from ...planner.isolate.isolation import IsolationPlan
 from ...values.reasons import Reason
+from .kinds import MaskKind
 from .rules.keys import BAN, MaskKey
 from .rules.records import SavedBan, hex_cpus
 from .rules.verdicts import Holds, holds
@@ -45,14 +46,15 @@ __all__ = ["IrqbalanceBan", "BanOutcome", "follow_irqbalance"]
 log = structlog.get_logger("ascendbind.isolation")
 
 
-class IrqbalanceBan:
+class IrqbalanceBan(MaskKind):
     """irqbalance's banned CPUs: read / apply / verify / restore (see the module docstring)."""
 
-    kind = BAN
-    record = SavedBan
+    kind, record = BAN, SavedBan
+    failed = Reason.IRQBALANCE_UNREACHABLE
 
     def __init__(self, config: Config) -> None:
-        self.proc, self.sys, self.timeout = config.proc_root, config.sys_root, config.command_timeout_seconds
+        super().__init__(config)
+        self.timeout = config.command_timeout_seconds
 
     @staticmethod
     def key(pid: int) -> MaskKey:
@@ -77,7 +79,14 @@ class IrqbalanceBan:
     def verify(self, key: MaskKey, saved: SavedBan) -> Holds:
         if not self.alive(saved):
             return Holds.GONE  # its banned CPUs lived in its memory and went with it
-        return holds(saved, hex_cpus(self.read(key)))
+        return holds(saved, self.cpus(self.read(key)))
+
+    def cpus(self, text: str | None) -> frozenset[int] | None:
+        """What ``read`` gives is its ``setup`` reply's hex mask (what is sent, a cpu list)."""
+        return None if text is None else hex_cpus(text)
+
+    def text(self, cpus: frozenset[int], current: str) -> str:
+        return format_cpulist(cpus)
 
     def restore(self, key: MaskKey, saved: SavedBan) -> MaskWrite:
         """Its own set back: ``NULL`` (its start-up choice) when that is what it banned before."""
@@ -138,7 +147,7 @@ def _give_back(it: IrqbalanceBan, ban: SavedBan) -> BanOutcome:
     """Nothing protected: its own set back, unless someone else changed it meanwhile."""
     key = it.key(ban.pid)
     try:
-        now = hex_cpus(it.read(key))
+        now = it.cpus(it.read(key))
     except Unreachable as exc:
         return BanOutcome(ban, f"{Reason.IRQBALANCE_UNREACHABLE.value}: banned CPUs not given back yet: {exc}")
     if holds(ban, now) is Holds.OWNER:

@@ -41,7 +41,7 @@ from ...discovery.gather.irqhost import irq_mask_path
 from ...discovery.gather.process import stat_of
 from ...values.reasons import Reason
 from .rules.keys import MaskKey
-from .rules.records import (DefaultSaved, IrqSaved, SavedMask, TaskSaved, WatchdogSaved, WorkqueueSaved,
+from .rules.records import (DefaultSaved, IrqSaved, SavedBan, SavedMask, TaskSaved, WatchdogSaved, WorkqueueSaved,
                             WorkqueuesSaved)
 from .rules.verdicts import Holds, holds
 
@@ -53,7 +53,7 @@ class MaskKind:
     """One kind of mask: read / apply / verify / restore (see the module docstring)."""
 
     kind: ClassVar[str]
-    record: ClassVar[type[SavedMask]]
+    record: ClassVar[type[SavedMask] | type[SavedBan]]
     unchangeable: ClassVar[Reason] = Reason.MASK_UNCHANGEABLE  # a value the kernel refuses: never tried again
     failed: ClassVar[Reason] = Reason.MASK_WRITE_FAILED  # any other failed write: tried again
 
@@ -61,12 +61,15 @@ class MaskKind:
         self.proc, self.sys = config.proc_root, config.sys_root
 
     def read(self, key: MaskKey) -> str | None:
+        """The text the mask holds now (None: it is gone)."""
         raise NotImplementedError
 
     def apply(self, key: MaskKey, text: str) -> MaskWrite:
+        """Write ``text`` and read it back (the record is on disk before this is called)."""
         raise NotImplementedError
 
     def restore(self, key: MaskKey, saved: SavedMask) -> MaskWrite:
+        """Write ``saved.original`` back and read it back byte for byte."""
         raise NotImplementedError
 
     def verify(self, key: MaskKey, saved: SavedMask) -> Holds:
