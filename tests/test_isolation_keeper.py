@@ -160,6 +160,24 @@ def test_the_whole_host_plan_is_made_once_per_host_and_config_and_plans_the_same
     iso.commit(rediscovered, [], cfg, lambda: None)
 
 
+def test_a_commit_that_changes_nothing_reads_nothing_until_a_full_follow_is_due(tree):
+    """Every save commits; one whose bindings, level and plan are as before skips the host.
+    The task watcher's periodic ``sweep_due`` makes the next commit look at everything."""
+    cfg = config(tree)
+    iso = Isolation()
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    new = tree[0] / "irq" / "42" / "smp_affinity"
+    new.parent.mkdir()
+    new.write_text(ALL12 + "\n")  # an IRQ requested since
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    assert new.read_text().strip() == ALL12
+    iso.sweep_due()
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    assert new.read_text().strip() == "000000ff" and iso.record.masks["irq:42"].original == ALL12
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
+    assert new.read_text() == ALL12 and iso.record.empty
+
+
 def test_a_mask_changed_by_its_owner_is_left_and_listed(tree):
     cfg = config(tree)
     iso = Isolation()

@@ -261,7 +261,7 @@ class Isolation:
         wanted = self._wanted(iso, host, config, pinned, on, host_on, bound) if iso is not None and host else {}
         counts = self._masks(wanted, config, pinned, persist)
         self._irqbalance(iso if on else None, config, persist)
-        self._applied = key
+        self._applied = (config, iso, pinned, self.record.empty)  # as the record is now
         if host_on != self._moving:
             self._moving = host_on
             self.woken.set()
