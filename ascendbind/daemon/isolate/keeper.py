@@ -383,7 +383,7 @@ class Isolation:
         held = {MaskKey.of("irq", i) for i in pinned}  # the IRQ step's while pinned
         recorded = set(self.record.masks) if scope is None else set(self.record.masks) & scope
         out = []
-        for key in sorted((set(wanted) | recorded) - held):
+        for key in sorted((set(wanted) | recorded) - held, key=str):  # plain text sorts fast
             kind = kinds[key.kind]
             current = wanted[key][0] if key in wanted else kind.read(key)
             target = wanted[key][1] if key in wanted else None
