@@ -20,7 +20,7 @@ from ascendbind.applier.taskmask import set_task_cpus, task_cpus
 from ascendbind.values.config import Config
 from ascendbind.values.cpulist import parse_mask
 from ascendbind.daemon.isolate.keeper import Isolation
-from ascendbind.daemon.state.isolationrecord import IsolationRecord
+from ascendbind.daemon.isolate.rules.records import IsolationRecord
 from ascendbind.values.decisions import IrqBinding
 from ascendbind.discovery.gather.hostwork import kernel_threads
 from ascendbind.values.model import Binding, DeviceType
@@ -96,7 +96,7 @@ def test_irqs_narrows_every_other_irq_sends_driver_work_home_and_puts_all_back(t
     iso = Isolation()
     disk = Disk(iso, tree)
     before = masks(tree)
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, disk)
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, disk)
     after = masks(tree)
     assert after == {
         "irq:30": "000000ff",    # less the protected CPUs 8-11
@@ -116,10 +116,10 @@ def test_irqs_narrows_every_other_irq_sends_driver_work_home_and_puts_all_back(t
         "workqueue:dev4_sq_send_wq": ALL12}
     assert record.masks["irq:31"].ours == ("000000c0",)
     # a follow that changes nothing writes nothing
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, disk)
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, disk)
     assert len(disk.writes) == 1 and masks(tree) == after
     # nothing bound: every mask back, byte for byte, and the record empty
-    iso.follow(two_npu_host(), [], cfg, disk)
+    iso.commit(two_npu_host(), [], cfg, disk)
     assert masks(tree) == before and iso.state_json() == {}
 
 
@@ -129,10 +129,10 @@ def test_a_second_worker_narrows_further_and_its_release_gives_back_only_its_cpu
     first = binding(cfg)
     plan0 = make_plan(two_npu_host(), worker(range(12)), [0], cfg)
     second = dataclasses.replace(first, pid=4343, npus=(0,), plan=plan0, irqs=())
-    iso.follow(two_npu_host(), [first], cfg, lambda: None)
-    iso.follow(two_npu_host(), [first, second], cfg, lambda: None)
+    iso.commit(two_npu_host(), [first], cfg, lambda: None)
+    iso.commit(two_npu_host(), [first, second], cfg, lambda: None)
     assert masks(tree)["irq:30"] == "000000c3"  # 0-1 and 6-7: the two pools' IRQ CPUs
-    iso.follow(two_npu_host(), [first], cfg, lambda: None)
+    iso.commit(two_npu_host(), [first], cfg, lambda: None)
     assert masks(tree)["irq:30"] == "000000ff"  # from the host's own mask, not from ours
     assert iso.record.masks["irq:30"].original == ALL12
 
@@ -145,27 +145,45 @@ def test_the_whole_host_plan_is_made_once_per_host_and_config_and_plans_the_same
     h = two_npu_host()
     first = binding(cfg)
     second = dataclasses.replace(first, pid=4343, npus=(0,), plan=make_plan(h, worker(range(12)), [0], cfg), irqs=())
-    iso.follow(h, [first], cfg, lambda: None)
+    iso.commit(h, [first], cfg, lambda: None)
     whole = iso._whole[2]
     assert iso.plan == plan_isolation(h, [first.plan], cfg)  # the same plan as made from scratch
-    iso.follow(h, [first, second], cfg, lambda: None)
+    iso.commit(h, [first, second], cfg, lambda: None)
     assert iso._whole[2] is whole and iso.plan == plan_isolation(h, [first.plan, second.plan], cfg)
     rediscovered = dataclasses.replace(h)
-    iso.follow(rediscovered, [first], cfg, lambda: None)
+    iso.commit(rediscovered, [first], cfg, lambda: None)
     assert iso._whole[2] is not whole and iso._whole[0] is rediscovered
     whole = iso._whole[2]
     reloaded = dataclasses.replace(cfg, housekeeping_cpus="0-1")
-    iso.follow(rediscovered, [first], reloaded, lambda: None)
+    iso.commit(rediscovered, [first], reloaded, lambda: None)
     assert iso._whole[2] is not whole and iso.plan == plan_isolation(rediscovered, [first.plan], reloaded)
-    iso.follow(rediscovered, [], cfg, lambda: None)
+    iso.commit(rediscovered, [], cfg, lambda: None)
+
+
+def test_a_commit_that_changes_nothing_reads_nothing_until_a_full_follow_is_due(tree):
+    """Every save commits; one whose bindings, level and plan are as before skips the host.
+    The task watcher's periodic ``sweep_due`` makes the next commit look at everything."""
+    cfg = config(tree)
+    iso = Isolation()
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    new = tree[0] / "irq" / "42" / "smp_affinity"
+    new.parent.mkdir()
+    new.write_text(ALL12 + "\n")  # an IRQ requested since
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    assert new.read_text().strip() == ALL12
+    iso.sweep_due()
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    assert new.read_text().strip() == "000000ff" and iso.record.masks["irq:42"].original == ALL12
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
+    assert new.read_text() == ALL12 and iso.record.empty
 
 
 def test_a_mask_changed_by_its_owner_is_left_and_listed(tree):
     cfg = config(tree)
     iso = Isolation()
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     (tree[0] / "irq" / "41" / "smp_affinity").write_text("00000300\n")  # an operator moves it
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
     assert masks(tree)["irq:41"] == "00000300" and masks(tree)["irq:30"] == ALL12
     left = iso.to_json(cfg)["left_to_owner"]
     assert [e["what"] for e in left] == ["irq:41"] and left[0]["reason"] == "changed_by_owner"
@@ -178,13 +196,13 @@ def test_an_irq_the_bind_pins_later_keeps_its_host_mask_for_both_to_give_back(tr
     own mask comes back in the end."""
     cfg = config(tree)
     iso = Isolation()
-    iso.follow(two_npu_host(), [binding(cfg, pinned=())], cfg, lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg, pinned=())], cfg, lambda: None)
     assert masks(tree)["irq:40"] == "000000ff"
     (tree[0] / "irq" / "40" / "smp_affinity").write_text("00000040\n")  # the IRQ step pins it to CPU 6
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     assert iso.record.masks["irq:40"].original == ALL12
     (tree[0] / "irq" / "40" / "smp_affinity").write_text("000000ff\n")  # its release writes back what it saved
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
     assert masks(tree)["irq:40"] == ALL12
 
 
@@ -192,21 +210,21 @@ def test_off_and_a_restart_without_facts_put_back_what_an_earlier_daemon_changed
     cfg = config(tree)
     first = Isolation()
     disk = Disk(first, tree)
-    first.follow(two_npu_host(), [binding(cfg)], cfg, disk)
+    first.commit(two_npu_host(), [binding(cfg)], cfg, disk)
     saved = first.state_json()
     # a new daemon loads the record; with nobody bound it needs no host facts to put it all back
     second = Isolation()
     second.load(saved)
-    second.follow(None, [], cfg, lambda: None)
+    second.commit(None, [], cfg, lambda: None)
     assert masks(tree)["irq:30"] == ALL12 and second.state_json() == {}
     # with a worker bound and no facts yet it changes nothing until the host is known
     third = Isolation()
-    third.follow(None, [binding(cfg)], cfg, lambda: None)
+    third.commit(None, [binding(cfg)], cfg, lambda: None)
     assert masks(tree)["irq:30"] == ALL12 and third.to_json(cfg)["waiting"]
     # SIGHUP to off: everything back
-    third.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    third.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     assert masks(tree)["irq:30"] == "000000ff"
-    third.follow(two_npu_host(), [binding(cfg)], cfg.replace(isolation="off"), lambda: None)
+    third.commit(two_npu_host(), [binding(cfg)], cfg.replace(isolation="off"), lambda: None)
     assert set(masks(tree).values()) == {ALL12} and third.state_json() == {}
 
 
@@ -218,7 +236,7 @@ def test_an_unwritable_state_file_stops_isolation_before_any_mask(tree):
     def refuse() -> None:
         raise OSError(28, "No space left on device")
     with pytest.raises(OSError):
-        iso.follow(two_npu_host(), [binding(cfg)], cfg, refuse)
+        iso.commit(two_npu_host(), [binding(cfg)], cfg, refuse)
     assert masks(tree) == before
 
 
@@ -228,12 +246,12 @@ def test_a_value_the_kernel_refuses_is_skipped_with_its_reason_and_not_tried_aga
     cfg = config(tree)
     iso = Isolation()
     with immutable(tree[0] / "irq" / "41" / "smp_affinity"):
-        iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+        iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     assert masks(tree)["irq:41"] == ALL12 and "irq:41" not in iso.record.masks
     assert [(s["what"], s["reason"]) for s in iso.to_json(cfg)["skipped"]] == [("irq:41", "irq_unchangeable")]
     # released and bound again: still listed, never written
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
-    iso.follow(two_npu_host(), [binding(cfg), dataclasses.replace(binding(cfg), pid=5)], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg), dataclasses.replace(binding(cfg), pid=5)], cfg, lambda: None)
     assert masks(tree)["irq:41"] == ALL12 and "irq:41" in {s["what"] for s in iso.to_json(cfg)["skipped"]}
 
 
@@ -243,7 +261,7 @@ def test_a_read_only_proc_irq_changes_nothing_and_says_so(tree):
     iso = Isolation()
     before = masks(tree)
     with immutable(tree[0] / "irq"):
-        iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+        iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     assert masks(tree) == before
     assert [s["reason"] for s in iso.to_json(cfg)["skipped"]] == ["irq_not_writable"]
 
@@ -294,14 +312,14 @@ def test_irqbalance_is_told_the_protected_cpus_beside_its_own_and_given_back_its
         cfg = config(tree, command_timeout_seconds=30).replace(irqbalance="ban")
         iso = Isolation()
         disk = Disk(iso, tree)
-        iso.follow(two_npu_host(), [binding(cfg)], cfg, disk)
+        iso.commit(two_npu_host(), [binding(cfg)], cfg, disk)
         assert iso.record.irqbalance is not None and iso.record.irqbalance.original == "00000001"
         # on disk before irqbalance was told
         told = [r.irqbalance for r, _ in disk.writes if r.irqbalance is not None]
         assert told and told[-1].ours == ("0,8-11",) and told[-1].pid == ib.pid
         assert "told" in iso.to_json(cfg)["irqbalance"]
         assert wait_for(lambda: parse_mask(_banned(client)) == {0, 8, 9, 10, 11}, 30), client.send("setup")
-        iso.follow(two_npu_host(), [], cfg, disk)
+        iso.commit(two_npu_host(), [], cfg, disk)
         assert iso.record.irqbalance is None
         assert wait_for(lambda: _banned(client) == "00000001", 30), client.send("setup")
     finally:
@@ -314,7 +332,7 @@ def test_irqbalance_warn_only_reports_it(tmp_path, tree):
         fixture_proc_link(tree[0], ib.pid)
         cfg = config(tree)
         iso = Isolation()
-        iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+        iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
         assert iso.record.irqbalance is None and iso.to_json(cfg)["irqbalance"].startswith("irqbalance_active")
         assert _banned(RawClient(ib.pid)) == "00000000"
     finally:
@@ -324,7 +342,7 @@ def test_irqbalance_warn_only_reports_it(tmp_path, tree):
 def test_status_json_shape(tree):
     cfg = config(tree)
     iso = Isolation()
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     out = iso.to_json(cfg)
     assert out["protected"] == "8-11" and out["housekeeping"] == "0-1,6-7"
     assert out["changed"] == {"irq": 4, "default": 1, "workqueue": 1, "workqueues": 0, "watchdog": 0, "task": 0}
@@ -342,20 +360,20 @@ def test_host_takes_the_protected_cpus_out_of_the_watchdog_mask_and_puts_the_tex
     cfg = config(tree).replace(isolation="host")
     iso = Isolation()
     on_disk = []
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: on_disk.append(iso.state_json()))
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: on_disk.append(iso.state_json()))
     assert watchdog.read_text().strip() == "0-7"  # the protected 8-11 are gone
     assert on_disk and on_disk[0]["masks"]["watchdog"] == {"original": "0-11", "ours": ["0-7"]}
     assert iso.to_json(cfg)["changed"]["watchdog"] == 1
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
     assert watchdog.read_text() == "0-11" and iso.record.empty  # the text read before, byte for byte
     # at irqs it is left as it is
-    iso.follow(two_npu_host(), [binding(cfg.replace(isolation="irqs"))], cfg.replace(isolation="irqs"), lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg.replace(isolation="irqs"))], cfg.replace(isolation="irqs"), lambda: None)
     assert watchdog.read_text() == "0-11" and "watchdog" not in iso.record.masks
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
     # an operator who changes it while it is narrowed keeps the change: nothing is written back
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: None)
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: None)
     watchdog.write_text("0-3\n")
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
     assert watchdog.read_text() == "0-3\n" and iso.record.empty
 
 
@@ -367,10 +385,10 @@ def test_host_narrows_the_unbound_workqueues_mask_records_it_first_and_puts_it_b
     cfg = config(tree).replace(isolation="host")
     iso = Isolation()
     on_disk = []
-    iso.follow(two_npu_host(), [binding(cfg)], cfg, lambda: on_disk.append(iso.state_json()))
+    iso.commit(two_npu_host(), [binding(cfg)], cfg, lambda: on_disk.append(iso.state_json()))
     assert shared.read_text().strip() == "000000ff"  # 0-7: the protected 8-11 are gone
     assert on_disk and on_disk[0]["masks"]["workqueues"] == {"original": ALL12, "ours": ["000000ff"]}
     out = iso.to_json(cfg)
     assert out["changed"]["workqueues"] == 1 and out["tasks"]["never_moved"]["pid 1"] == 0
-    iso.follow(two_npu_host(), [], cfg, lambda: None)
+    iso.commit(two_npu_host(), [], cfg, lambda: None)
     assert shared.read_text() == ALL12 and iso.record.empty  # byte for byte

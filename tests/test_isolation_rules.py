@@ -14,8 +14,10 @@ import pytest
 
 from ascendbind.values.config import Config, exempt_entries
 from ascendbind.values.cpulist import format_cpulist, parse_cpulist
-from ascendbind.daemon.isolate.rules import Act, irq_target, mask_act
-from ascendbind.daemon.state.isolationrecord import IsolationRecord, SavedBan, SavedMask, mask_key
+from ascendbind.daemon.isolate.rules.keys import MaskKey
+from ascendbind.daemon.isolate.rules.records import (DefaultSaved, IrqSaved, IsolationRecord, SavedBan, TaskSaved,
+                                                     WorkqueueSaved)
+from ascendbind.daemon.isolate.rules.verdicts import Act, irq_target, mask_act
 from ascendbind.daemon.state.state import StateFile
 from ascendbind.discovery import discover_host, discover_worker
 from ascendbind.discovery.parse.irqbalance import auto_banned_cpus, cpus_command
@@ -273,15 +275,15 @@ def H(text: str | None) -> frozenset[int] | None:
     (("0-3", ["0-1"]), None, None, Act.GONE),              # the IRQ was freed
 ])
 def test_mask_act(saved, current, wanted, act):
-    s = None if saved is None else SavedMask(saved[0], tuple(saved[1]))
-    assert mask_act(s, H(current), H(wanted), parse_cpulist) is act
+    s = None if saved is None else TaskSaved(saved[0], tuple(saved[1]))
+    assert mask_act(s, H(current), H(wanted)) is act
 
 
 # ---------------------------------------------------------------- the record and the state file
 
-RECORD = IsolationRecord(frozen_map({mask_key("irq", 24): SavedMask("3", ("1",)), "default": SavedMask("3", ("1",)),
-                                     mask_key("workqueue", "dev0_sq_send_wq"): SavedMask("ff", ("3",)),
-                                     mask_key("task", 812, 4711): SavedMask("0-7", ("0-1",))}),
+RECORD = IsolationRecord(frozen_map({MaskKey.of("irq", 24): IrqSaved("3", ("1",)), "default": DefaultSaved("3", ("1",)),
+                                     MaskKey.of("workqueue", "dev0_sq_send_wq"): WorkqueueSaved("ff", ("3",)),
+                                     MaskKey.of("task", 812, 4711): TaskSaved("0-7", ("0-1",))}),
                          SavedBan(77, 1234, "00000000", ("1",)))
 
 
@@ -295,7 +297,7 @@ def test_the_record_round_trips_and_refuses_what_is_not_one():
         with pytest.raises(ValueError):
             IsolationRecord.from_json(bad)
     with pytest.raises(ValueError):
-        mask_key("irq", "../x")
+        MaskKey.of("irq", "../x")
 
 
 def test_the_state_file_keeps_the_record_beside_the_workers_and_still_reads_older_files(tmp_path):

@@ -41,7 +41,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -127,7 +127,7 @@ class Daemon(Ownership):
         self.npu_check = NpuChecker(self)
         # the rest of the host off the bound workers' CPUs; ``confine_self``: this process is the
         # daemon, whose own threads follow the housekeeping CPUs (never a test's in-process Daemon)
-        self.isolation = Isolation(confine_self=confine_self)
+        self.isolation = Isolation(confine_self=confine_self, tasks_gauge=self.metrics.isolation_tasks)
 
     def close(self) -> None:
         """Stop the background parts: moving pages stop before their next chunk (their marks
@@ -152,7 +152,10 @@ class Daemon(Ownership):
         try:
             records = [h.state_record() for h in self.held.values()]
             try:
-                self.isolation.after_change(self, records)  # writes the state file before any mask
+                # isolation follows the table: the state file, with these records, is written before any mask
+                self.isolation.commit(self.hosts.known(), [h.binding for h in self.held.values()], self.config,
+                                      lambda: self.state.save_encoded(records, isolation=self.isolation.state_json()),
+                                      isolating=frozenset(pid for pid, h in self.held.items() if h.proof.proven))
                 self.state.save_encoded(records, isolation=self.isolation.state_json())
             except (OSError, ConfigError) as exc:
                 # bindings stay in force; the next change retries the write
@@ -171,6 +174,20 @@ class Daemon(Ownership):
         finally:
             self.lock.release()
         return True
+
+    def _persist(self) -> None:
+        """The state file as the held table is now, with isolation's record (isolation's ``persist``)."""
+        self.state.save_encoded([h.state_record() for h in self.held.values()], isolation=self.isolation.state_json())
+
+    def adopt_tasks(self, pids: Iterable[int]) -> dict[str, int]:
+        """At ``host``: the tasks of ``pids`` (just started, just released) leave the protected CPUs."""
+        with self.lock:
+            return self.isolation.adopt(pids, [h.binding for h in self.held.values()], self.config, self._persist)
+
+    def stop_isolation(self) -> None:
+        """The daemon stops: every mask isolation changed goes back (bindings stay)."""
+        with self.lock:
+            self.isolation.stop(self.config, self._persist)
 
     # ---------------------------------------------------------- bind
 
@@ -334,7 +351,9 @@ class Daemon(Ownership):
                 raise PlanImpossible(first.reason, code=first.code, plan=plan)
             clock.mark("plan")
             if proof.proven:  # an unproven binding isolates nothing, so cannot leave the host without CPUs
-                self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
+                leaving = {pid, *(h.binding.pid for h in (*replaced, *evicted))}
+                self.isolation.refuse(host, plan, config, [h.binding.plan for o, h in self.held.items()
+                                                           if o not in leaving and h.proof.proven])
             # the bind is in the state file before its first write (ownership.py: write-ahead)
             with self.write_ahead(pid, view.pin) as record, recycled_is_a_conflict():
                 applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
@@ -532,7 +551,9 @@ class Daemon(Ownership):
         plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
         if plan.errors:
             raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
-        self.isolation.refuse(self, host, plan, config, pid)
+        with self.lock:
+            others = [h.binding.plan for o, h in self.held.items() if o != pid and h.proof.proven]
+        self.isolation.refuse(host, plan, config, others)
         # what the IRQ step would move, from the same cached lookup a bind uses
         plan = with_planned_irqs(plan, host, config, self.hosts.source, lookup=self.hosts.npu_irqs)
         return {"pid": pid, "plan": plan.to_json()}

@@ -346,7 +346,7 @@ class Ownership:
             self.save()
             # a released worker is another task now: at ``host`` it leaves the protected CPUs
             # like one just started, not at the next full sweep
-            self.isolation.adopt(self, [pid])
+            self.adopt_tasks([pid])
         log.info("worker released", pid=pid, irqs_restored=sorted(b.saved_irq_masks), reason=reason)
         return {"pid": pid, "irqs_restored": sorted(b.saved_irq_masks), "steps": [s.to_json() for s in steps]}
 

@@ -103,7 +103,8 @@ class _Service:
         self.server: ApiServer | None = None
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
-        self.taskwatch = TaskWatch(self.daemon)
+        self.taskwatch = TaskWatch(self.daemon.isolation, config=lambda: self.daemon.config,
+                                   adopt=self.daemon.adopt_tasks, commit=self.daemon.save)
         self.hotplug = HotplugMonitor(lambda: rediscover_and_replan(self.daemon))
         self.autobind: AutoBinder | None = None
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -222,7 +223,7 @@ class _Service:
         self.stopping = "memory moves"
         self.daemon.close()
         self.stopping = "isolation"
-        self.daemon.isolation.stop(self.daemon)
+        self.daemon.stop_isolation()
         self.stopping = "state file"
         self.daemon.save()
         self.stopping = None

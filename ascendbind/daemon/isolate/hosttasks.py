@@ -4,8 +4,8 @@ thread of the others goes.
 ``HostTasks.wanted`` sweeps the processes (all of them, or those an event or a
 listing just named) and answers, for each thread isolation may change, its
 mask now and the mask it wants (``task_target``: its mask less the protected
-CPUs); the keeper weighs each with rules.py like any other mask, under the key
-``task:<tid>:<start time>``.
+CPUs); the keeper weighs each with rules/verdicts.py like any other mask, under
+the key ``task:<tid>:<start time>``.
 
 Never moved, and counted by why:
 
@@ -58,8 +58,10 @@ from ...discovery.parse.kubelet import kubelet_place
 from ...discovery.gather.hosttasks import ProcessFacts, list_pids, process_facts, thread_starts
 from ...planner.isolate.isolation import IsolationPlan, task_target
 from ...values.reasons import Reason
-from ..state.isolationrecord import SavedMask, key_kind, mask_key
-from .masks import list_cpus
+from .rules.keys import MaskKey
+from .wanted import Wanted
+from .rules.records import SavedMask, TaskSaved
+from .rules.verdicts import Holds, holds
 
 __all__ = ["HostTasks", "never_moved", "before_isolation", "task_keys_of", "MAX_TASKS", "NEVER"]
 
@@ -93,27 +95,33 @@ def never_moved(p: ProcessFacts, ancestors: Iterable[int], bound: Mapping[int, i
     return None
 
 
-def before_isolation(saved: Mapping[str, SavedMask], tids: Iterable[int]) -> frozenset[int]:
-    """The CPUs the threads ``tids`` were allowed before isolation narrowed them: the union
-    of the originals recorded for those that still hold the mask isolation wrote (a record
-    whose mask the thread no longer holds is its owner's since, or an older thread's)."""
-    by_tid: dict[int, list[SavedMask]] = {}
+def _by_tid(saved: Mapping[MaskKey, SavedMask]) -> dict[int, list[SavedMask]]:
+    """The task records by thread id, whatever their start time."""
+    out: dict[int, list[SavedMask]] = {}
     for key, mask in saved.items():
-        if key_kind(key) == "task":
-            by_tid.setdefault(int(key.split(":")[1]), []).append(mask)
+        if key.kind == "task":
+            out.setdefault(key.tid, []).append(mask)
+    return out
+
+
+def before_isolation(saved: Mapping[MaskKey, SavedMask], tids: Iterable[int]) -> frozenset[int]:
+    """The CPUs the threads ``tids`` were allowed before isolation narrowed them: the union
+    of the originals recorded for those that still hold a mask isolation wrote (a record
+    whose mask the thread no longer holds is its owner's since, or an older thread's)."""
+    by_tid = _by_tid(saved)
     out: set[int] = set()
     for tid in tids:
         for mask in by_tid.get(tid, ()):
             now = task_cpus(tid)
-            if now is not None and mask.ours and list_cpus(mask.ours[-1]) == now:
-                out |= list_cpus(mask.original) or now
+            if holds(mask, now) is Holds.OURS:
+                out |= mask.original_cpus() or now
     return frozenset(out)
 
 
-def task_keys_of(saved: Mapping[str, SavedMask], tids: Iterable[int]) -> list[str]:
+def task_keys_of(saved: Mapping[MaskKey, SavedMask], tids: Iterable[int]) -> list[MaskKey]:
     """The task records of the threads ``tids`` (whatever their start time)."""
-    wanted = {str(t) for t in tids}
-    return [k for k in saved if key_kind(k) == "task" and k.split(":")[1] in wanted]
+    wanted = set(tids)
+    return [k for k in saved if k.kind == "task" and k.tid in wanted]
 
 
 _HEIRS = (None, "exempt", "kubepods")  # whose threads may hold a mask inherited from a moved task
@@ -125,29 +133,25 @@ class _Inheritance:
     thread that creates it, and a process that of the thread that forks it. Such a
     thread is recorded with that thread's original, so putting the host back gives
     it the mask it would have had (its own later choice is its owner's, as for any
-    task). A record's thread id may since name another task: only a record whose
-    newest text equals this thread's mask counts."""
+    task). A record's thread id may since name another task: only a record this
+    thread's mask is still ours by (verdicts.py ``holds``) counts."""
 
-    def __init__(self, saved: Mapping[str, SavedMask], proc: str) -> None:
+    def __init__(self, saved: Mapping[MaskKey, SavedMask], proc: str) -> None:
         self.proc = proc
-        self.by_tid: dict[int, SavedMask] = {}
-        for key, mask in saved.items():
-            if key_kind(key) == "task":
-                self.by_tid[int(key.split(":")[1])] = mask
+        self.by_tid: dict[int, SavedMask] = {tid: masks[-1] for tid, masks in _by_tid(saved).items()}
         self.parents: dict[int, list[int]] = {}
 
     def __call__(self, p: ProcessFacts, threads: Mapping[int, int], now: frozenset[int]) -> SavedMask | None:
         if not self.by_tid:
             return None
-        text = format_cpulist(now)
         for tid in threads:
-            found = self._match(tid, text)
+            found = self._match(tid, now)
             if found is not None:
                 return found
         if p.ppid not in self.parents:
             self.parents[p.ppid] = list(thread_starts(p.ppid, self.proc)) if p.ppid > 1 else []
         for tid in self.parents[p.ppid]:
-            found = self._match(tid, text)
+            found = self._match(tid, now)
             if found is not None:
                 return found
         return None
@@ -155,19 +159,86 @@ class _Inheritance:
     def add(self, tid: int, mask: SavedMask) -> None:
         self.by_tid[tid] = mask
 
-    def _match(self, tid: int, text: str) -> SavedMask | None:
+    def _match(self, tid: int, now: frozenset[int]) -> SavedMask | None:
         mask = self.by_tid.get(tid)
-        if mask is not None and mask.ours and mask.ours[-1] == text:
-            return SavedMask(mask.original, (text,))
+        if mask is not None and holds(mask, now) is Holds.OURS:
+            return TaskSaved(mask.original, (format_cpulist(now),))
         return None
+
+
+class _Sweep:
+    """One pass over some processes: what ``HostTasks.wanted`` answers, gathered as it goes."""
+
+    def __init__(self, tasks: HostTasks, iso: IsolationPlan, config: Config, bound: Mapping[int, int | None],
+                 saved: Mapping[MaskKey, SavedMask], skip: Iterable[str]) -> None:
+        self.tasks, self.iso, self.proc, self.bound, self.saved = tasks, iso, config.proc_root, bound, saved
+        self.cgroups, self.comms = exempt_entries(config.isolation_exempt)
+        self.own, self.skip = os.getpid(), set(skip)
+        self.room = MAX_TASKS - sum(1 for k in saved if k.kind == "task")
+        self.facts: dict[int, ProcessFacts | None] = {}
+        self.parents: dict[int, int] = {}
+        self.inherit = _Inheritance(saved, self.proc)
+        self.out: Wanted = {}
+        self.swept: set[MaskKey] = set()
+        self.never: dict[str, int] = {}
+        self.heirs: dict[MaskKey, SavedMask] = {}
+        self.over = 0
+
+    def ancestors(self, p: ProcessFacts) -> list[int]:
+        out, pid = [], p.ppid
+        while pid > 1 and len(out) < MAX_DEPTH and pid not in out:
+            out.append(pid)
+            if pid not in self.parents:
+                known = self.facts.get(pid)
+                up = known if known is not None else process_facts(pid, self.proc, cgroups=False)
+                self.parents[pid] = up.ppid if up is not None else 0
+            pid = self.parents[pid]
+        return out
+
+    def process(self, pid: int) -> None:
+        p = self.facts[pid] = process_facts(pid, self.proc)
+        if p is None:
+            return
+        line = self.ancestors(p) if p.pid != 1 and not p.kernel else ()
+        why = never_moved(p, line, self.bound, self.own, self.cgroups, self.comms)
+        if why is not None:
+            self.never[why] = self.never.get(why, 0) + 1
+        threads = thread_starts(pid, self.proc) if why in _HEIRS else {}
+        for tid, start in threads.items():
+            self.thread(p, why, threads, tid, MaskKey.of("task", tid, start))
+
+    def thread(self, p: ProcessFacts, why: str | None, threads: Mapping[int, int], tid: int, key: MaskKey) -> None:
+        self.swept.add(key)
+        if key in self.tasks.hands_off or key in self.skip:
+            return
+        now = task_cpus(tid)
+        if now is None:
+            return
+        mine = self.saved.get(key)
+        if mine is None and (mine := self.inherit(p, threads, now)) is not None:
+            self.heirs[key] = mine
+            self.inherit.add(tid, mine)
+        if why is not None:
+            return
+        base = (mine.original_cpus() or now) if mine is not None else now
+        target = task_target(base, self.iso.protected_cpus)
+        if target is None:
+            self.tasks.pinned_inside(key, p, tid, now, self.iso)
+            return
+        if mine is None and target != now:
+            if self.room <= 0:
+                self.over += 1
+                return
+            self.room -= 1
+        self.out[key] = (format_cpulist(now), target)
 
 
 class HostTasks:
     """What the host level knows of the other tasks between sweeps."""
 
     def __init__(self) -> None:
-        self.hands_off: set[str] = set()  # task keys left to their owner: never written again
-        self.pinned: dict[str, dict] = {}  # task key -> the report of a task pinned inside
+        self.hands_off: set[MaskKey] = set()  # task keys left to their owner: never written again
+        self.pinned: dict[MaskKey, dict] = {}  # task key -> the report of a task pinned inside
         self.never: dict[str, int] = {}  # why -> processes, from the latest full sweep
         self.over_limit = 0  # threads not moved in the latest sweep: the record is full
         self.moved = 0  # threads the watcher moved (tasks started after the level's follow)
@@ -177,95 +248,37 @@ class HostTasks:
         self.mode: dict[str, str | None] = {"mode": "off", "reason": None}  # set by the watcher
 
     def wanted(self, iso: IsolationPlan, config: Config, bound: Mapping[int, int | None],
-               saved: Mapping[str, SavedMask], skip: Iterable[str],
-               pids: Iterable[int] | None = None) -> tuple[dict[str, tuple[str, frozenset[int]]], set[str],
-                                                           dict[str, SavedMask]]:
+               saved: Mapping[MaskKey, SavedMask], skip: Iterable[str],
+               pids: Iterable[int] | None = None) -> tuple[Wanted, set[MaskKey], dict[MaskKey, SavedMask]]:
         """(key -> (mask text now, wanted CPUs), the task keys swept, the records of tasks
         that inherited a mask isolation wrote) for the processes ``pids`` (None: every
         process; then the memory of gone tasks is pruned too)."""
-        proc = config.proc_root
         full = pids is None
         t0 = time.monotonic()
-        listing = list_pids(proc) if full else sorted(set(pids))
-        facts: dict[int, ProcessFacts | None] = {}
-        parents: dict[int, int] = {}
-
-        def ancestors(p: ProcessFacts) -> list[int]:
-            out, pid = [], p.ppid
-            while pid > 1 and len(out) < MAX_DEPTH and pid not in out:
-                out.append(pid)
-                if pid not in parents:
-                    known = facts.get(pid)
-                    up = known if known is not None else process_facts(pid, proc, cgroups=False)
-                    parents[pid] = up.ppid if up is not None else 0
-                pid = parents[pid]
-            return out
-
-        cgroups, comms = exempt_entries(config.isolation_exempt)
-        own, protected = os.getpid(), iso.protected_cpus
-        skip = set(skip)
-        room = MAX_TASKS - sum(1 for k in saved if key_kind(k) == "task")
-        out: dict[str, tuple[str, frozenset[int]]] = {}
-        swept: set[str] = set()
-        never: dict[str, int] = {}
-        heirs: dict[str, SavedMask] = {}
-        over = 0
-        inherit = _Inheritance(saved, proc)
+        listing = list_pids(config.proc_root) if full else sorted(set(pids))
+        sweep = _Sweep(self, iso, config, bound, saved, skip)
         for pid in listing:
-            p = facts[pid] = process_facts(pid, proc)
-            if p is None:
-                continue
-            why = never_moved(p, ancestors(p) if p.pid != 1 and not p.kernel else (), bound, own, cgroups, comms)
-            if why is not None:
-                never[why] = never.get(why, 0) + 1
-            threads = thread_starts(pid, proc) if why in _HEIRS else {}
-            for tid, start in threads.items():
-                key = mask_key("task", tid, start)
-                swept.add(key)
-                if key in self.hands_off or key in skip:
-                    continue
-                now = task_cpus(tid)
-                if now is None:
-                    continue
-                mine = saved.get(key)
-                if mine is None and (mine := inherit(p, threads, now)) is not None:
-                    heirs[key] = mine
-                    inherit.add(tid, mine)
-                if why is not None:
-                    continue
-                base = now
-                if mine is not None:
-                    base = list_cpus(mine.original) or now
-                target = task_target(base, protected)
-                if target is None:
-                    self._pinned(key, p, tid, now, iso)
-                    continue
-                if mine is None and target != now:
-                    if room <= 0:
-                        over += 1
-                        continue
-                    room -= 1
-                out[key] = (format_cpulist(now), target)
+            sweep.process(pid)
         if full:
             self.sweep_seconds = time.monotonic() - t0
-            self.never, self.listed = never, frozenset(listing)
-            self.hands_off &= swept
-            self.pinned = {k: v for k, v in self.pinned.items() if k in swept}
-            self.over_limit = over
+            self.never, self.listed = sweep.never, frozenset(listing)
+            self.hands_off &= sweep.swept
+            self.pinned = {k: v for k, v in self.pinned.items() if k in sweep.swept}
+            self.over_limit = sweep.over
         else:
-            self.over_limit += over
-        if over:
-            log.warning("isolation moves no more tasks: the record is full", limit=MAX_TASKS, not_moved=over)
-        return out, swept, heirs
+            self.over_limit += sweep.over
+        if sweep.over:
+            log.warning("isolation moves no more tasks: the record is full", limit=MAX_TASKS, not_moved=sweep.over)
+        return sweep.out, sweep.swept, sweep.heirs
 
-    def heirs(self, config: Config, saved: Mapping[str, SavedMask]) -> dict[str, SavedMask]:
+    def heirs(self, config: Config, saved: Mapping[MaskKey, SavedMask]) -> dict[MaskKey, SavedMask]:
         """The records of every task that inherited a mask isolation wrote and has none of
         its own yet: taken before the level puts the host back, so those go back too."""
-        if not any(key_kind(k) == "task" for k in saved):
+        if not any(k.kind == "task" for k in saved):
             return {}
         proc = config.proc_root
         inherit = _Inheritance(saved, proc)
-        out: dict[str, SavedMask] = {}
+        out: dict[MaskKey, SavedMask] = {}
         found = None
         processes = [p for pid in list_pids(proc) if (p := process_facts(pid, proc, cgroups=False)) is not None
                      and not p.kernel and p.pid != 1]
@@ -278,7 +291,7 @@ class HostTasks:
             for p in processes:
                 threads = thread_starts(p.pid, proc)
                 for tid, start in threads.items():
-                    key = mask_key("task", tid, start)
+                    key = MaskKey.of("task", tid, start)
                     if key in saved or key in out or key in self.hands_off:
                         continue
                     now = task_cpus(tid)
@@ -288,7 +301,7 @@ class HostTasks:
             out.update(found)
         return out
 
-    def _pinned(self, key: str, p: ProcessFacts, tid: int, now: frozenset[int], iso: IsolationPlan) -> None:
+    def pinned_inside(self, key: MaskKey, p: ProcessFacts, tid: int, now: frozenset[int], iso: IsolationPlan) -> None:
         if key in self.pinned:
             return
         detail = (f"task {tid} of {p.comm} (pid {p.pid}) is allowed only CPUs {format_cpulist(now)}, all of them "
@@ -297,9 +310,9 @@ class HostTasks:
         log.warning("a task pinned inside the protected CPUs is left there", task=tid, pid=p.pid, comm=p.comm,
                     cpus=format_cpulist(now))
 
-    def left_to_owner(self, key: str) -> None:
+    def left_to_owner(self, key: MaskKey) -> None:
         """The keeper found ``key`` changed by its owner: it is never written again while it lives."""
-        if key_kind(key) == "task":
+        if key.kind == "task":
             self.hands_off.add(key)
 
     def to_json(self) -> dict:

@@ -20,15 +20,17 @@ exempt cgroup, a container runtime. The watcher finds those:
   millisecond per thousand processes; the stat and mask of a process are read
   only when it is new.
 
-Either way, a full follow runs every ``FULL_SWEEP_SECONDS`` (``resweep``): a
+Either way, a full follow runs every ``FULL_SWEEP_SECONDS`` (``sweep_due``, then
+the daemon's commit): a
 thread created while its process was being moved, events lost (ENOBUFS), a pid
 reused between two listings, an exec the sweep cannot see. It reads every
 process under the daemon's lock (some 0.2-0.4 ms a process), so on a host
 where it takes longer than 1 % of that period the period grows to a hundred
 times the sweep: the lock stays free 99 % of the time. The watcher wakes
 when the level starts or stops moving tasks (``Isolation.woken``) and idles
-otherwise; every move goes through ``Isolation.adopt``, under the daemon's
-lock, recorded in the state file before it is written.
+otherwise; every move goes through ``Isolation.adopt`` (the ``adopt`` the daemon
+hands the watcher takes its lock and gives the bound workers, the config and
+the state file's writer), recorded in the state file before it is written.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import select
 import threading
 import time
+from collections.abc import Callable, Collection
 
 import structlog
 
@@ -43,6 +46,8 @@ from ...discovery.gather.hosttasks import list_pids
 from ...discovery.read.proc_connector import ProcEventSocket
 from ...discovery.parse.proc_events import parse_events, process_start_filter, started_processes
 from ...errors import DiscoveryError
+from ...values.config import Config
+from .keeper import Isolation
 
 __all__ = ["TaskWatch", "SWEEP_SECONDS", "FULL_SWEEP_SECONDS"]
 
@@ -61,8 +66,13 @@ def _open_events() -> ProcEventSocket:
 class TaskWatch:
     """The thread that moves tasks started after the bind (see the module docstring)."""
 
-    def __init__(self, daemon, *, opener=_open_events) -> None:
-        self.daemon = daemon
+    def __init__(self, isolation: Isolation, *, config: Callable[[], Config],
+                 adopt: Callable[[Collection[int]], object], commit: Callable[[], object],
+                 opener: Callable[[], ProcEventSocket] = _open_events) -> None:
+        """``config``: the daemon's config now; ``adopt``: ``Isolation.adopt`` of those pids under
+        the daemon's lock; ``commit``: the daemon's commit (a full follow after ``sweep_due``)."""
+        self.isolation = isolation
+        self.config, self.adopt, self.commit = config, adopt, commit
         self.opener = opener
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,18 +86,18 @@ class TaskWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self.daemon.isolation.woken.set()
+        self.isolation.woken.set()
         if self._thread is not None:
             self._thread.join(5)
         self._close()
 
     def _run(self) -> None:
-        iso = self.daemon.isolation
+        iso = self.isolation
         probed = False
         while not self._stop.is_set():
             if not iso.moving_tasks:
                 self._close()
-                if not probed and self.daemon.config.isolation == "host":
+                if not probed and self.config().isolation == "host":
                     # learn before the first bind whether events can be had: a kernel that ignores
                     # the subscription costs the wait for its answer, which must not delay the
                     # first move after a bind
@@ -118,12 +128,12 @@ class TaskWatch:
                 self._failed = exc.code
         return self._src
 
-    def _watch(self, iso) -> None:
+    def _watch(self, iso: Isolation) -> None:
         """One stretch of watching, until the level stops moving tasks or the watcher stops."""
         src = self._events()
         iso.tasks.mode = {"mode": "events", "reason": None} if src else {"mode": "sweep", "reason": self._failed}
         # what started between the keeper's full sweep and now (events only flow from here on)
-        known = set(list_pids(self.daemon.config.proc_root))
+        known = set(list_pids(self.config().proc_root))
         self._adopt(known - iso.tasks.listed)
         next_full = time.monotonic() + FULL_SWEEP_SECONDS
         while iso.moving_tasks and not self._stop.is_set():
@@ -136,11 +146,12 @@ class TaskWatch:
                     next_full = 0.0
             else:
                 self._stop.wait(SWEEP_SECONDS)
-                listing = set(list_pids(self.daemon.config.proc_root))
+                listing = set(list_pids(self.config().proc_root))
                 self._adopt(listing - known)
                 known = listing
             if time.monotonic() >= next_full:
-                iso.resweep(self.daemon)
+                iso.sweep_due()
+                self.commit()
                 next_full = time.monotonic() + max(FULL_SWEEP_SECONDS, 100 * iso.tasks.sweep_seconds)
 
     def _read(self, src: ProcEventSocket, timeout: float) -> bool | None:
@@ -159,9 +170,9 @@ class TaskWatch:
         self._adopt(pids)
         return lost
 
-    def _adopt(self, pids) -> None:
+    def _adopt(self, pids: Collection[int]) -> None:
         if pids:
-            self.daemon.isolation.adopt(self.daemon, pids)
+            self.adopt(pids)
 
     def _close(self) -> None:
         if self._src is not None:

@@ -16,7 +16,7 @@ they were): a daemon killed among the writes leaves it, and the next one
 undoes it at start. The bind's final record replaces it. The key is one more
 in a record of the same version: an older daemon reads it as a held worker.
 
-Beside the workers, one host-wide record (``isolation``, isolationrecord.py):
+Beside the workers, one host-wide record (``isolation``, daemon/isolate/rules/records.py):
 every mask isolation changed on the host (other devices' IRQs, the default
 mask of new IRQs, the NPU driver's threads and workqueues) with the value it
 had before, and irqbalance's banned CPUs. It is written *before* each change,

@@ -2,9 +2,9 @@
 IRQs, workqueue masks, the soft-lockup watchdog's CPUs, the NPU driver's kernel
 threads, the CPUs the kernel keeps isolated, and the daemon's own threads.
 
-Discovery reads; the applier writes through the paths named here
-(``default_affinity_path``, ``workqueue_mask_path``; an IRQ's mask is
-irqhost.py's ``irq_mask_path``). Every reader answers None (or empty) for what
+Discovery reads (``read_mask_file`` of a path named here: ``default_affinity_path``,
+``workqueue_mask_path``, ``unbound_workqueues_path``, ``watchdog_mask_path``; an
+IRQ's mask is irqhost.py's ``irq_mask_path``); the applier writes through the same paths. Every reader answers None (or empty) for what
 is absent or unreadable: an IRQ freed, a kernel thread gone, a workqueue not
 registered in sysfs are news for the caller, not errors.
 
@@ -36,10 +36,9 @@ from ..read.bounded import read_bounded
 from ..parse.procfs import parse_stat
 from ..parse.sysfs import parse_cpulist_file
 
-__all__ = ["irq_numbers", "irq_names", "default_affinity_path", "read_default_affinity", "workqueue_mask_path",
-           "read_workqueue_mask", "KernelThread", "kernel_threads", "kernel_isolated_cpus", "own_threads",
-           "WORKQUEUE_DIR", "unbound_workqueues_path", "read_unbound_workqueues", "watchdog_mask_path",
-           "read_watchdog_mask"]
+__all__ = ["irq_numbers", "irq_names", "read_mask_file", "default_affinity_path", "workqueue_mask_path",
+           "KernelThread", "kernel_threads", "kernel_isolated_cpus", "own_threads", "WORKQUEUE_DIR",
+           "unbound_workqueues_path", "watchdog_mask_path"]
 
 WORKQUEUE_DIR = "/sys/devices/virtual/workqueue"
 
@@ -64,13 +63,15 @@ def irq_names(proc_root: str = "/proc") -> dict[int, str]:
         return {}
 
 
+def read_mask_file(path: str) -> str | None:
+    """The text of a mask file (an IRQ's, the default IRQ mask, a workqueue's, the
+    watchdog's), stripped; None when it is absent or unreadable."""
+    text = read_bounded(path, 4096, single=True)
+    return None if text is None else text.strip()
+
+
 def default_affinity_path(proc_root: str = "/proc") -> str:
     return f"{proc_root}/irq/default_smp_affinity"
-
-
-def read_default_affinity(proc_root: str = "/proc") -> str | None:
-    text = read_bounded(default_affinity_path(proc_root), 4096, single=True)
-    return None if text is None else text.strip()
 
 
 def workqueue_mask_path(name: str, sys_root: str = "/sys") -> str:
@@ -79,32 +80,15 @@ def workqueue_mask_path(name: str, sys_root: str = "/sys") -> str:
     return f"{sys_root}/devices/virtual/workqueue/{name}/cpumask"
 
 
-def read_workqueue_mask(name: str, sys_root: str = "/sys") -> str | None:
-    """The mask text of workqueue ``name`` (None: no such workqueue in sysfs)."""
-    text = read_bounded(workqueue_mask_path(name, sys_root), 4096, single=True)
-    return None if text is None else text.strip()
-
-
 def unbound_workqueues_path(sys_root: str = "/sys") -> str:
     """The mask the kernel's unbound workqueues share (those without a sysfs mask of their own)."""
     return f"{sys_root}/devices/virtual/workqueue/cpumask"
-
-
-def read_unbound_workqueues(sys_root: str = "/sys") -> str | None:
-    text = read_bounded(unbound_workqueues_path(sys_root), 4096, single=True)
-    return None if text is None else text.strip()
 
 
 def watchdog_mask_path(proc_root: str = "/proc") -> str:
     """The CPUs the soft-lockup watchdog checks (a cpu list): on each, a stopper task runs
     every few seconds and preempts whatever runs there."""
     return f"{proc_root}/sys/kernel/watchdog_cpumask"
-
-
-def read_watchdog_mask(proc_root: str = "/proc") -> str | None:
-    """Its text (None: a kernel built without the lockup detector)."""
-    text = read_bounded(watchdog_mask_path(proc_root), 4096, single=True)
-    return None if text is None else text.strip()
 
 
 @dataclass(frozen=True)
