@@ -26,7 +26,6 @@ import pytest
 from ascendbind.applier.affinity import bind_tasks
 from ascendbind.discovery.gather.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
-from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held, SeenThread
 from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
@@ -43,6 +42,7 @@ from ascendbind.values.cpulist import parse_mask
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.audit import Reads
+from tests.builders import daemon_loops
 from tests.daemon_harness import ROOT, DaemonProc, base_env, metric_value, wait_for
 from tests.irqbalance_harness import restore_irq_masks
 from tests.workers import cpus_allowed_of, start_worker
@@ -273,16 +273,9 @@ def _events_queued(rec: Reconciler, timeout: float = 10.0) -> bool:
 
 @pytest.fixture
 def loop(tmp_path):
-    def make(**cfg) -> tuple[Daemon, Reconciler]:
-        d = Daemon(Config(state_dir=str(tmp_path / "state"), **cfg))
-        rec = Reconciler(d)
-        made.append(rec)
-        return d, rec
-
-    made: list[Reconciler] = []
-    yield make
-    for rec in made:
-        rec.close()
+    """``make(**settings) -> (daemon, reconciler)``, each loop closed after the test."""
+    with daemon_loops(tmp_path) as make:
+        yield make
 
 
 def _events_or_skip(d: Daemon, rec: Reconciler) -> None:
