@@ -29,15 +29,12 @@ import time
 from collections.abc import Iterator
 
 from ascendbind.values.cpulist import parse_cpulist
+from tests.threadname import program
 
 __all__ = ["PipeChild", "Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap", "SELF_BINDER"]
 
-_CHILD = r"""
-import ctypes, os, sys, threading, time
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_NAME = 15
-def name_self(name):
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+_CHILD = program(r"""
+import os, sys, threading, time
 stops = {}
 born = {}
 def run(name, ready, stop):
@@ -145,7 +142,7 @@ for line in sys.stdin:
     else:
         out.write("?\n")
     out.flush()
-"""
+""")
 
 
 # A child that keeps undoing any binding, as an in-process binder does: prints
