@@ -98,6 +98,15 @@ def pytest_addoption(parser):
     parser.addoption("--shuffle", metavar="SEED", default=None,
                      help="run the collected tests in an order shuffled with SEED (finds tests that "
                           "depend on the tests before them)")
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run the soak-marked tests at their large counts (tests/soak.py; make soak)")
+
+
+def pytest_configure(config):
+    if config.getoption("--soak"):
+        from tests import soak
+
+        os.environ[soak.ENV] = "1"
 
 
 def pytest_collection_modifyitems(config, items):
