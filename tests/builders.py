@@ -16,6 +16,7 @@ daemon reads it through ``proc_root`` exactly as it reads ``/proc``.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,7 +85,18 @@ def daemon_loops(tmp_path: Path) -> Iterator:
             rec.close()
 
 
-# ---------------------------------------------------------------- a fixture /proc
+# ---------------------------------------------------------------- kernel files and a fixture /proc
+
+
+def write_once(path, text: str) -> None:
+    """``text`` written to ``path`` in one write(2), no truncation and no buffering: a
+    cgroup or IRQ file takes each write as one value and refuses a partial one."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
 
 
 def proc_tree(tmp_path: Path, irqs: dict[int, str], live_pids=()) -> Path:

@@ -73,6 +73,37 @@ def nobody_prefix():
     return NOBODY
 
 
+@pytest.fixture
+def daemon_survives(daemon):
+    """For a module sharing one ``daemon`` (tests/daemon_harness.py) between its tests: after
+    each, the daemon still answers and holds no worker, and its ``listed`` file (the pids a
+    test's fake npu-smi lists, where the module keeps one) is empty again."""
+    yield
+    from tests.daemon_harness import survives_and_releases
+
+    survives_and_releases(daemon)
+    if getattr(daemon, "listed", None):
+        with open(daemon.listed, "w"):
+            pass
+
+
+@pytest.fixture
+def defaults_only(monkeypatch):
+    """No ``ASCENDBIND_*`` variable of the environment the tests run in reaches the test: an
+    operator's settings must not leak into what is compared with the defaults' answers."""
+    for key in [k for k in os.environ if k.startswith("ASCENDBIND_")]:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def which_hierarchy(record_property):
+    """Records (and prints) which cpuset cgroup hierarchy a test ran on (tests/cpuset_cgroups.py)."""
+    from tests import cpuset_cgroups
+
+    record_property("cpuset_cgroup", cpuset_cgroups.VERSION)
+    print(f"\ncpuset cgroup: {cpuset_cgroups.VERSION} at {cpuset_cgroups.ROOT}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _logs_to_the_real_stderr():
     """The background threads of in-process daemons (locality rounds, memory moves) log

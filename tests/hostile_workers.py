@@ -283,10 +283,6 @@ class FloodWorker(PipeChild):
         """Threads started since the worker began (counted in batches of 64 per creator)."""
         return int(self._ask("count"))
 
-    def rename(self, tid: int, name: str) -> None:
-        """The worker renames its own thread ``tid`` (the Python flooder only)."""
-        self._ask(f"rename {tid} {name}")
-
 
 def _native_flooder(directory: str) -> list[str]:
     cc = shutil.which("cc") or shutil.which("gcc")

@@ -28,7 +28,7 @@ from ascendbind.client import Client
 from ascendbind.daemon.api.requests import MAX_JSON_DEPTH
 from ascendbind.daemon.api.server import API_LIMITS
 from tests import soak
-from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
+from tests.daemon_harness import ROOT, metric_value, public_daemon, wait_for
 from tests.http_fuzz import exchange
 from tests.workers import start_worker
 
@@ -43,10 +43,7 @@ def daemon():
         yield d
 
 
-@pytest.fixture(autouse=True)
-def _daemon_survives(daemon):
-    yield
-    survives_and_releases(daemon)
+pytestmark = pytest.mark.usefixtures("daemon_survives")  # each test leaves the shared daemon as it found it
 
 
 def parse(raw: bytes) -> tuple[int, dict[str, str], object]:

@@ -25,8 +25,7 @@ from ascendbind.values.config import Config
 from ascendbind.errors import ConfigError, DiscoveryError
 from tests.daemon_harness import metric_value, running_daemon, wait_for
 from tests.hostile_workers import thread_flood_worker
-from tests.builders import daemon_loops
-from tests.test_thread_events import CPUS, _bind, _events_or_skip, _events_queued, _mode, two_cpus
+from tests.test_thread_events import CPUS, _bind, _events_or_skip, _events_queued, _mode, loop, two_cpus  # noqa: F401 (loop: a fixture)
 from tests.workers import cpus_allowed_of, start_worker
 
 # ---------------------------------------------------------------- the budget alone
@@ -120,13 +119,6 @@ def test_the_budget_key_takes_a_whole_number_of_events_a_second_in_range(value):
 
 
 # ---------------------------------------------------------------- the loop, pass by pass
-
-
-@pytest.fixture
-def loop(tmp_path):
-    """Real daemons and their reconcile loops, driven pass by pass by the test; closed after it."""
-    with daemon_loops(tmp_path) as make:
-        yield make
 
 
 
