@@ -14,7 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more (.ci/run sets it)
+# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more (.ci/run sets it).
+# One pytest process; what is mostly computation or emulation runs beside it from the end of
+# collection: the NUMA guests, and the Debian roots' host-independent files at nice 19
+# (tests/conftest.py); their tests wait for them at the end of the session.
 test: install
 	$(BIN)/python -m pytest -q
 

@@ -146,16 +146,39 @@ def pytest_collection_modifyitems(config, items):
         import random
 
         random.Random(seed).shuffle(items)
-    # the NUMA guests boot in the background once collection ends (pytest_collection_finish);
-    # their tests wait for them at the end of the session, after everything else
+    # the NUMA guests boot, and the Debian roots run their host-independent files, in the
+    # background once collection ends (pytest_collection_finish); the tests that read those
+    # runs wait for them at the end of the session, after everything else (the guests last)
+    later = [item for item in items if _roots_background_item(item)]
     guests = [item for item in items if item.nodeid.startswith(NUMA_GUEST_TESTS)]
-    if guests:
-        items[:] = [item for item in items if not item.nodeid.startswith(NUMA_GUEST_TESTS)] + guests
+    if later or guests:
+        items[:] = [item for item in items if item not in later and item not in guests] + later + guests
 
 
 NUMA_GUEST_TESTS = "tests/test_numa_guest.py"
 ARM64_GUEST_TEST = "test_the_arm64_tests_pass"
+ROOTS_BACKGROUND_TEST = "tests/test_debian_roots.py::test_the_host_independent_tests_pass"
 _numa_guests = None  # tests/numa_guest.py's Background run, while the session has one
+_roots_background = None  # tests/debian_roots.py's Background run, while the session has one
+
+
+def _roots_background_item(item) -> bool:
+    return item.nodeid.startswith(ROOTS_BACKGROUND_TEST + "[")
+
+
+def _start_roots_background(session) -> None:
+    """The Debian roots' host-independent runs, started now beside the suite (their test
+    waits for them at the end): pure computation, while the host's tests mostly wait."""
+    global _roots_background
+    suites = sorted({item.callspec.params["root"] for item in session.items
+                     if _roots_background_item(item) and hasattr(item, "callspec")})
+    if not suites:
+        return
+    from tests import debian_roots
+
+    ready = debian_roots.Background.wanted(suites)
+    if ready:
+        _roots_background = debian_roots.Background(ready)
 
 
 def pytest_collection_finish(session):
@@ -164,6 +187,7 @@ def pytest_collection_finish(session):
     global _numa_guests
     if session.config.option.collectonly:
         return
+    _start_roots_background(session)
     from tests import arm64_guest, numa_guest
 
     guests = [item for item in session.items if item.nodeid.startswith(NUMA_GUEST_TESTS)]
@@ -189,6 +213,8 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _roots_background is not None:
+        _roots_background.stop()
     if _numa_guests is not None:
         import shutil
 
@@ -203,3 +229,9 @@ def pytest_sessionfinish(session, exitstatus):
 def numa_guests():
     """The session's background guest run (None when this session started none)."""
     return _numa_guests
+
+
+@pytest.fixture(scope="session")
+def roots_background():
+    """The session's background run of the Debian roots (None when this session started none)."""
+    return _roots_background
