@@ -96,6 +96,16 @@ def defaults_only(monkeypatch):
 
 
 @pytest.fixture
+def loop(tmp_path):
+    """``make(**settings) -> (daemon, reconciler)``: real daemons and their reconcile loops,
+    driven pass by pass by the test (tests/builders.py); every loop closed after it."""
+    from tests.builders import daemon_loops
+
+    with daemon_loops(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture
 def which_hierarchy(record_property):
     """Records (and prints) which cpuset cgroup hierarchy a test ran on (tests/cpuset_cgroups.py)."""
     from tests import cpuset_cgroups

@@ -42,7 +42,6 @@ from ascendbind.values.cpulist import parse_mask
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.audit import Reads
-from tests.builders import daemon_loops
 from tests.daemon_harness import ROOT, DaemonProc, base_env, metric_value, wait_for
 from tests.irqbalance_harness import restore_irq_masks
 from tests.workers import cpus_allowed_of, start_worker
@@ -269,13 +268,6 @@ def _mode(d: Daemon) -> tuple[str, str] | None:
 def _events_queued(rec: Reconciler, timeout: float = 10.0) -> bool:
     """Wait until the loop's events socket has something queued (False at the deadline)."""
     return bool(select.select([rec.thread_events.fileno()], [], [], timeout)[0])
-
-
-@pytest.fixture
-def loop(tmp_path):
-    """``make(**settings) -> (daemon, reconciler)``, each loop closed after the test."""
-    with daemon_loops(tmp_path) as make:
-        yield make
 
 
 def _events_or_skip(d: Daemon, rec: Reconciler) -> None:

@@ -25,7 +25,7 @@ from ascendbind.values.config import Config
 from ascendbind.errors import ConfigError, DiscoveryError
 from tests.daemon_harness import metric_value, running_daemon, wait_for
 from tests.hostile_workers import thread_flood_worker
-from tests.test_thread_events import CPUS, _bind, _events_or_skip, _events_queued, _mode, loop, two_cpus  # noqa: F401 (loop: a fixture)
+from tests.test_thread_events import CPUS, _bind, _events_or_skip, _events_queued, _mode, two_cpus
 from tests.workers import cpus_allowed_of, start_worker
 
 # ---------------------------------------------------------------- the budget alone
