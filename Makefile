@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-numa test-isolation-guest test-arm64 test-arm64-suite test-systemd test-stress run lint bench clean install-service install-completion
+.PHONY: install test soak test-numa test-isolation-guest test-arm64 test-arm64-suite test-systemd test-stress run lint bench clean install-service install-completion
 
 install: $(STAMP)
 
@@ -14,9 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more (.ci/run sets it)
+# ARM64_GUEST=1: the arm64 guest too (make test-arm64), several minutes of emulation more (.ci/run sets it).
+# One pytest process; what is mostly computation or emulation runs beside it from the end of
+# collection: the NUMA guests, and the Debian roots' host-independent files at nice 19
+# (tests/conftest.py); their tests wait for them at the end of the session.
 test: install
 	$(BIN)/python -m pytest -q
+
+# the soak-marked tests (tests/soak.py) at their large counts: thousands of pid recycles,
+# ten thousand fuzzed requests, binds timed while another uid hogs the socket (a few minutes)
+soak: install
+	$(BIN)/python -m pytest -q -m soak --soak
 
 # the tests of tests/numa/ on real multi-NUMA kernels: a 2-node and a 4-node QEMU guest of this
 # machine's kernel, and the isolation guest (make test runs them too, through tests/test_numa_guest.py)

@@ -33,7 +33,6 @@ per-thread counters the parent reads before and after ``run`` cover the run.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -41,12 +40,8 @@ import threading
 import time
 from array import array
 
-PR_SET_NAME = 15
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def name_self(name: str) -> None:
-    _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from threadname import name_self  # noqa: E402
 
 
 def work(n: int) -> int:

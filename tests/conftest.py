@@ -73,6 +73,47 @@ def nobody_prefix():
     return NOBODY
 
 
+@pytest.fixture
+def daemon_survives(daemon):
+    """For a module sharing one ``daemon`` (tests/daemon_harness.py) between its tests: after
+    each, the daemon still answers and holds no worker, and its ``listed`` file (the pids a
+    test's fake npu-smi lists, where the module keeps one) is empty again."""
+    yield
+    from tests.daemon_harness import survives_and_releases
+
+    survives_and_releases(daemon)
+    if getattr(daemon, "listed", None):
+        with open(daemon.listed, "w"):
+            pass
+
+
+@pytest.fixture
+def defaults_only(monkeypatch):
+    """No ``ASCENDBIND_*`` variable of the environment the tests run in reaches the test: an
+    operator's settings must not leak into what is compared with the defaults' answers."""
+    for key in [k for k in os.environ if k.startswith("ASCENDBIND_")]:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def loop(tmp_path):
+    """``make(**settings) -> (daemon, reconciler)``: real daemons and their reconcile loops,
+    driven pass by pass by the test (tests/builders.py); every loop closed after it."""
+    from tests.builders import daemon_loops
+
+    with daemon_loops(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture
+def which_hierarchy(record_property):
+    """Records (and prints) which cpuset cgroup hierarchy a test ran on (tests/cpuset_cgroups.py)."""
+    from tests import cpuset_cgroups
+
+    record_property("cpuset_cgroup", cpuset_cgroups.VERSION)
+    print(f"\ncpuset cgroup: {cpuset_cgroups.VERSION} at {cpuset_cgroups.ROOT}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _logs_to_the_real_stderr():
     """The background threads of in-process daemons (locality rounds, memory moves) log
@@ -98,6 +139,15 @@ def pytest_addoption(parser):
     parser.addoption("--shuffle", metavar="SEED", default=None,
                      help="run the collected tests in an order shuffled with SEED (finds tests that "
                           "depend on the tests before them)")
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run the soak-marked tests at their large counts (tests/soak.py; make soak)")
+
+
+def pytest_configure(config):
+    if config.getoption("--soak"):
+        from tests import soak
+
+        os.environ[soak.ENV] = "1"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -106,16 +156,39 @@ def pytest_collection_modifyitems(config, items):
         import random
 
         random.Random(seed).shuffle(items)
-    # the NUMA guests boot in the background once collection ends (pytest_collection_finish);
-    # their tests wait for them at the end of the session, after everything else
+    # the NUMA guests boot, and the Debian roots run their host-independent files, in the
+    # background once collection ends (pytest_collection_finish); the tests that read those
+    # runs wait for them at the end of the session, after everything else (the guests last)
+    later = [item for item in items if _roots_background_item(item)]
     guests = [item for item in items if item.nodeid.startswith(NUMA_GUEST_TESTS)]
-    if guests:
-        items[:] = [item for item in items if not item.nodeid.startswith(NUMA_GUEST_TESTS)] + guests
+    if later or guests:
+        items[:] = [item for item in items if item not in later and item not in guests] + later + guests
 
 
 NUMA_GUEST_TESTS = "tests/test_numa_guest.py"
 ARM64_GUEST_TEST = "test_the_arm64_tests_pass"
+ROOTS_BACKGROUND_TEST = "tests/test_debian_roots.py::test_the_host_independent_tests_pass"
 _numa_guests = None  # tests/numa_guest.py's Background run, while the session has one
+_roots_background = None  # tests/debian_roots.py's Background run, while the session has one
+
+
+def _roots_background_item(item) -> bool:
+    return item.nodeid.startswith(ROOTS_BACKGROUND_TEST + "[")
+
+
+def _start_roots_background(session) -> None:
+    """The Debian roots' host-independent runs, started now beside the suite (their test
+    waits for them at the end): pure computation, while the host's tests mostly wait."""
+    global _roots_background
+    suites = sorted({item.callspec.params["root"] for item in session.items
+                     if _roots_background_item(item) and hasattr(item, "callspec")})
+    if not suites:
+        return
+    from tests import debian_roots
+
+    ready = debian_roots.Background.wanted(suites)
+    if ready:
+        _roots_background = debian_roots.Background(ready)
 
 
 def pytest_collection_finish(session):
@@ -124,6 +197,7 @@ def pytest_collection_finish(session):
     global _numa_guests
     if session.config.option.collectonly:
         return
+    _start_roots_background(session)
     from tests import arm64_guest, numa_guest
 
     guests = [item for item in session.items if item.nodeid.startswith(NUMA_GUEST_TESTS)]
@@ -149,6 +223,8 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _roots_background is not None:
+        _roots_background.stop()
     if _numa_guests is not None:
         import shutil
 
@@ -163,3 +239,9 @@ def pytest_sessionfinish(session, exitstatus):
 def numa_guests():
     """The session's background guest run (None when this session started none)."""
     return _numa_guests
+
+
+@pytest.fixture(scope="session")
+def roots_background():
+    """The session's background run of the Debian roots (None when this session started none)."""
+    return _roots_background

@@ -55,10 +55,16 @@ _BIND = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 MS_BIND = 4096
-if libc.mount(sys.argv[1].encode(), b"/proc/devices", None, MS_BIND, None) != 0:
-    sys.exit(f"bind /proc/devices: errno {ctypes.get_errno()}")
-os.execv(sys.argv[2], sys.argv[2:])
+if libc.mount(sys.argv[1].encode(), sys.argv[2].encode(), None, MS_BIND, None) != 0:
+    sys.exit(f"bind {sys.argv[2]}: errno {ctypes.get_errno()}")
+os.execv(sys.argv[3], sys.argv[3:])
 """
+
+
+def with_bind_mount(source: str, target: str, argv: list[str]) -> list[str]:
+    """``argv`` run in a mount namespace of its own in which ``source`` is bind-mounted over
+    ``target`` (the host's mount table never sees it)."""
+    return ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _BIND, source, target, *argv]
 
 
 def npu_major() -> int:
@@ -141,8 +147,7 @@ def daemon_with_driver_major(directory: str, major: int) -> list[str]:
     fake = os.path.join(directory, "proc-devices")
     with open(fake, "w") as fh:
         fh.write(head.rstrip("\n") + f"\n{major:3d} devdrv-cdev\n\n{sep}{block}")
-    return ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _BIND, fake, sys.executable,
-            "-m", "ascendbind.cli", "serve"]
+    return with_bind_mount(fake, "/proc/devices", [sys.executable, "-m", "ascendbind.cli", "serve"])
 
 
 FIXTURE_NPU_SMI = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "bin",

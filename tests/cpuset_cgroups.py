@@ -27,6 +27,8 @@ import os
 import tempfile
 from collections.abc import Iterator, Sequence
 
+from tests.builders import write_once
+
 __all__ = ["VERSION", "ROOT", "EFFECTIVE", "why_not", "cpuset_tree", "kubepods_lock", "move", "set_cpus", "effective"]
 
 _V1 = "/sys/fs/cgroup/cpuset"
@@ -57,22 +59,14 @@ def why_not() -> str | None:
     return None
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def move(cgroup: str, pid: int) -> None:
     """Move process ``pid`` (all its threads) into ``cgroup``."""
-    _write(os.path.join(cgroup, "cgroup.procs"), str(pid))
+    write_once(os.path.join(cgroup, "cgroup.procs"), str(pid))
 
 
 def set_cpus(cgroup: str, cpus: str) -> None:
     """Give ``cgroup`` the CPUs ``cpus`` (a cpulist); the kernel narrows its tasks to them."""
-    _write(os.path.join(cgroup, "cpuset.cpus"), cpus)
+    write_once(os.path.join(cgroup, "cpuset.cpus"), cpus)
 
 
 def effective(cgroup: str) -> str:
@@ -126,11 +120,11 @@ def _tree(levels: Sequence[str], cpus: str, at_root: bool, parents: str | None) 
                     continue
                 os.mkdir(path)
                 made.append(path)
-                _write(os.path.join(path, "cpuset.mems"), mems)
-                _write(os.path.join(path, "cpuset.cpus"), cpus if path == paths[-1] or parents is None else parents)
+                write_once(os.path.join(path, "cpuset.mems"), mems)
+                write_once(os.path.join(path, "cpuset.cpus"), cpus if path == paths[-1] or parents is None else parents)
         else:
             if not _enabled(ROOT):
-                _write(os.path.join(ROOT, "cgroup.subtree_control"), "+cpuset")
+                write_once(os.path.join(ROOT, "cgroup.subtree_control"), "+cpuset")
                 root_enabled_here = True
             for path in paths:
                 if at_root and os.path.isdir(path):
@@ -138,12 +132,12 @@ def _tree(levels: Sequence[str], cpus: str, at_root: bool, parents: str | None) 
                 os.mkdir(path)
                 made.append(path)
                 if path != paths[-1]:  # a parent: no process of its own, its children get the controller
-                    _write(os.path.join(path, "cgroup.subtree_control"), "+cpuset")
-            _write(os.path.join(paths[-1], "cpuset.cpus"), cpus)
+                    write_once(os.path.join(path, "cgroup.subtree_control"), "+cpuset")
+            write_once(os.path.join(paths[-1], "cpuset.cpus"), cpus)
         yield paths[-1]
     finally:
         for path in reversed(made):
             os.rmdir(path)
         if root_enabled_here:
             with contextlib.suppress(OSError):  # another user of the controller keeps it enabled
-                _write(os.path.join(ROOT, "cgroup.subtree_control"), "-cpuset")
+                write_once(os.path.join(ROOT, "cgroup.subtree_control"), "-cpuset")

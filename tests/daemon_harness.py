@@ -60,7 +60,18 @@ def base_env(sock: str, state_dir: str, port: int, **extra: str) -> dict[str, st
     return env
 
 
-class DaemonProc:
+class Spawned:
+    """A process a test starts and stops; ``proc`` while it runs."""
+
+    proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+class DaemonProc(Spawned):
     def __init__(self, directory: str, env: dict[str, str], argv: list[str] | None = None) -> None:
         self.dir = directory
         self.sock = env["ASCENDBIND_SOCKET"]
@@ -95,10 +106,11 @@ class DaemonProc:
     def wait_discovered(self, timeout: float = 15.0 * PATIENCE) -> None:
         assert wait_for(lambda: self.client.health()["discovery"] == "ok", timeout), self.log()
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+    def worker_entry(self, pid: int) -> dict:
+        """The daemon's ``/v1/workers`` entry for ``pid`` (the request must succeed)."""
+        status, body = self.curl("GET", f"/v1/workers?pid={pid}")
+        assert status == 200, body
+        return body["workers"][0]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

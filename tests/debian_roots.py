@@ -215,15 +215,98 @@ def _in_root_argv(root: Path, argv: list[str], *, overlay: bool, scratch: str = 
             str(root), scratch if overlay else "", *pairs, "--", *argv]
 
 
-def run_in(root: Path, argv: list[str], *, overlay: bool = True, cwd: str = "/src", timeout: float = 600,
-           binds_src: Path = ROOT, binds: tuple[tuple[Path, str], ...] = ()) -> subprocess.CompletedProcess:
+def run_in(root: Path, argv: list[str], *, overlay: bool = True, cwd: str = "/src", timeout: float | None = 600,
+           binds_src: Path = ROOT, binds: tuple[tuple[Path, str], ...] = (), nice: int = 0,
+           started=None) -> subprocess.CompletedProcess:
     """Run ``argv`` in ``root`` from ``cwd`` (see the module's docstring), ``binds_src`` at
-    /src and each (directory, path) of ``binds`` at its path; the completed process."""
+    /src and each (directory, path) of ``binds`` at its path; the completed process.
+    ``nice``: run it (and all it starts) that much nicer, in a process group of its own,
+    handed to ``started`` as soon as it runs (``Background`` renices and kills it)."""
     with tempfile.TemporaryDirectory(prefix="ascendbind-root-") as scratch:
         inner = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
-        return subprocess.run(_in_root_argv(root, inner, overlay=overlay, scratch=scratch,
-                                            binds=((binds_src, "/src"), *binds)),
-                              capture_output=True, text=True, timeout=timeout)
+        full = _in_root_argv(root, inner, overlay=overlay, scratch=scratch, binds=((binds_src, "/src"), *binds))
+        if nice:
+            full = ["nice", "-n", str(nice), *full]
+        with subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=bool(nice)) as proc:
+            if started is not None:
+                started(proc)
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
+        return subprocess.CompletedProcess(full, proc.returncode, out, err)
+
+
+def pytest_argv(*args: str) -> list[str]:
+    """The root's own pytest over ``args``, as the suite runs it there."""
+    return ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *args]
+
+
+class Background:
+    """The host-independent files run in each root while the rest of the suite runs.
+
+    They are pure computation (planner, parsers, goldens: about a minute of one CPU per
+    root), while the host's tests mostly wait on real processes, daemons, systemd and the
+    kernel. Run at the lowest priority (nice 19, the whole process group), they take only
+    the CPU time the suite leaves idle; the test that needs a result raises them back to
+    the normal priority before it waits, so a run the suite starved still ends promptly.
+    One root after the other, in a thread of the session."""
+
+    NICE = 19
+
+    def __init__(self, suites: list[str]) -> None:
+        import threading
+
+        self.suites = list(suites)
+        self._done = {suite: threading.Event() for suite in self.suites}
+        self._results: dict[str, subprocess.CompletedProcess | BaseException] = {}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._stopped = False
+        threading.Thread(target=self._run_all, name="debian-roots", daemon=True).start()
+
+    @staticmethod
+    def wanted(suites) -> list[str]:
+        """The suites a background run can start for now: mmdebstrap present (else the tests
+        say why) and the root already built (a build is the test's, in turn)."""
+        if shutil.which("mmdebstrap") is None:
+            return []
+        return [suite for suite in suites if _ready(root_path(suite))]
+
+    def _run_all(self) -> None:
+        for suite in self.suites:
+            try:
+                if self._stopped:
+                    raise RuntimeError("the session ended before this root's run started")
+                self._results[suite] = run_in(
+                    root_path(suite), pytest_argv(*HOST_INDEPENDENT), timeout=None, nice=self.NICE,
+                    started=lambda proc, suite=suite: self._procs.__setitem__(suite, proc))
+            except BaseException as exc:  # the test that asks reports it
+                self._results[suite] = exc
+            finally:
+                self._done[suite].set()
+
+    def result(self, suite: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """``suite``'s completed run, waiting for it (at the normal priority) up to ``timeout`` s."""
+        for proc in self._procs.values():
+            with contextlib.suppress(OSError):  # PermissionError: only root may lower a nice value
+                os.setpriority(os.PRIO_PGRP, proc.pid, 0)
+        self.NICE = 0  # a root not started yet starts at the normal priority
+        if not self._done[suite].wait(timeout):
+            raise TimeoutError(f"the {suite} root's host-independent run took over {timeout:g} s past the suite")
+        out = self._results[suite]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def stop(self) -> None:
+        """Kill what still runs (the session is over)."""
+        self._stopped = True
+        for proc in self._procs.values():
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, 9)
 
 
 def _source_key() -> str:

@@ -46,6 +46,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 
 from tests.containers import contained_worker
+from tests.threadname import program
 from tests.workers import _CHILD, PipeChild, reap
 
 __all__ = ["unserved_fuse_dev", "raw_environ_worker", "rewritten_environ_worker", "FUSE_DEV", "thread_flood_worker",
@@ -160,12 +161,12 @@ def rewritten_environ_worker(size: int) -> Iterator[tuple[PipeChild, int]]:
 
 # stdin: "on" / "off" (answered "ok" once the creators run / have stopped), "count" (threads
 # started so far); the creators wait on a condition while off
-_FLOOD_PY = r"""
+_FLOOD_PY = program(r"""
 import ctypes, sys, threading
 libc = ctypes.CDLL(None, use_errno=True)
 NAMES = [f"acl_thread_{i}".encode() for i in range(16)]
 def body(name):
-    libc.prctl(15, name, 0, 0, 0)
+    libc.prctl(PR_SET_NAME, name, 0, 0, 0)  # name_self's call without its checks: this is the hot loop
 cond = threading.Condition()
 want, running, started = False, 0, 0
 def creator():
@@ -208,7 +209,7 @@ for line in sys.stdin:
         else:
             out.write("?\n")
     out.flush()
-"""
+""")
 
 _FLOOD_C = r"""
 #define _GNU_SOURCE
@@ -281,10 +282,6 @@ class FloodWorker(PipeChild):
     def started(self) -> int:
         """Threads started since the worker began (counted in batches of 64 per creator)."""
         return int(self._ask("count"))
-
-    def rename(self, tid: int, name: str) -> None:
-        """The worker renames its own thread ``tid`` (the Python flooder only)."""
-        self._ask(f"rename {tid} {name}")
 
 
 def _native_flooder(directory: str) -> list[str]:

@@ -55,6 +55,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.daemon_harness import FIXTURE_BIN, DaemonProc, base_env, free_port  # noqa: E402
+from tests.threadname import program  # noqa: E402
 
 WQ = "/sys/devices/virtual/workqueue"
 # the fixture npu-smi's two NPUs: NPU 0 near the lowest CPU this process may use, NPU 1 near the
@@ -64,10 +65,9 @@ NPU_CPUS = tuple(sorted(os.sched_getaffinity(0))[:2])
 WATCHDOG = "/proc/sys/kernel/watchdog_cpumask"
 
 # a process of the host: named, with threads, acting on its own affinity when asked
-CHILD = r"""
-import ctypes, os, sys, threading
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(15, ctypes.c_char_p(sys.argv[1].encode()[:15]), 0, 0, 0)
+CHILD = program(r"""
+import os, sys, threading
+name_self(sys.argv[1])
 ev = threading.Event()
 for i in range(int(sys.argv[2])):
     threading.Thread(target=ev.wait, daemon=True).start()
@@ -103,7 +103,7 @@ for line in sys.stdin:
         p = subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[1] + "_c", "1", sys.argv[3]],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         print(p.stdout.readline().strip(), flush=True)
-"""
+""")
 
 
 # what ``run`` execs the CHILD script with (stdlib only): an interpreter every user may execute,

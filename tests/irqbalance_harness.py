@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import wait_for
+from tests.builders import write_once
+from tests.daemon_harness import Spawned, wait_for
 from tests.deploy_tools import missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +78,7 @@ def restore_irq_masks(saved: dict[int, str]) -> None:
         with contextlib.suppress(OSError):
             if Path(f"/proc/irq/{irq}/smp_affinity").read_text().strip() == text:
                 continue
-            fd = os.open(f"/proc/irq/{irq}/smp_affinity", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+            write_once(f"/proc/irq/{irq}/smp_affinity", text)
 
 
 def listening_names(pid: int) -> list[str]:
@@ -110,22 +107,12 @@ def _abstract_taken() -> bool:
 
 def take_abstract_lock() -> int:
     """A descriptor holding the lock on irqbalance's abstract address (closing it releases it)."""
-    fd = os.open(ABSTRACT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-    def take() -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
-    if not wait_for(take, 120):
-        os.close(fd)
-        pytest.fail(f"{ABSTRACT_LOCK} stayed locked for 120 s")
-    return fd
+    return _flock(ABSTRACT_LOCK, "irqbalance's abstract address", 120)
 
 
-def _flock(path: str, what: str) -> int:
+def _flock(path: str, what: str, patience: float = 300) -> int:
+    """A descriptor holding an exclusive lock on ``path`` (made if missing), taken within
+    ``patience`` seconds or the test fails."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def take() -> bool:
@@ -135,9 +122,9 @@ def _flock(path: str, what: str) -> int:
             return False
         return True
 
-    if not wait_for(take, 300):
+    if not wait_for(take, patience):
         os.close(fd)
-        pytest.fail(f"{path} ({what}) stayed locked for 300 s")
+        pytest.fail(f"{path} ({what}) stayed locked for {patience:g} s")
     return fd
 
 
@@ -161,7 +148,7 @@ def abstract_address_lock():
         os.close(fd)
 
 
-class Irqbalance:
+class Irqbalance(Spawned):
     def __init__(self, tmp_path: Path, *, banirq=(), own_run: bool = True, interval: int | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.tmp_path = tmp_path
@@ -173,11 +160,6 @@ class Irqbalance:
         self.lock_fd: int | None = None
         self.masks_fd: int | None = None
         self.saved_masks: dict[int, str] = {}
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
     def start(self) -> Irqbalance:
         exe = irqbalance_binary()

@@ -159,3 +159,5 @@ def worker_pod(name: str, image: str, *, socket_dir: str, worker_dir: str, cpu: 
 
 
 WORKER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kube_worker.py")
+# what the pod's worker directory holds: the program and the module it names its threads with
+WORKER_FILES = (WORKER_PROGRAM, os.path.join(os.path.dirname(WORKER_PROGRAM), "threadname.py"))

@@ -3,18 +3,19 @@ bound the process): the named threads a vLLM-Ascend worker has beside its main t
 (torch_npu's ``acl_thread`` and ``release_thread``, a vLLM worker thread), then it waits
 until the kubelet stops it. Prints ``ready`` once every thread runs."""
 
-import ctypes
+import os
 import signal
 import sys
 import threading
 
-PR_SET_NAME = 15
-libc = ctypes.CDLL(None)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside it in the pod: threadname.py
+from threadname import name_self  # noqa: E402
+
 started = threading.Barrier(4)
 
 
 def named(name: str) -> None:
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()), 0, 0, 0)
+    name_self(name)
     started.wait()
     threading.Event().wait()
 

@@ -45,14 +45,11 @@ import time
 PAGE = mmap.PAGESIZE
 HUGE = 2 << 20
 MAP_HUGETLB = 0x40000
-PR_SET_NAME = 15
 WINDOW = 64 << 20
 
 libc = ctypes.CDLL(None, use_errno=True)
-
-
-def name_self(name: str) -> None:
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/, for threadname
+from threadname import name_self  # noqa: E402
 
 
 def address(m: mmap.mmap) -> int:

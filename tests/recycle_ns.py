@@ -51,15 +51,16 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ascendbind.values.config import Config  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
 from ascendbind.daemon.core import Daemon  # noqa: E402
 from ascendbind.daemon.watch.reconcile import Reconciler  # noqa: E402
 from ascendbind.errors import AscendbindError  # noqa: E402
+from tests.builders import fixture_config  # noqa: E402
 from tests.daemon_harness import metric_value  # noqa: E402
 
 FIXTURE_NPU_SMI = os.path.join(ROOT, "fixtures", "bin", "npu-smi")
@@ -194,8 +195,8 @@ def _fresh_tick() -> None:
 
 def run_trials(kind: str, trials: int, state_dir: str) -> dict:
     hook: list[Trial] = []
-    config = Config(small_pool="share", state_dir=state_dir, npu_smi=FIXTURE_NPU_SMI, memory_check_seconds=0)
-    daemon = Daemon(config, before_writes=lambda *a: hook[-1](*a) if hook else None)
+    daemon = Daemon(fixture_config(Path(state_dir).parent, state_dir=state_dir),
+                    before_writes=lambda *a: hook[-1](*a) if hook else None)
     # a bind that names its NPU is checked against npu-smi's table after its answer, and that run
     # forks in this namespace, where the trials place pids by hand: these trials are about identity
     daemon.npu_check.close()

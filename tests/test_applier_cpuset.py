@@ -22,13 +22,8 @@ CPUS = sorted(os.sched_getaffinity(0))
 pytestmark = [
     pytest.mark.skipif(len(CPUS) < 2, reason="narrowing needs 2 CPUs"),
     pytest.mark.skipif(cpuset_cgroups.why_not() is not None, reason=str(cpuset_cgroups.why_not())),
+    pytest.mark.usefixtures("which_hierarchy"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _which_hierarchy(record_property):
-    record_property("cpuset_cgroup", cpuset_cgroups.VERSION)
-    print(f"\ncpuset cgroup: {cpuset_cgroups.VERSION} at {cpuset_cgroups.ROOT}")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from bench.effect import (StandInProc, arm_result, latency_summary, log_histogra
                           pin_all, ratios)
 from tests.daemon_harness import wait_for
 from tests.deploy_tools import missing
+from tests.threadname import program
 
 
 def _comm(pid: int, tid: int) -> str:
@@ -195,15 +196,14 @@ def test_make_bench_keeps_the_sections_written_by_hand_where_they_were():
 # "CPU 0/TCG" spinning on one host CPU (the lowest it may use: CPU 0 on most machines) beside a
 # second spinner there (so it waits on the run queue half the time), "CPU 1/TCG" asleep; it says
 # "ready" once every thread is named and placed
-_EMULATOR = r"""
-import ctypes, os, sys, threading
-libc = ctypes.CDLL(None)
-libc.prctl(15, b"qemu-system-x86", 0, 0, 0)
+_EMULATOR = program(r"""
+import os, sys, threading
+name_self(b"qemu-system-x86")
 named = threading.Barrier(4)
 never, _keep = os.pipe()  # a pipe of its own that nobody writes (sys.stdin has a lock a second reader waits on)
 one_cpu = {min(os.sched_getaffinity(0))}
 def thread(name, spin):
-    libc.prctl(15, name, 0, 0, 0)
+    name_self(name)
     if spin:
         os.sched_setaffinity(0, one_cpu)
     named.wait()
@@ -216,7 +216,7 @@ threading.Thread(target=thread, args=(b"contender", True), daemon=True).start()
 named.wait()
 print("ready", flush=True)
 sys.stdin.read()
-"""
+""")
 
 
 def test_the_emulators_vcpu_threads_are_found_by_name_and_their_waits_added_up_per_arm():

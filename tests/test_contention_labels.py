@@ -24,6 +24,8 @@ from collections.abc import Iterator
 import pytest
 
 from ascendbind.values.cpulist import format_cpulist
+from tests.builders import write_once
+from tests.containers import with_bind_mount
 from tests.cpuset_cgroups import kubepods_lock
 from tests.daemon_harness import DaemonProc, base_env, free_port, running_daemon, wait_for
 from tests.workers import PipeChild, start_worker
@@ -50,14 +52,6 @@ pytestmark = pytest.mark.skipif(ROOT is None or os.geteuid() != 0,
                                 reason="needs root and a writable cgroup hierarchy")
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def _made(*paths: str) -> Iterator[None]:
     """Each of ``paths`` made (parents first) unless it exists; the ones made here removed
@@ -73,15 +67,6 @@ def _made(*paths: str) -> Iterator[None]:
         for path in reversed(made):
             os.rmdir(path)
 
-
-_BIND_LOGS = r"""
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-MS_BIND = 4096
-if libc.mount(sys.argv[1].encode(), b"/var/log", None, MS_BIND, None) != 0:
-    sys.exit(f"bind /var/log: errno {ctypes.get_errno()}")
-os.execv(sys.argv[2], sys.argv[2:])
-"""
 
 # uid 1234 in its delegated cgroup: makes the tree given below it, moves itself into the
 # leaf, says so, and waits for its stdin to close
@@ -126,8 +111,7 @@ def test_pod_names_come_from_the_kubelets_cgroup_never_from_a_delegated_one(tmp_
     logs = _pod_logs(str(tmp_path), "infer", "vllm-0", "engine")
     # both workers on the one NPU of the fixture npu-smi
     env = base_env(str(tmp_path / "s.sock"), str(tmp_path / "state"), free_port(), ASCENDBIND_ALLOW_SHARED_NPU="true")
-    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _BIND_LOGS, logs,
-            sys.executable, "-m", "ascendbind.cli", "serve"]
+    argv = with_bind_mount(logs, "/var/log", [sys.executable, "-m", "ascendbind.cli", "serve"])
     test_top = os.path.join(ROOT, f"ascendbind-test-{os.getpid()}")
     delegated = os.path.join(test_top, f"user@{ATTACKER}.service")
     kube = [os.path.join(ROOT, "kubepods"), os.path.join(ROOT, "kubepods", "burstable"),
@@ -142,12 +126,12 @@ def test_pod_names_come_from_the_kubelets_cgroup_never_from_a_delegated_one(tmp_
         attacker = None
         try:
             with start_worker(plain=1, acl=1, release=1) as victim:
-                _write(os.path.join(kube[-1], "cgroup.procs"), str(victim.pid))  # as the runtime does
+                write_once(os.path.join(kube[-1], "cgroup.procs"), str(victim.pid))  # as the runtime does
                 attacker = PipeChild(subprocess.Popen(
                     ["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
                      "/usr/bin/python3", "-c", _ATTACKER, delegated, layout],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-                _write(os.path.join(delegated, "cgroup.procs"), str(attacker.pid))  # where systemd starts it
+                write_once(os.path.join(delegated, "cgroup.procs"), str(attacker.pid))  # where systemd starts it
                 assert attacker._ask("go") == "moved"
                 with open(f"/proc/{attacker.pid}/cgroup") as fh:
                     assert f"/{layout}\n" in fh.read()  # it really is in the pod-looking cgroup it made

@@ -81,12 +81,6 @@ def bound_pod_worker(d, kubelet: str, cpus: str):
         yield cg, w, body
 
 
-def listing(d, pid: int) -> dict:
-    status, body = d.curl("GET", f"/v1/workers?pid={pid}")
-    assert status == 200, body
-    return body["workers"][0]
-
-
 def thread_masks(pid: int) -> dict[str, frozenset[int] | None]:
     """comm -> Cpus_allowed_list of every thread, read from /proc."""
     out = {}
@@ -107,7 +101,7 @@ def want_of(plan_npu: dict, name: str) -> frozenset[int]:
 def replanned_onto(d, w, cpus: list[int]) -> bool:
     """The worker is bound by a plan whose pool is ``cpus``, every thread is on its role's CPUs
     of that plan, and it is not left alone."""
-    x = listing(d, w.pid)
+    x = d.worker_entry(w.pid)
     npu = x["plan"]["npus"]["0"]
     if npu["pool"] != cpus or x["drift"]["left_alone"]:
         return False
@@ -131,7 +125,7 @@ def stays(d, w, cpus: list[int], more: int = 3) -> None:
     """``more`` further passes leave it bound there: nothing re-asserts, nothing gives up."""
     start = passes(d)
     assert wait_for(lambda: passes(d) >= start + more, WAIT), story(d)
-    assert replanned_onto(d, w, cpus), (listing(d, w.pid), thread_masks(w.pid), story(d))
+    assert replanned_onto(d, w, cpus), (d.worker_entry(w.pid), thread_masks(w.pid), story(d))
 
 
 def test_a_pod_whose_cpus_move_is_planned_again_each_time_and_never_blamed_external(node):
@@ -148,9 +142,9 @@ def test_a_pod_whose_cpus_move_is_planned_again_each_time_and_never_blamed_exter
         moved_at = time.monotonic()
         assert cpuset_cgroups.effective(cg) == str(there)
         assert wait_for(lambda: replanned_onto(d, w, [there]), WAIT), \
-            (listing(d, w.pid), thread_masks(w.pid), story(d))
+            (d.worker_entry(w.pid), thread_masks(w.pid), story(d))
         print(f"\nplanned again {time.monotonic() - moved_at:.2f} s after the cpuset moved (reconcile_seconds = 1)")
-        x = listing(d, w.pid)
+        x = d.worker_entry(w.pid)
         assert x["drift"]["culprit"] == "cpuset" and "cpuset changed" in x["drift"]["blame"], x["drift"]
         assert x["cpulists"]["allowed"] == str(there) and x["plan"]["pool_source"]["source"] == "cpuset"
         stays(d, w, [there])
@@ -159,9 +153,9 @@ def test_a_pod_whose_cpus_move_is_planned_again_each_time_and_never_blamed_exter
         checkpoint(kubelet, str(here))
         cpuset_cgroups.set_cpus(cg, str(here))
         assert wait_for(lambda: replanned_onto(d, w, [here]), WAIT), \
-            (listing(d, w.pid), thread_masks(w.pid), story(d))
+            (d.worker_entry(w.pid), thread_masks(w.pid), story(d))
         stays(d, w, [here])
-        x = listing(d, w.pid)
+        x = d.worker_entry(w.pid)
         assert x["drift"]["culprit"] == "cpuset" and not x["drift"]["left_alone"], x["drift"]
         text = d.metrics_text()
         assert replans(d, "cpuset_changed", "rebound") >= before + 2
@@ -180,16 +174,16 @@ def test_a_cpuset_no_plan_fits_waits_for_kubelets_proof_and_a_widened_one_is_pla
         cpuset_cgroups.set_cpus(cg, str(there))
 
         def stuck() -> bool:
-            drift = listing(d, w.pid)["drift"]
+            drift = d.worker_entry(w.pid)["drift"]
             return drift["left_alone"] and drift["culprit"] == "cpuset" and "no plan fits" in drift["left_alone_why"]
-        assert wait_for(stuck, WAIT), f"{listing(d, w.pid)['drift']}\n{story(d)}"
+        assert wait_for(stuck, WAIT), f"{d.worker_entry(w.pid)['drift']}\n{story(d)}"
         # nothing fights the kernel meanwhile: the threads stay where it put them
         assert set(thread_masks(w.pid).values()) == {frozenset({there})}
         assert replans(d, "cpuset_changed", "failed") >= 1
 
         checkpoint(kubelet, str(there))  # kubelet catches up: the proof re-plans it
         assert wait_for(lambda: replanned_onto(d, w, [there]), WAIT), \
-            (listing(d, w.pid), thread_masks(w.pid), story(d))
+            (d.worker_entry(w.pid), thread_masks(w.pid), story(d))
         assert replans(d, "checkpoint_changed", "rebound") >= 1
 
         # the pod gets every CPU: no thread leaves its CPUs (the kernel keeps the masks it was
@@ -197,6 +191,6 @@ def test_a_cpuset_no_plan_fits_waits_for_kubelets_proof_and_a_widened_one_is_pla
         checkpoint(kubelet, ALL)
         cpuset_cgroups.set_cpus(cg, ALL)
         assert wait_for(lambda: replanned_onto(d, w, CPUS), WAIT), \
-            (listing(d, w.pid), thread_masks(w.pid), story(d))
+            (d.worker_entry(w.pid), thread_masks(w.pid), story(d))
         stays(d, w, CPUS)
         d.curl("POST", "/v1/release", {"pid": w.pid})

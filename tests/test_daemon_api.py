@@ -19,7 +19,7 @@ import pytest
 from ascendbind.applier.affinity import cpus_for_role, role_of
 from ascendbind.values.cpulist import format_cpulist
 from ascendbind.values.model import Mode, NpuPlan
-from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
+from tests.daemon_harness import ROOT, metric_value, public_daemon, wait_for
 from tests.workers import SELF_BINDER, cpus_allowed_of, nodes_with_cpus, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
@@ -32,10 +32,7 @@ def daemon():
         yield d
 
 
-@pytest.fixture(autouse=True)
-def _daemon_survives(daemon):
-    yield
-    survives_and_releases(daemon)
+pytestmark = pytest.mark.usefixtures("daemon_survives")  # each test leaves the shared daemon as it found it
 
 
 def npu_plan(plan_json: dict, npu: int = 0) -> NpuPlan:

@@ -347,9 +347,9 @@ def test_compact_json_keeps_short_values_on_one_line_and_packs_long_lists():
 
 def test_verdicts_survive_the_state_file_and_an_old_unknown_reads_as_external():
     from ascendbind.daemon.watch.held import Held
-    from tests.test_daemon_irq_ownership import _binding
+    from tests.builders import irq_binding
 
-    b = _binding(4242, 0, 120, 121)
+    b = irq_binding(4242, 0, 120, 121)
     h = Held(b, 1.0)
     h.culprit, h.blame, h.left_alone, h.left_alone_why = "self", "CPU_AFFINITY_CONF=1 ...", True, "moved again ..."
     h.irq_culprit, h.irqs_left_alone, h.irqs_left_alone_why = "irqbalance", True, "IRQ masks moved again ..."

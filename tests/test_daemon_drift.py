@@ -23,12 +23,13 @@ import pytest
 from ascendbind.values.cpulist import format_mask, parse_cpulist
 from ascendbind.daemon.watch.evidence import is_arm
 from ascendbind.daemon.watch.held import YOUNG_PASSES
-from tests.daemon_harness import ROOT, DaemonProc, metric_value, running_daemon, survives_and_releases, wait_for
+from tests.daemon_harness import ROOT, DaemonProc, metric_value, running_daemon, wait_for
 from tests.workers import SELF_BINDER, cpus_allowed_of, reap, start_worker
 
 N_CPUS = len(os.sched_getaffinity(0))
 ALL = frozenset(os.sched_getaffinity(0))
-pytestmark = pytest.mark.skipif(N_CPUS < 2, reason="roles and drift only show with 2+ CPUs")
+pytestmark = [pytest.mark.skipif(N_CPUS < 2, reason="roles and drift only show with 2+ CPUs"),
+              pytest.mark.usefixtures("daemon_survives")]  # each test leaves the shared daemon as it found it
 BINDER_ENV = ("CPU_AFFINITY_CONF", "OMP_PROC_BIND", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
 
 
@@ -43,10 +44,6 @@ def daemon():
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture(autouse=True)
-def _release_all(daemon):
-    yield
-    survives_and_releases(daemon)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

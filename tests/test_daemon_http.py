@@ -27,7 +27,8 @@ import pytest
 from ascendbind.client import Client
 from ascendbind.daemon.api.requests import MAX_JSON_DEPTH
 from ascendbind.daemon.api.server import API_LIMITS
-from tests.daemon_harness import ROOT, metric_value, public_daemon, survives_and_releases, wait_for
+from tests import soak
+from tests.daemon_harness import ROOT, metric_value, public_daemon, wait_for
 from tests.http_fuzz import exchange
 from tests.workers import start_worker
 
@@ -42,10 +43,7 @@ def daemon():
         yield d
 
 
-@pytest.fixture(autouse=True)
-def _daemon_survives(daemon):
-    yield
-    survives_and_releases(daemon)
+pytestmark = pytest.mark.usefixtures("daemon_survives")  # each test leaves the shared daemon as it found it
 
 
 def parse(raw: bytes) -> tuple[int, dict[str, str], object]:
@@ -270,6 +268,7 @@ def _stop_abuser(p: subprocess.Popen) -> dict:
 
 
 @needs_setpriv
+@pytest.mark.soak
 def test_root_binds_within_a_second_while_another_uid_hogs_the_socket(daemon):
     refused_before = api_metric(daemon, "ascendbind_connections_refused_total", listener="api")
     timeouts_before = api_metric(daemon, "ascendbind_http_requests_total", path="other", code="408") or 0
@@ -284,7 +283,7 @@ def test_root_binds_within_a_second_while_another_uid_hogs_the_socket(daemon):
         assert wait_for(lambda: api_metric(daemon, "ascendbind_http_requests_total", path="other", code="408")
                         > timeouts_before, 20)
         with start_worker(plain=1, acl=0, release=0) as w:
-            took = [timed_bind(client, w.pid) for _ in range(5)]
+            took = [timed_bind(client, w.pid) for _ in range(soak.count(5, 30))]
         fds_during = open_fds(daemon.pid)
     finally:
         stats = _stop_abuser(abuser)
@@ -329,6 +328,7 @@ def test_a_queued_burst_past_the_old_backlog_gets_answers_not_eagain(daemon, man
     assert set(statuses) <= {200, 503} and statuses.count(200) >= API_LIMITS.max_total, statuses
 
 
+@pytest.mark.soak
 def test_metrics_port_flood_leaves_the_api_answering(daemon, many_fds):
     client = Client(daemon.sock, timeout=30)
     fds_before = open_fds(daemon.pid)
@@ -344,7 +344,7 @@ def test_metrics_port_flood_leaves_the_api_answering(daemon, many_fds):
                         >= 1100 - 16, 20)
         fds_during = max(fds_during, open_fds(daemon.pid))
         with start_worker(plain=1, acl=0, release=0) as w:
-            bind_took = timed_bind(client, w.pid)
+            bind_took = max(timed_bind(client, w.pid) for _ in range(soak.count(1, 30)))
     finally:
         for s in conns:
             s.close()
@@ -357,10 +357,11 @@ def test_metrics_port_flood_leaves_the_api_answering(daemon, many_fds):
 # ---------------------------------------------------------------- fuzz
 
 
+@pytest.mark.soak
 def test_seeded_fuzz_gets_a_status_line_and_json_every_time(daemon):
     with start_worker(plain=1, acl=0, release=0) as w:
         # its own process: a body without "pid" binds the caller, which must not be pytest
-        r = subprocess.run([sys.executable, "-m", "tests.http_fuzz", "--socket", daemon.sock, "--requests", "2000",
+        r = subprocess.run([sys.executable, "-m", "tests.http_fuzz", "--socket", daemon.sock, "--requests", str(soak.count(2000, 10_000)),
                             "--seed", "20261130", "--pid", str(w.pid)], capture_output=True, text=True,
                            cwd=str(ROOT), timeout=600)
     assert r.returncode == 0, r.stderr

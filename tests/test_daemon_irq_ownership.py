@@ -12,50 +12,17 @@ import shutil
 from ascendbind.daemon.watch.held import Held
 from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.values.frozen import frozen_map
-from ascendbind.values.decisions import IrqBinding
-from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.reconcile import Reconciler
-from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
+from ascendbind.values.model import Binding, StepResult
+from tests.builders import START, irq_binding, proc_daemon, proc_tree
 
-START = 5000
-
-
-def _proc_tree(tmp_path, irqs: dict[int, str], live_pids=()):
-    proc = tmp_path / "proc"
-    for irq, mask in irqs.items():
-        (proc / "irq" / str(irq)).mkdir(parents=True)
-        (proc / "irq" / str(irq) / "smp_affinity").write_text(mask + "\n")
-    for pid in live_pids:
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "stat").write_text(f"{pid} (worker) S " + " ".join(["0"] * 18) + f" {START} 0 0\n")
-    (proc / "sys" / "kernel" / "random").mkdir(parents=True)
-    (proc / "sys" / "kernel" / "random" / "boot_id").write_text("test-boot\n")
-    return proc
-
-
-def _binding(pid: int, npu: int, sq: int, cq: int, cpus=(2, 3), saved=("0000ffff", "0000ffff")) -> Binding:
-    pool = tuple(range(cpus[0], cpus[0] + 5))
-    plan = Plan(Mode.TOPO_AFFINITY, DeviceType.A2, None, pool,
-                (NpuPlan(npu, pool, tuple(cpus), pool[2:3], pool[3:4], pool[4:5], (0,)),))
-    writes = [{"irq": sq, "cpus": [cpus[0]], "status": "ok"}, {"irq": cq, "cpus": [cpus[1]], "status": "ok"}]
-    irq_step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound",
-                          frozen_map({"npus": [{"npu": npu, "writes": writes}], "previous": {}}))
-    irqs = (IrqBinding(npu, sq, frozenset({cpus[0]}), saved[0], "ok"),
-            IrqBinding(npu, cq, frozenset({cpus[1]}), saved[1], "ok"))
-    return Binding(pid, START, (npu,), plan, frozenset(range(16)),
-                   frozen_map({sq: saved[0], cq: saved[1]}), (irq_step,), irqs=irqs)
-
-
-def _daemon(tmp_path, proc) -> Daemon:
-    cfg = load_config(None, env={}).replace(proc_root=str(proc), state_dir=str(tmp_path / "state"))
-    return Daemon(cfg)
 
 
 def test_moved_irq_mask_is_set_back_and_blamed_on_irqbalance_when_it_runs(tmp_path):
-    proc = _proc_tree(tmp_path, {120: "00000004", 121: "00000008"}, live_pids=[4242])
-    d = _daemon(tmp_path, proc)
-    h = Held(_binding(4242, 0, 120, 121), 0.0)
+    proc = proc_tree(tmp_path, {120: "00000004", 121: "00000008"}, live_pids=[4242])
+    d = proc_daemon(tmp_path, proc)
+    h = Held(irq_binding(4242, 0, 120, 121), 0.0)
     d.held = {4242: h}  # the daemon acts only on what it holds
     rec = Reconciler(d, reassert_limit=2)
     assert rec._irqs(h) is False  # as we left them
@@ -85,18 +52,18 @@ def test_moved_irq_mask_is_set_back_and_blamed_on_irqbalance_when_it_runs(tmp_pa
 
 def test_dropping_a_gone_worker_restores_irqs_only_of_npus_nobody_live_owns(tmp_path):
     # pid 100 (gone) had NPUs 0 and 1 bound; pid 200 (live) shares NPU 1
-    proc = _proc_tree(tmp_path, {120: "00000004", 121: "00000008", 130: "00000010", 131: "00000020"},
+    proc = proc_tree(tmp_path, {120: "00000004", 121: "00000008", 130: "00000010", 131: "00000020"},
                       live_pids=[200])
-    d = _daemon(tmp_path, proc)
-    gone = _binding(100, 0, 120, 121, saved=("000000ff", "000000ff"))
+    d = proc_daemon(tmp_path, proc)
+    gone = irq_binding(100, 0, 120, 121, saved=("000000ff", "000000ff"))
     irq_step = StepResult(Step.IRQ, Outcome.APPLIED, None, "bound", frozen_map({"npus": [
         {"npu": 0, "writes": [{"irq": 120, "cpus": [2], "status": "ok"}, {"irq": 121, "cpus": [3], "status": "ok"}]},
         {"npu": 1, "writes": [{"irq": 130, "cpus": [4], "status": "ok"}, {"irq": 131, "cpus": [5], "status": "ok"}]},
     ]}))
     gone = Binding(100, START, (0, 1), gone.plan, gone.original_cpus,
                    frozen_map({120: "000000ff", 121: "000000ff", 130: "000000ff", 131: "000000ff"}), (irq_step,),
-                   irqs=(*gone.irqs, *_binding(100, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff")).irqs))
-    live = _binding(200, 1, 130, 131, cpus=(4, 5))
+                   irqs=(*gone.irqs, *irq_binding(100, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff")).irqs))
+    live = irq_binding(200, 1, 130, 131, cpus=(4, 5))
     d.held = {100: Held(gone, 0.0), 200: Held(live, 0.0)}
 
     Reconciler(d).pass_once()
@@ -115,10 +82,10 @@ def test_workers_sharing_an_npu_give_the_host_its_irq_masks_back_whichever_leave
     for first_gone, read_by_second in ((300, ("00000004", "00000008")), (400, ("00000004", "00000008")),
                                        (300, None), (400, None)):
         case = tmp_path / f"{first_gone}-{bool(read_by_second)}"
-        proc = _proc_tree(case, {140: "00000004", 141: "00000008"}, live_pids=[300, 400])
-        d = _daemon(case, proc)
-        first = _binding(300, 2, 140, 141, saved=("000000ff", "0000ff00"))
-        second = _binding(400, 2, 140, 141, saved=read_by_second or (None, None))
+        proc = proc_tree(case, {140: "00000004", 141: "00000008"}, live_pids=[300, 400])
+        d = proc_daemon(case, proc)
+        first = irq_binding(300, 2, 140, 141, saved=("000000ff", "0000ff00"))
+        second = irq_binding(400, 2, 140, 141, saved=read_by_second or (None, None))
         if read_by_second is None:
             second = Binding(400, START, second.npus, second.plan, second.original_cpus, frozen_map({}),
                              second.steps, irqs=second.irqs)
@@ -141,11 +108,11 @@ def test_workers_sharing_an_npu_give_the_host_its_irq_masks_back_whichever_leave
 def test_an_unproven_sharer_owns_no_irq_mask_so_a_gone_proven_holder_gives_them_back(tmp_path):
     # pid 500 (proven, gone) moved NPU 3's IRQs and saved the host's masks; pid 600 (live) shares
     # NPU 3 unproven: its IRQ step was skipped, it saved and wrote nothing, and keeps nothing back
-    proc = _proc_tree(tmp_path, {150: "00000004", 151: "00000008"}, live_pids=[600])
-    d = _daemon(tmp_path, proc)
-    proven = _binding(500, 3, 150, 151, saved=("000000ff", "0000ff00"))
+    proc = proc_tree(tmp_path, {150: "00000004", 151: "00000008"}, live_pids=[600])
+    d = proc_daemon(tmp_path, proc)
+    proven = irq_binding(500, 3, 150, 151, saved=("000000ff", "0000ff00"))
     skipped = StepResult(Step.IRQ, Outcome.SKIPPED, Reason.UNPROVEN, "nothing proves it")
-    unproven = dataclasses.replace(_binding(600, 3, 150, 151), saved_irq_masks=frozen_map({}), irqs=(),
+    unproven = dataclasses.replace(irq_binding(600, 3, 150, 151), saved_irq_masks=frozen_map({}), irqs=(),
                                    steps=(skipped,))
     d.held = {500: Held(proven, 0.0), 600: Held(unproven, 0.0)}
 

@@ -30,11 +30,10 @@ from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.locality import MemoryLocality, ratios_by_npu
 from ascendbind.daemon.api.metrics import Metrics
-from ascendbind.discovery.parse.sysfs import parse_cpulist_file
 from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
 from tests.daemon_harness import ROOT, metric_value, running_daemon, wait_for
 from tests.test_daemon_alignment_metrics import SplitSource, samples, two_node_host
-from tests.workers import start_worker
+from tests.workers import online_nodes, start_worker
 
 # ---------------------------------------------------------------- the rerun rule
 
@@ -236,11 +235,6 @@ def test_low_locality_reruns_the_memory_step_rate_limited_with_backoff(tmp_path)
 # ---------------------------------------------------------------- a real daemon
 
 
-def _host_nodes() -> frozenset[int]:
-    with open("/sys/devices/system/node/online") as fh:
-        return parse_cpulist_file(fh.read(), "/sys/devices/system/node/online")
-
-
 def _cli(d, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ascendbind.cli", *args], capture_output=True, text=True,
                           env=d.env, cwd=str(ROOT), timeout=60)
@@ -251,7 +245,7 @@ def _ratio(d) -> float | None:
 
 
 def test_the_daemon_exports_locality_per_npu_and_drops_it_with_the_worker(tmp_path):
-    one_node = len(_host_nodes()) == 1
+    one_node = len(online_nodes()) == 1
     with running_daemon(str(tmp_path), ASCENDBIND_MEMORY_CHECK_SECONDS="1") as d:
         d.wait_discovered()
         with start_worker(plain=1, acl=0, release=0) as w:
@@ -296,6 +290,6 @@ def test_status_memory_still_lists_pages_per_node(tmp_path):
             r = _cli(d, "status", "--memory", "--format", "json")
             assert r.returncode == 0, r.stderr
             pages = json.loads(r.stdout)["workers"][0]["memory_pages_by_node"]
-            assert pages and set(pages) <= {str(n) for n in _host_nodes()} and all(v > 0 for v in pages.values())
+            assert pages and set(pages) <= {str(n) for n in online_nodes()} and all(v > 0 for v in pages.values())
             d.client.release(w.pid)
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from ascendbind.discovery.gather.process import read_identity
-from tests.daemon_harness import FIXTURE_BIN, ROOT, metric_value, public_daemon, running_daemon, survives_and_releases, wait_for
+from tests.daemon_harness import FIXTURE_BIN, ROOT, metric_value, public_daemon, running_daemon, wait_for
 from tests.workers import cpus_allowed_of, start_worker
 
 _WRAPPER = '''#!{python}
@@ -94,12 +94,7 @@ def daemon():
         yield d
 
 
-@pytest.fixture(autouse=True)
-def _clean(daemon):
-    yield
-    survives_and_releases(daemon)
-    with open(daemon.listed, "w"):
-        pass
+pytestmark = pytest.mark.usefixtures("daemon_survives")  # each test leaves the shared daemon as it found it
 
 
 def list_on_npu0(daemon, *pids: int) -> None:

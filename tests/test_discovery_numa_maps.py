@@ -15,10 +15,9 @@ import pytest
 
 from ascendbind.discovery import LiveHost, SnapshotHost
 from ascendbind.discovery.parse.numa_maps import local_ratio, parse_numa_maps, scan_numa_maps
-from ascendbind.discovery.parse.sysfs import parse_cpulist_file
 from ascendbind.discovery.gather.worker import read_numa_residency
 from ascendbind.errors import DiscoveryError, ParseError, ProcessGone
-from tests.workers import start_worker
+from tests.workers import online_nodes, start_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST_950 = os.path.join(ROOT, "fixtures", "hosts", "950-4numa")
@@ -175,13 +174,8 @@ def test_malformed_lines_name_the_source_and_line(line, says):
     assert "/proc/4242/numa_maps line 2" in str(exc.value) and says in str(exc.value)
 
 
-def _host_nodes() -> frozenset[int]:
-    with open("/sys/devices/system/node/online") as fh:
-        return parse_cpulist_file(fh.read(), "/sys/devices/system/node/online")
-
-
 def test_a_real_workers_numa_maps_through_the_live_host():
-    nodes = _host_nodes()
+    nodes = online_nodes()
     page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
     with start_worker(plain=1, acl=0, release=0) as w:
         res = read_numa_residency(LiveHost(), w.pid, start_time=w.start_time)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 from ascendbind.discovery.gather.identity import start_time
-from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.reconcile import Reconciler
@@ -18,6 +17,7 @@ from ascendbind.discovery.read.tasks import (exited_pidfds, list_tids, open_pidf
                                         read_environ, task_comm, thread_count)
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan
+from tests.builders import daemon_config
 from tests.daemon_harness import wait_for
 from tests.workers import start_worker
 
@@ -74,8 +74,7 @@ def _held_for(pid: int) -> Held:
 
 
 def test_the_loop_sees_a_worker_die_through_its_pidfd_and_drops_it(tmp_path):
-    cfg = Config(state_dir=str(tmp_path / "state"))
-    d = Daemon(cfg)
+    d = Daemon(daemon_config(tmp_path))
     rec = Reconciler(d)
     try:
         with start_worker(plain=2, acl=0, release=0) as w:

@@ -7,14 +7,9 @@ import pytest
 
 from tests.golden import CASES, HOSTS, all_cases, golden_path, run_plan
 
-CONFIG_ENV = [k for k in os.environ if k.startswith("ASCENDBIND_")]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    # goldens are planned with defaults; an operator's env must not leak in
-    for key in CONFIG_ENV:
-        monkeypatch.delenv(key, raising=False)
+pytestmark = pytest.mark.usefixtures("defaults_only")  # goldens are planned with the defaults
 
 
 CASE_LIST = [(h, c, a) for h, c, a in all_cases() if os.path.exists(golden_path(h, c))]

@@ -13,15 +13,10 @@ import pytest
 from tests import table_variants
 from tests.golden import HOSTS, all_cases, golden_path, run_plan
 
-CONFIG_ENV = [k for k in os.environ if k.startswith("ASCENDBIND_")]
 CASES = [(h, c, a) for h, c, a in all_cases() if os.path.exists(golden_path(h, c))]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    # goldens are planned with defaults; an operator's env must not leak in
-    for key in CONFIG_ENV:
-        monkeypatch.delenv(key, raising=False)
+pytestmark = pytest.mark.usefixtures("defaults_only")  # goldens are planned with the defaults
 
 
 @pytest.fixture(scope="module")

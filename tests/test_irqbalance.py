@@ -21,12 +21,11 @@ from ascendbind.values.config import Config
 from ascendbind.discovery.gather.process import read_identity
 from ascendbind.daemon.watch.held import Held
 from ascendbind.values.reasons import Outcome, Reason, Step
-from ascendbind.settings import load_config
 from ascendbind.daemon.core import Daemon
 from ascendbind.values.model import Binding, IrqbalanceBans
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names
 from tests.test_applier_irq import host, immutable, make_tree, mask, needs_chattr, plan
-from tests.test_daemon_irq_ownership import _binding, _proc_tree
+from tests.builders import irq_binding, proc_config, proc_tree
 from tests.workers import small_pool_plan, start_worker
 from tests.test_applier_bind import CPUS, plan_for, worker_facts
 
@@ -178,21 +177,21 @@ def test_a_restarted_daemon_lifts_a_gone_workers_bans_once_no_live_worker_pins_t
     raw = RawClient(ib.pid)
     raw.ban({7777})
     irqs = {120: "00000004", 121: "00000008", 130: "00000010", 131: "00000020"}
-    proc = _proc_tree(tmp_path, irqs, live_pids=[100, 200])
+    proc = proc_tree(tmp_path, irqs, live_pids=[100, 200])
     fixture_proc_link(proc, ib.pid)
-    config = load_config(None, env={}).replace(proc_root=str(proc), state_dir=str(tmp_path / "state"))
+    config = proc_config(tmp_path, proc)
     bans = ban_irqs(ib.pid, set(irqs), proc_root=str(proc), timeout=30).bans
     assert bans is not None and raw.banned() == {7777, *irqs}
 
     # worker 100 pinned NPUs 0 and 1 and banned all four IRQs; live worker 200 shares NPU 1
     first = Daemon(config)
     first.state.prepare()
-    both = dataclasses.replace(_binding(100, 0, 120, 121), irqbalance_bans=bans)
-    npu1 = _binding(100, 1, 130, 131)
+    both = dataclasses.replace(irq_binding(100, 0, 120, 121), irqbalance_bans=bans)
+    npu1 = irq_binding(100, 1, 130, 131)
     both = dataclasses.replace(both, npus=(0, 1), steps=(dataclasses.replace(
         both.steps[0], data={"npus": [*both.steps[0].data["npus"], *npu1.steps[0].data["npus"]]}),),
         irqs=(*both.irqs, *npu1.irqs))
-    first.held = {100: Held(both, 0.0), 200: Held(_binding(200, 1, 130, 131, cpus=(4, 5)), 0.0)}
+    first.held = {100: Held(both, 0.0), 200: Held(irq_binding(200, 1, 130, 131, cpus=(4, 5)), 0.0)}
     first.save()
 
     (proc / "100" / "stat").unlink()  # worker 100 exits while no daemon runs

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from ascendbind.values.cpulist import format_mask, parse_cpulist, parse_mask
+from tests.builders import write_once
 from tests.daemon_harness import FIXTURE_BIN, DaemonProc, base_env, free_port, wait_for
 from tests.deploy_tools import in_ci
 from tests.irqbalance_harness import irq_masks_lock
@@ -88,11 +89,7 @@ def put_back(saved: dict[str, str]) -> None:
     for key, text in saved.items():
         with contextlib.suppress(OSError):
             if Path(_path(key)).read_text().strip() != text:
-                fd = os.open(_path(key), os.O_WRONLY)
-                try:
-                    os.write(fd, text.encode())
-                finally:
-                    os.close(fd)
+                write_once(_path(key), text)
 
 
 @pytest.fixture
@@ -318,11 +315,7 @@ def test_a_mask_its_owner_changed_meanwhile_is_left_and_said(masks):
         protected = parse_cpulist(iso["protected"])
         key = sorted(k for k in changed(masks) if k.startswith("irq:"))[0]
         theirs = format_mask(protected)  # neither its original nor what isolation wrote
-        fd = os.open(_path(key), os.O_WRONLY)
-        try:
-            os.write(fd, theirs.encode())
-        finally:
-            os.close(fd)
+        write_once(_path(key), theirs)
         owner_now = host_masks()[key]
         d.curl("POST", "/v1/release", {"pid": w.pid})
         assert changed(masks) == {key: (masks[key], owner_now)}

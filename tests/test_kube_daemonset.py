@@ -31,7 +31,7 @@ from ascendbind.client import Client
 from ascendbind.values.cpulist import parse_cpulist
 from tests import kube_image, kubenode
 from tests.daemon_harness import FIXTURE_BIN, free_port, metric_value, wait_for
-from tests.kube_pods import (CHANGES, CONFIG_CHANGES, WORKER_PROGRAM, HostDirs, changed_keys, configmap_toml,
+from tests.kube_pods import (CHANGES, CONFIG_CHANGES, WORKER_FILES, HostDirs, changed_keys, configmap_toml,
                              daemon_config, daemon_pod, worker_pod)
 from tests.workers import cpus_allowed_of
 
@@ -93,7 +93,8 @@ def stack():
         dirs = _dirs(base)
         worker_dir = os.path.join(base, "worker")
         os.mkdir(worker_dir, 0o755)
-        shutil.copy(WORKER_PROGRAM, worker_dir)
+        for path in WORKER_FILES:
+            shutil.copy(path, worker_dir)
         with kubenode.kube_node(labels={"ascendbind.io/enabled": "true"}) as node:
             node.import_image(archive)
             port = free_port()

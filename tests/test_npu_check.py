@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.daemon_harness import metric_value, public_daemon, survives_and_releases, wait_for
+from tests.daemon_harness import metric_value, public_daemon, wait_for
 from tests.test_daemon_security import _env_for
 from tests.workers import start_worker
 
@@ -22,12 +22,7 @@ def daemon():
         yield d
 
 
-@pytest.fixture(autouse=True)
-def _clean(daemon):
-    yield
-    survives_and_releases(daemon)
-    with open(daemon.listed, "w"):
-        pass
+pytestmark = pytest.mark.usefixtures("daemon_survives")  # each test leaves the shared daemon as it found it
 
 
 def list_as(daemon, **where: int) -> None:

@@ -24,7 +24,6 @@ import warnings
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks
-from ascendbind.values.config import Config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
@@ -39,7 +38,9 @@ from ascendbind.errors import ProcessGone
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Mode
 from ascendbind.values.reasons import Outcome, Reason
-from tests.daemon_harness import FIXTURE_BIN, metric_value, wait_for
+from tests.daemon_harness import metric_value, wait_for
+from tests import soak
+from tests.builders import fixture_daemon
 from tests.deploy_tools import in_ci
 from tests.golden import HOSTS, ROOT
 from tests.test_daemon_parts import BINDING
@@ -85,38 +86,37 @@ def _fds(daemon: Daemon | None = None) -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def _daemon(tmp_path, **kw) -> Daemon:
-    return Daemon(Config(small_pool="share", state_dir=str(tmp_path / "state"), memory_check_seconds=0,
-                         npu_smi=str(FIXTURE_BIN / "npu-smi")), **kw)
-
-
 # ---------------------------------------------------------------- recycled on purpose, in a namespace
 
 
+@pytest.mark.soak
 def test_a_pid_or_tid_recycled_before_the_writes_leaves_no_stranger_pinned_and_no_newcomer_held():
-    runs = _in_a_pid_namespace("--trials", "50", "--kind", "pid", "--kind", "tid")
+    n = soak.count(50, 1000)
+    runs = _in_a_pid_namespace("--trials", str(n), "--kind", "pid", "--kind", "tid")
     pid, tid = runs["pid"], runs["tid"]
     # the worker's pid and its thread ids went to a stranger after the checks: every
     # write reached the stranger's threads, and every one was set back
-    assert pid["trials"] == 50 and pid["pinned"] == 0 and pid["held"] == 0, pid
-    assert pid["answers"] == {"Conflict pid_recycled": 50}, pid
-    assert pid["undone"] >= 50, pid  # at least the main thread of each stranger was written, then undone
+    assert pid["trials"] == n and pid["pinned"] == 0 and pid["held"] == 0, pid
+    assert pid["answers"] == {"Conflict pid_recycled": n}, pid
+    assert pid["undone"] >= n, pid  # at least the main thread of each stranger was written, then undone
     # one thread's id went to a stranger: that write is undone, the worker stays bound, partly
-    assert tid["trials"] == 50 and tid["pinned"] == 0, tid
-    assert tid["answers"] == {"200 partial affinity=pid_recycled": 50}, tid
-    assert tid["undone"] == 50, tid
+    assert tid["trials"] == n and tid["pinned"] == 0, tid
+    assert tid["answers"] == {"200 partial affinity=pid_recycled": n}, tid
+    assert tid["undone"] == n, tid
 
 
+@pytest.mark.soak
 def test_a_newcomer_started_in_the_workers_clock_tick_never_passes_for_it():
-    runs = _in_a_pid_namespace("--trials", "6", "--kind", "tick", "--kind", "held")
+    n = soak.count(6, 100)  # even: the held trials alternate between the loop and a release
+    runs = _in_a_pid_namespace("--trials", str(n), "--kind", "tick", "--kind", "held")
     tick, held = runs["tick"], runs["held"]
     # same pid, same start time: refused at the bind, its writes undone
-    assert tick["trials"] == 6 and tick["pinned"] == 0 and tick["held"] == 0, tick
-    assert tick["answers"] == {"Conflict pid_recycled": 6} and tick["undone"] >= 6, tick
+    assert tick["trials"] == n and tick["pinned"] == 0 and tick["held"] == 0, tick
+    assert tick["answers"] == {"Conflict pid_recycled": n} and tick["undone"] >= n, tick
     # recycled after the bind: the daemon calls its worker gone, the loop drops it and a
     # release writes nothing to the stranger
-    assert held["trials"] == 6 and held["pinned"] == 0 and held["held"] == 0, held
-    assert held["answers"] == {"gone, dropped by the loop": 3, "gone, dropped on release": 3}, held
+    assert held["trials"] == n and held["pinned"] == 0 and held["held"] == 0, held
+    assert held["answers"] == {"gone, dropped by the loop": n // 2, "gone, dropped on release": n // 2}, held
 
 
 def test_the_harness_refuses_to_recycle_this_machines_pids():
@@ -199,7 +199,7 @@ def test_a_restarted_daemon_compares_the_pidfd_inode_the_state_file_kept(tmp_pat
             pin_identity(a.pid, a.start_time, inos[b.pid])
         assert exc.value.code == "pid_recycled"
         for kept, ino in ((0, inos[b.pid]), (1, inos[a.pid]), (1, None)):  # None: a record older than the inode
-            d = _daemon(tmp_path)
+            d = fixture_daemon(tmp_path)
             d.state.save([binding_to_json(dataclasses.replace(entry, pidfd_ino=ino))])
             try:
                 assert d.restore()["kept"] == kept
@@ -220,7 +220,7 @@ def test_a_restarted_daemon_compares_the_pidfd_inode_the_state_file_kept(tmp_pat
 
 
 def test_a_memory_move_asks_the_workers_pidfd_not_its_start_time(tmp_path):
-    d = _daemon(tmp_path)
+    d = fixture_daemon(tmp_path)
     try:
         with start_worker(plain=1, acl=0, release=0) as w:
             d.bind_request(ROOT_PEER, {"pid": w.pid, "npu": 0})
@@ -251,7 +251,7 @@ def test_binds_releases_refusals_drops_and_restarts_leave_no_descriptor_behind(t
     before = _fds()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        d = _daemon(tmp_path, before_writes=hook)
+        d = fixture_daemon(tmp_path, daemon_kw={"before_writes": hook})
         loop = Reconciler(d)
         try:
             with start_worker(plain=2) as a, start_worker(plain=1) as b, start_worker(plain=1) as c:
@@ -276,7 +276,7 @@ def test_binds_releases_refusals_drops_and_restarts_leave_no_descriptor_behind(t
                     d.bind_request(ROOT_PEER, {"pid": b.pid, "npu": 0})
                 assert exc.value.code == "pid_gone" and b.pid not in d.held
                 d.bind_request(ROOT_PEER, {"pid": c.pid, "npu": 0})
-                restarted = _daemon(tmp_path)
+                restarted = fixture_daemon(tmp_path)
                 assert restarted.restore()["kept"] == 1 and restarted.held[c.pid].pin is not None
                 restarted.close()
                 os.kill(c.pid, signal.SIGKILL)

@@ -34,13 +34,8 @@ pytestmark = [
     pytest.mark.skipif(len(CPUS) < 2 and not os.environ.get("CI"), reason="a cpuset narrower than the host needs 2 CPUs"),
     pytest.mark.skipif(cpuset_cgroups.why_not() is not None and not os.environ.get("CI"),
                        reason=str(cpuset_cgroups.why_not())),
+    pytest.mark.usefixtures("which_hierarchy"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _which_hierarchy(record_property):
-    record_property("cpuset_cgroup", cpuset_cgroups.VERSION)
-    print(f"\ncpuset cgroup: {cpuset_cgroups.VERSION} at {cpuset_cgroups.ROOT}")
 
 
 def pod_cgroup(cpus: str):

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from ascendbind.applier.affinity import bind_tasks, cpus_for_role, role_of
-from ascendbind.values.config import Config
 from ascendbind.daemon.api.auth import Peer
 from ascendbind.daemon.core import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost
@@ -25,6 +24,7 @@ from ascendbind.errors import NotPermitted, ProcessGone
 from ascendbind.values.model import Mode
 from ascendbind.values.reasons import Outcome
 from tests.audit import Reads
+from tests.builders import FIXTURE_NPU_SMI, daemon_config
 from tests.workers import cpus_allowed_of, small_pool_plan, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +34,7 @@ needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="roles need 2 CPUs to be to
 
 
 def _daemon(tmp_path) -> Daemon:
-    cfg = Config(small_pool="share", state_dir=str(tmp_path / "state"), npu_smi=str(FIXTURE_BIN / "npu-smi"))
-    return Daemon(cfg)
+    return Daemon(daemon_config(tmp_path, small_pool="share", npu_smi=FIXTURE_NPU_SMI))
 
 
 # ---------------------------------------------------------------- the live view

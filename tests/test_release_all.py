@@ -9,9 +9,7 @@ import os
 import threading
 
 from ascendbind.daemon.api.auth import Peer
-from ascendbind.daemon.core import Daemon
-from ascendbind.values.config import Config
-from tests.daemon_harness import FIXTURE_BIN
+from tests.builders import fixture_daemon
 from tests.workers import start_worker
 
 ROOT_PEER = Peer(os.getpid(), 0, 0)
@@ -20,8 +18,7 @@ ROUNDS = 20
 
 
 def test_release_all_racing_drops_answers_and_leaves_every_worker_unbound(tmp_path):
-    d = Daemon(Config(small_pool="share", allow_shared_npu=True, state_dir=str(tmp_path / "state"), memory_check_seconds=0,
-                      npu_smi=str(FIXTURE_BIN / "npu-smi")))
+    d = fixture_daemon(tmp_path, allow_shared_npu=True)
     d.npu_check.close()
     try:
         with contextlib.ExitStack() as stack:

@@ -21,6 +21,7 @@ from ascendbind.daemon.state.state import STATE_VERSION, StateFile, encode_recor
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
 from ascendbind.values.model import Binding, IrqbalanceBans, Mode, NpuPlan, StepResult
 from ascendbind.planner import make_plan
+from tests.builders import proc_daemon
 from tests.golden import HOSTS, ROOT
 from tests.test_applier_bind import CONFIG, CPUS, host_facts, plan_for, worker_facts
 from tests.workers import cpus_allowed_of, start_worker
@@ -210,8 +211,7 @@ def test_a_record_with_a_bad_irq_write_is_skipped_as_malformed_not_acted_on(tmp_
     (proc / "sys/kernel/random/boot_id").write_text("b\n")
     (proc / "irq" / "211").mkdir(parents=True)
     (proc / "irq" / "211" / "smp_affinity").write_text("00000001\n")
-    config = load_config(None, env={}).replace(proc_root=str(proc), state_dir=str(tmp_path / "state"))
-    d = Daemon(config)
+    d = proc_daemon(tmp_path, proc)
     d.state.prepare()
     d.state.save([{**rec, "irqs": [{**rec["irqs"][0], "status": "maybe"}]}])
     assert d.restore()["malformed"] == 1 and not d.held

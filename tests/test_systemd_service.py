@@ -42,6 +42,7 @@ import pytest
 from ascendbind.client import Client
 from ascendbind.errors import PlanImpossible
 from ascendbind.discovery.parse.irqs import parse_interrupts
+from tests.builders import write_once
 from tests.daemon_harness import free_port, metric_value
 from tests.hanging_tool import HangingNpuSmi
 from tests.irqbalance_harness import irq_masks, restore_irq_masks
@@ -73,11 +74,7 @@ def _writable_irqs(n: int = 2) -> list[int]:
         if " " in names.get(irq, " ") or irq not in names:
             continue
         try:
-            fd = os.open(f"/proc/irq/{irq}/smp_affinity", os.O_WRONLY)
-            try:
-                os.write(fd, mask.encode())
-            finally:
-                os.close(fd)
+            write_once(f"/proc/irq/{irq}/smp_affinity", mask)
         except OSError:
             continue
         found.append(irq)

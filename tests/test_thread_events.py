@@ -26,7 +26,6 @@ import pytest
 from ascendbind.applier.affinity import bind_tasks
 from ascendbind.discovery.gather.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
-from ascendbind.values.config import Config
 from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.held import Held, SeenThread
 from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
@@ -269,20 +268,6 @@ def _mode(d: Daemon) -> tuple[str, str] | None:
 def _events_queued(rec: Reconciler, timeout: float = 10.0) -> bool:
     """Wait until the loop's events socket has something queued (False at the deadline)."""
     return bool(select.select([rec.thread_events.fileno()], [], [], timeout)[0])
-
-
-@pytest.fixture
-def loop(tmp_path):
-    def make(**cfg) -> tuple[Daemon, Reconciler]:
-        d = Daemon(Config(state_dir=str(tmp_path / "state"), **cfg))
-        rec = Reconciler(d)
-        made.append(rec)
-        return d, rec
-
-    made: list[Reconciler] = []
-    yield make
-    for rec in made:
-        rec.close()
 
 
 def _events_or_skip(d: Daemon, rec: Reconciler) -> None:

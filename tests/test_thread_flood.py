@@ -16,10 +16,8 @@ import select
 
 import pytest
 
-from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.watch.eventbudget import (BASE_COOLDOWN, BLAME_MIN, BURST_SECONDS, MAX_COOLDOWN, PROBE_SECONDS,
                                                  EventBudget)
-from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.daemon.watch.threadevents import LOSS_LIMIT, ThreadEvents
 from ascendbind.discovery.parse.proc_events import ProcEvent, parse_events, thread_changes
 from ascendbind.discovery.read.proc_connector import ProcEventSocket
@@ -121,21 +119,6 @@ def test_the_budget_key_takes_a_whole_number_of_events_a_second_in_range(value):
 
 
 # ---------------------------------------------------------------- the loop, pass by pass
-
-
-@pytest.fixture
-def loop(tmp_path):
-    """A real Daemon and its reconcile loop, driven pass by pass by the test; closed after it."""
-    made: list[Reconciler] = []
-
-    def make(**cfg) -> tuple[Daemon, Reconciler]:
-        d = Daemon(Config(state_dir=str(tmp_path / "state"), **cfg))
-        made.append(Reconciler(d))
-        return d, made[-1]
-
-    yield make
-    for rec in made:
-        rec.close()
 
 
 

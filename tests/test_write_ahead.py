@@ -29,18 +29,15 @@ from pathlib import Path
 import pytest
 
 from ascendbind.applier.irq import set_irq_affinity
-from ascendbind.daemon.core import Daemon
 from ascendbind.daemon.host.replan import replan_worker
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.discovery.gather.process import read_identity
-from ascendbind.settings import load_config
-from ascendbind.values.config import Config
 from ascendbind.values.reasons import Step
 from ascendbind.discovery.gather.irqhost import read_irq_mask
 from ascendbind.values.cpulist import format_cpulist, parse_cpulist, parse_mask
-from tests.daemon_harness import FIXTURE_BIN, PATIENCE, DaemonProc, base_env, free_port, metric_value, wait_for
+from tests.daemon_harness import PATIENCE, DaemonProc, base_env, free_port, metric_value, wait_for
 from tests.irqbalance_harness import irq_masks_lock, restore_irq_masks as put_back_irq_masks
-from tests.test_daemon_irq_ownership import _binding, _proc_tree
+from tests.builders import fixture_daemon, irq_binding, proc_daemon, proc_tree
 from tests.workers import Worker, start_worker
 
 CPUS = frozenset(os.sched_getaffinity(0))
@@ -334,8 +331,7 @@ def test_a_bind_that_fails_after_its_record_is_undone_at_once(tmp_path):
         if step is Step.IRQ:
             raise RuntimeError("stand-in for a fault among the writes")
 
-    d = Daemon(Config(small_pool="share", state_dir=str(tmp_path / "state"), memory_check_seconds=0,
-                      npu_smi=str(FIXTURE_BIN / "npu-smi")))
+    d = fixture_daemon(tmp_path)
     d.among_writes = fail
     d.state.prepare()
     with start_worker(plain=20) as w:
@@ -349,17 +345,12 @@ def test_a_bind_that_fails_after_its_record_is_undone_at_once(tmp_path):
         d.release_pid(w.pid)
 
 
-def _fixture_daemon(tmp_path, proc) -> Daemon:
-    cfg = load_config(None, env={}).replace(proc_root=str(proc), state_dir=str(tmp_path / "state"))
-    return Daemon(cfg)
-
-
 def test_restart_gives_back_the_irq_masks_of_a_bind_in_flight_whose_worker_is_gone(tmp_path):
-    proc = _proc_tree(tmp_path, {120: "00000004", 121: "00000008"})
-    d = _fixture_daemon(tmp_path, proc)
+    proc = proc_tree(tmp_path, {120: "00000004", 121: "00000008"})
+    d = proc_daemon(tmp_path, proc)
     d.state.prepare()
-    d.state.save([binding_to_json(_binding(100, 0, 120, 121, saved=("000000ff", "0000ff00")), in_flight=True)])
-    d2 = _fixture_daemon(tmp_path, proc)
+    d.state.save([binding_to_json(irq_binding(100, 0, 120, 121, saved=("000000ff", "0000ff00")), in_flight=True)])
+    d2 = proc_daemon(tmp_path, proc)
     assert d2.restore()["gone"] == 1 and d2.held == {}
     assert (proc / "irq/120/smp_affinity").read_text().strip() == "000000ff"
     assert (proc / "irq/121/smp_affinity").read_text().strip() == "0000ff00"
@@ -368,13 +359,13 @@ def test_restart_gives_back_the_irq_masks_of_a_bind_in_flight_whose_worker_is_go
 
 def test_restart_leaves_the_irq_masks_of_an_npu_a_live_worker_holds(tmp_path):
     # pid 200 holds NPU 1 (live); the bind in flight of pid 100 on the same NPU dies with its daemon
-    proc = _proc_tree(tmp_path, {130: "00000010", 131: "00000020"}, live_pids=[200])
-    d = _fixture_daemon(tmp_path, proc)
+    proc = proc_tree(tmp_path, {130: "00000010", 131: "00000020"}, live_pids=[200])
+    d = proc_daemon(tmp_path, proc)
     d.state.prepare()
-    live = _binding(200, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff"))
-    flying = _binding(100, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff"))
+    live = irq_binding(200, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff"))
+    flying = irq_binding(100, 1, 130, 131, cpus=(4, 5), saved=("000000ff", "000000ff"))
     d.state.save([binding_to_json(live), binding_to_json(flying, in_flight=True)])
-    d2 = _fixture_daemon(tmp_path, proc)
+    d2 = proc_daemon(tmp_path, proc)
     assert d2.restore()["kept"] == 1 and sorted(d2.held) == [200]
     assert (proc / "irq/130/smp_affinity").read_text().strip() == "00000010"  # the live owner's
     assert (proc / "irq/131/smp_affinity").read_text().strip() == "00000020"
@@ -388,8 +379,7 @@ def test_a_replan_is_in_the_state_file_before_its_first_write_and_a_restart_undo
     """A re-plan binds the worker again: the new binding, with the worker's first original CPUs,
     is an in-flight record before the first task mask is written. The state file as it stands
     among the writes is what a kill there leaves; a daemon started on it puts the worker back."""
-    d = Daemon(Config(small_pool="share", state_dir=str(tmp_path / "state"), memory_check_seconds=0,
-                      npu_smi=str(FIXTURE_BIN / "npu-smi")))
+    d = fixture_daemon(tmp_path)
     d.state.prepare()
     left = tmp_path / "left"
     seen: list[tuple[Step, dict]] = []
@@ -417,8 +407,7 @@ def test_a_replan_is_in_the_state_file_before_its_first_write_and_a_restart_undo
         assert _records(tmp_path, w.pid)[0].get("in_flight") is not True  # the re-plan's own save replaced it
         assert _masks(w) == bound
         # the daemon killed there: the next one finds the record in flight and puts the worker back
-        d2 = Daemon(Config(small_pool="share", state_dir=str(left), memory_check_seconds=0,
-                           npu_smi=str(FIXTURE_BIN / "npu-smi")))
+        d2 = fixture_daemon(tmp_path, state_dir=str(left))
         d2.restore()
         assert d2.held == {} and _masks(w) == Counter({CPUS: len(w.threads())})
         assert [r for r in json.loads((left / "state.json").read_text())["workers"] if r["pid"] == w.pid] == []

@@ -25,6 +25,9 @@ import threading
 import types
 from importlib.metadata import entry_points
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/, for threadname
+from threadname import name_self  # noqa: E402
+
 BIND_THREAD = "ascendbind-bind"  # the name integrations.THREAD_NAME gives its thread
 
 
@@ -63,9 +66,7 @@ def join(timeout: float = 60.0) -> str:
 
 
 def named_thread(name: str) -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name.encode()), 0, 0, 0)  # PR_SET_NAME
+    name_self(name)
     threading.Event().wait()
 
 

@@ -29,15 +29,12 @@ import time
 from collections.abc import Iterator
 
 from ascendbind.values.cpulist import parse_cpulist
+from tests.threadname import program
 
-__all__ = ["PipeChild", "Worker", "start_worker", "cpus_allowed_of", "small_pool_plan", "reap", "SELF_BINDER"]
+__all__ = ["PipeChild", "Worker", "start_worker", "cpus_allowed_of", "online_nodes", "small_pool_plan", "reap", "SELF_BINDER"]
 
-_CHILD = r"""
-import ctypes, os, sys, threading, time
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_NAME = 15
-def name_self(name):
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+_CHILD = program(r"""
+import os, sys, threading, time
 stops = {}
 born = {}
 def run(name, ready, stop):
@@ -145,7 +142,7 @@ for line in sys.stdin:
     else:
         out.write("?\n")
     out.flush()
-"""
+""")
 
 
 # A child that keeps undoing any binding, as an in-process binder does: prints
@@ -206,6 +203,12 @@ def reap(proc: subprocess.Popen) -> None:
             fh.close()
 
 
+def online_nodes() -> frozenset[int]:
+    """The NUMA nodes this machine has online (a worker's pages can be on these only)."""
+    with open("/sys/devices/system/node/online") as fh:
+        return frozenset(parse_cpulist(fh.read().strip()))
+
+
 class PipeChild:
     """A child process driven over its stdin/stdout, one command per line, one answer line
     each; its pid and start time read at once. ``close`` kills and reaps it."""
@@ -226,6 +229,11 @@ class PipeChild:
             raise RuntimeError(f"worker {self.pid} did not answer {line!r}")
         return reply
 
+    def rename(self, tid: int, name: str) -> None:
+        """The child renames its own thread ``tid`` to ``name`` (<= 15 bytes; a program that
+        knows the command: tests/workers.py's, the Python flooder); returns once done."""
+        self._ask(f"rename {tid} {name}")
+
     def close(self) -> None:
         reap(self.proc)
 
@@ -240,10 +248,6 @@ class Worker(PipeChild):
         """Start ``count`` threads named ``name`` that each burn ``ms`` of CPU time at once;
         returns their tids once all have (they then wait, as spawned threads do)."""
         return [int(t) for t in self._ask(f"burn {name} {ms} {count}").split()]
-
-    def rename(self, tid: int, name: str) -> None:
-        """The worker renames its own thread ``tid`` to ``name`` (<= 15 bytes); returns once done."""
-        self._ask(f"rename {tid} {name}")
 
     def narrow_main(self, cpus) -> None:
         """The worker's main thread sets its own mask to ``cpus`` (other threads keep theirs)."""

@@ -29,7 +29,6 @@ inherit the narrowed mask instead of being moved.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -41,6 +40,7 @@ import pytest
 from ascendbind.values.cpulist import parse_cpulist
 from tests.daemon_harness import DaemonProc, base_env, free_port, wait_for
 from tests.numa.conftest import recorded_npu_smi
+from tests.threadname import name_self
 from tests.test_isolation_daemon import assert_off_the_protected_cpus, changed, host_masks, put_back, thread_cpus
 from tests.workers import start_worker
 
@@ -76,19 +76,15 @@ def neighbour():
         stopped(proc)
 
 
-def _name_self(name: bytes) -> None:
-    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
-
-
 @pytest.fixture
 def exempt():
     with open("/proc/self/comm", "rb") as fh:
         own = fh.read().strip()
-    _name_self(b"guest_test")
+    name_self(b"guest_test")
     try:
         yield "guest_test"
     finally:
-        _name_self(own)
+        name_self(own)
 
 
 def stress_ng(cpus: int) -> subprocess.Popen:

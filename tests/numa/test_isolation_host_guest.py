@@ -17,7 +17,6 @@ whole mask and the exempt name, and become moveable only at their ``exec``.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 
 from tests.daemon_harness import running_daemon, wait_for
 from tests.numa.conftest import recorded_npu_smi
+from tests.threadname import name_self
 from tests.workers import cpus_allowed_of, start_worker
 
 SLOW = 600.0  # seconds: Python in the guest runs tens of times slower than on a host
@@ -44,15 +44,11 @@ def allowed(pid: int) -> frozenset[int] | None:
     return cpus_allowed_of(pid, pid)
 
 
-def _name_self(name: bytes) -> None:
-    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
-
-
 @pytest.fixture
 def daemon(tmp_path_factory):
     with open("/proc/self/comm", "rb") as fh:
         own = fh.read().strip()
-    _name_self(b"guest_test")
+    name_self(b"guest_test")
     env = {"ASCENDBIND_ISOLATION_EXEMPT": "guest_test","ASCENDBIND_NPU_SMI": recorded_npu_smi(str(tmp_path_factory.mktemp("npu-smi")), 2, "0-3;4-7"),
            "ASCENDBIND_ISOLATION": "host", "ASCENDBIND_IRQBALANCE": "warn", "ASCENDBIND_COMMAND_TIMEOUT_SECONDS": "60"}
     try:
@@ -60,7 +56,7 @@ def daemon(tmp_path_factory):
             d.wait_discovered(SLOW)
             yield d
     finally:
-        _name_self(own)
+        name_self(own)
 
 
 def watchdog() -> str:

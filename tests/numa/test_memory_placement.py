@@ -129,16 +129,10 @@ def bind(d, pid: int, npu: int, *, release_after: bool = True) -> tuple[dict, fl
     return body, took
 
 
-def memory_of(d, pid: int) -> dict:
-    status, body = d.curl("GET", f"/v1/workers?pid={pid}")
-    assert status == 200, body
-    return body["workers"][0]
-
-
 def wait_moved(d, pid: int, states=("done",)) -> dict:
-    assert wait_for(lambda: memory_of(d, pid)["memory"]["state"] not in ("pending", "moving"), SLOW), \
-        memory_of(d, pid)
-    doc = memory_of(d, pid)
+    assert wait_for(lambda: d.worker_entry(pid)["memory"]["state"] not in ("pending", "moving"), SLOW), \
+        d.worker_entry(pid)
+    doc = d.worker_entry(pid)
     assert doc["memory"]["state"] in states, doc["memory"]
     return doc
 
@@ -221,10 +215,10 @@ def test_private_pages_move_to_the_pools_node_and_shared_pages_stay(daemon, segm
         step = [s for s in doc["steps"] if s["step"] == "memory"][0]
         assert step["outcome"] == "applied" and step["data"]["bytes_moved"] == doc["memory"]["bytes_moved"]
         assert counter(daemon, "ascendbind_memory_moved_bytes_total") - moved_before >= 60 * MIB
-        assert wait_for(lambda: memory_of(daemon, a.pid)["memory_kib_by_node"] is not None, SLOW)
-        kib = memory_of(daemon, a.pid)["memory_kib_by_node"]
+        assert wait_for(lambda: daemon.worker_entry(a.pid)["memory_kib_by_node"] is not None, SLOW)
+        kib = daemon.worker_entry(a.pid)["memory_kib_by_node"]
         assert int(kib["shared"].get("1", 0)) >= 32 * 1024, kib  # measured beside the ratio, never moved
-        assert memory_of(daemon, a.pid)["memory_local_ratio"] >= 0.9
+        assert daemon.worker_entry(a.pid)["memory_local_ratio"] >= 0.9
 
 
 def test_the_bind_answers_first_then_the_api_and_another_bind_answer_while_pages_move(daemon):
@@ -238,7 +232,7 @@ def test_the_bind_answers_first_then_the_api_and_another_bind_answer_while_pages
         seen = []
 
         def moving_part_way() -> bool:
-            m = memory_of(daemon, a.pid)["memory"]
+            m = daemon.worker_entry(a.pid)["memory"]
             seen.append(m)
             return m["state"] == "moving" and 0 < m["bytes_moved"] < m["bytes_to_move"]
 
@@ -267,9 +261,9 @@ def test_moves_to_one_node_take_turns(daemon):
     # NPUs 0 and 1 both have their pools on node 0: the second move waits for the first
     with mem_worker(private_mib=128, membind=1) as a, mem_worker(private_mib=128, membind=1) as c:
         bind(daemon, a.pid, 0)
-        assert wait_for(lambda: memory_of(daemon, a.pid)["memory"]["state"] == "moving", SLOW)
+        assert wait_for(lambda: daemon.worker_entry(a.pid)["memory"]["state"] == "moving", SLOW)
         bind(daemon, c.pid, 1)
-        waiting = memory_of(daemon, c.pid)["memory"]
+        waiting = daemon.worker_entry(c.pid)["memory"]
         first = wait_moved(daemon, a.pid)["memory"]
         second = wait_moved(daemon, c.pid)["memory"]
         assert waiting["state"] == "pending" or waiting["started_at"] >= first["finished_at"] - 0.5, waiting
@@ -323,7 +317,7 @@ def test_a_worker_that_exits_mid_move_ends_its_move_and_is_dropped(daemon):
     before = ended()
     with mem_worker(private_mib=256, membind=1) as a:
         bind(daemon, a.pid, 0)
-        assert wait_for(lambda: memory_of(daemon, a.pid)["memory"]["bytes_moved"] > 0, SLOW)
+        assert wait_for(lambda: daemon.worker_entry(a.pid)["memory"]["bytes_moved"] > 0, SLOW)
         a.proc.send_signal(signal.SIGKILL)
         a.proc.wait(30)
         pid = a.pid
@@ -339,7 +333,7 @@ def test_a_release_mid_move_cancels_it(daemon):
     before = counter(daemon, "ascendbind_memory_moves_total", outcome="cancelled")
     with mem_worker(private_mib=256, membind=1) as a:
         bind(daemon, a.pid, 0)
-        assert wait_for(lambda: memory_of(daemon, a.pid)["memory"]["bytes_moved"] > 0, SLOW)
+        assert wait_for(lambda: daemon.worker_entry(a.pid)["memory"]["bytes_moved"] > 0, SLOW)
         daemon.client.release(a.pid)
         assert wait_for(lambda: counter(daemon, "ascendbind_memory_moves_total", outcome="cancelled")
                         == before + 1, SLOW)
@@ -360,14 +354,14 @@ def test_a_rerun_moves_memory_allocated_off_the_node_after_the_bind(daemon):
         a.alloc(96)  # the worker's policy puts new memory on node 1: locality falls to about 1/4
 
         def settled() -> bool:
-            doc = memory_of(daemon, a.pid)
+            doc = daemon.worker_entry(a.pid)
             return doc["memory_reruns"] >= 1 and doc["memory"]["state"] == "done" \
                 and (doc["memory_local_ratio"] or 0.0) >= 0.9
         # A check that lands while the worker still touches its new pages starts a rerun that
         # moves the pages there by then; the next rerun (its wait doubled, as the first one left
         # the ratio below the threshold) moves the rest.
-        assert wait_for(settled, SLOW), memory_of(daemon, a.pid)
-        doc = memory_of(daemon, a.pid)
+        assert wait_for(settled, SLOW), daemon.worker_entry(a.pid)
+        doc = daemon.worker_entry(a.pid)
         assert doc["memory"]["why"] == "rerun", doc["memory"]
         assert counter(daemon, "ascendbind_memory_moved_bytes_total") - moved >= 80 * MIB
         assert share_on(anon_kib(a.pid), 0) >= 0.9, anon_kib(a.pid)
@@ -385,7 +379,7 @@ def test_two_workers_on_two_nodes_sharing_a_segment_never_take_it_from_each_othe
     assert len(p.samples) >= 30 and all(sample == p.baseline for sample in p.samples), p.samples[-5:]
     assert counter(daemon, "ascendbind_memory_checks_total", result="measured") - p.checks >= 40
     for w, node in ((p.a, 0), (p.b, 1)):
-        doc = memory_of(daemon, w.pid)
+        doc = daemon.worker_entry(w.pid)
         assert doc["memory_reruns"] == 0 and doc["memory_local_ratio"] >= 0.9, doc
         assert share_on(anon_kib(w.pid), node) >= 0.9
     print(f"segment unchanged over {time.monotonic() - p.since:.0f} s and {len(p.samples)} samples; no rerun")
@@ -396,7 +390,7 @@ def test_a_move_cut_short_by_a_daemon_stop_resumes_after_the_restart(daemon):
     # minute in the guest); this test comes last
     with mem_worker(private_mib=256, membind=1) as a:
         bind(daemon, a.pid, 0)
-        assert wait_for(lambda: memory_of(daemon, a.pid)["memory"]["bytes_moved"] > 0, SLOW)
+        assert wait_for(lambda: daemon.worker_entry(a.pid)["memory"]["bytes_moved"] > 0, SLOW)
         assert daemon.stop(signal.SIGTERM, timeout=SLOW) == 0
         with open(os.path.join(daemon.state_dir, "state.json")) as fh:
             (record,) = [w for w in json.load(fh)["workers"] if w["pid"] == a.pid]
