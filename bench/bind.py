@@ -71,7 +71,7 @@ from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noq
 from ascendbind.discovery.read.pin import open_pin  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
-from ascendbind.daemon.core import Daemon  # noqa: E402
+from ascendbind.daemon.heart.daemon import Daemon  # noqa: E402
 from ascendbind.daemon.api.metrics import BIND_PHASES  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402

@@ -57,7 +57,7 @@ sys.path.insert(0, ROOT)
 
 from ascendbind.values.config import Config  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
-from ascendbind.daemon.core import Daemon  # noqa: E402
+from ascendbind.daemon.heart.daemon import Daemon  # noqa: E402
 from ascendbind.daemon.watch.reconcile import Reconciler  # noqa: E402
 from ascendbind.errors import AscendbindError  # noqa: E402
 from tests.daemon_harness import metric_value  # noqa: E402

@@ -14,7 +14,7 @@ from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.decisions import IrqBinding
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.values.model import Binding, DeviceType, Mode, NpuPlan, Plan, StepResult
 

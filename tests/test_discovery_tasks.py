@@ -11,7 +11,7 @@ import sys
 
 from ascendbind.discovery.gather.identity import start_time
 from ascendbind.values.config import Config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.discovery.read.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,

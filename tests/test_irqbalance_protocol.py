@@ -20,7 +20,7 @@ from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_js
 from ascendbind.daemon.watch.held import Held
 from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.bans import carried_bans, split_bans
 from ascendbind.discovery.parse.irqbalance import (
     MAX_COMMAND,

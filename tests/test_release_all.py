@@ -9,7 +9,7 @@ import os
 import threading
 
 from ascendbind.daemon.api.auth import Peer
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.values.config import Config
 from tests.daemon_harness import FIXTURE_BIN
 from tests.workers import start_worker

@@ -15,7 +15,7 @@ from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.decisions import IrqBinding
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.state.state import STATE_VERSION, StateFile, encode_record
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker

@@ -11,8 +11,8 @@
   discovery: no path under them is spelled there (no ``"/proc…"``/``"/sys…"``
   literal, no path built from ``proc_root``/``sys_root``) and no directory is
   listed there. They may pass ``proc_root`` along; discovery turns it into paths.
-* The daemon's top holds the ``Daemon`` (core.py, ownership.py), the process
-  (serve.py) and the rooms; discovery's top holds only rooms, the planner's
+* The daemon's top holds only rooms (at most 8 entries: the ``Daemon`` in
+  heart/, the process in runtime/serve.py); discovery's top holds only rooms, the planner's
   its entry (plan.py, codes.py, explain.py, lint.py) and rooms. Each room's
   ``__init__`` (values/ too) is a docstring whose line ``May import: from the
   daemon, …; from the rest of ascendbind, ….`` (``from discovery``, ``from the
@@ -222,7 +222,7 @@ def test_the_checks_catch_what_they_are_meant_to_catch():
 
 # the folders whose top holds rooms, and the modules each keeps at its top
 HOMES = {
-    "daemon": ("core", "ownership", "serve"),  # the Daemon, and the process
+    "daemon": (),  # the Daemon lives in heart/, the process in runtime/
     "discovery": (),
     "planner": ("plan", "codes", "explain", "lint"),  # the entry, its codes, and what reads a plan
 }
@@ -295,7 +295,8 @@ def test_a_homes_top_holds_its_own_modules_and_the_rooms(home):
     entries = {p.name for p in folder.iterdir() if p.name != "__pycache__"}
     assert rooms, home
     assert entries == {"__init__.py", *(f"{m}.py" for m in HOMES[home]), *rooms}, "put a new module in a room"
-    assert home != "daemon" or set(rooms) >= {"api", "host", "state", "watch", "runtime", "isolate"}
+    assert home != "daemon" or set(rooms) >= {"api", "heart", "host", "state", "watch", "runtime", "isolate"}
+    assert home != "daemon" or len(entries) <= 8, f"the daemon's top holds {len(entries)} entries: {sorted(entries)}"
     assert home != "discovery" or set(rooms) >= {"parse", "read", "gather"}
     inits = [folder / r / "__init__.py" for r in rooms] + ([folder / "__init__.py"] if home == "daemon" else [])
     for init in [*inits, PKG / "values" / "__init__.py"]:
@@ -319,6 +320,14 @@ def test_a_parser_room_may_import_no_reader():
     """discovery/parse/'s own rule: the values and the errors, nothing that reads."""
     rule = room_rule(ast.get_docstring(_tree(PKG / "discovery" / "parse" / "__init__.py")) or "", "discovery")
     assert rule == Rule(frozenset(), only=frozenset({"values", "errors"}))
+
+
+def test_the_process_plumbing_imports_no_other_room():
+    """runtime/ holds serve.py, which starts every room; the rest of runtime/ is plumbing
+    every room may use, so it imports nothing of the daemon (nor more than eventfd.py)."""
+    for m in [m for m in _modules() if m.startswith("daemon.runtime.") and m != "daemon.runtime.serve"]:
+        deps = _package_imports(m, _tree(_module_file(m)))
+        assert deps <= {"eventfd"} | {d for d in deps if d.startswith("daemon.runtime.")}, (m, deps)
 
 
 def crowded(root: Path) -> dict[str, int]:
@@ -352,7 +361,7 @@ def _held_table_changes(tree: ast.Module) -> list[int]:
 
 def test_only_the_daemon_changes_the_held_table():
     changers = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if _held_table_changes(_tree(p))}
-    assert changers == {"daemon/core.py", "daemon/ownership.py"}, changers
+    assert changers == {"daemon/heart/daemon.py", "daemon/heart/ownership.py"}, changers
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -377,7 +386,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_runs_in_a_circle():
     graph = {m: _package_imports(m, _tree(_module_file(m))) - {m} for m in _modules()}
-    assert "cli" in graph and graph["daemon.serve"]  # the walk sees the whole package
+    assert "cli" in graph and graph["daemon.runtime.serve"]  # the walk sees the whole package
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
 
 

@@ -27,7 +27,7 @@ from ascendbind.applier.affinity import bind_tasks
 from ascendbind.discovery.gather.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
 from ascendbind.values.config import Config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held, SeenThread
 from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
 from ascendbind.daemon.watch.reconcile import Reconciler

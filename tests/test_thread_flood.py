@@ -16,7 +16,7 @@ import select
 
 import pytest
 
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.eventbudget import (BASE_COOLDOWN, BLAME_MIN, BURST_SECONDS, MAX_COOLDOWN, PROBE_SECONDS,
                                                  EventBudget)
 from ascendbind.daemon.watch.reconcile import Reconciler

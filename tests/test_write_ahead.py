@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from ascendbind.applier.irq import set_irq_affinity
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.host.replan import replan_worker
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.discovery.gather.process import read_identity

@@ -45,29 +45,29 @@ from typing import Any
 
 import structlog
 
-from ..applier import release_binding
-from ..applier.affinity import bind_threads
-from ..applier.bind import bind_irqs_of, merge_npu_plans
-from ..discovery.gather.identity import pin_identity, verify_identity
-from ..applier.irq import hand_back_bans, restore_irq_masks, set_irq_affinity
-from ..discovery.gather.process import read_identity
-from ..errors import AscendbindError, ConfigError, ProcessGone
-from ..values.cpulist import format_cpulist
-from ..values.frozen import frozen_map
-from ..values.model import Binding, Mode, StepResult
-from ..values.reasons import Outcome, Reason, Step
-from .watch.bans import carried_bans
-from .watch.blame import FIX
-from .watch.held import Held, SeenThread, accepted
-from .host.replan import Replanned, replan_worker
-from .watch.lifecycle import (Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan, Restoration,
+from ...applier import release_binding
+from ...applier.affinity import bind_threads
+from ...applier.bind import bind_irqs_of, merge_npu_plans
+from ...discovery.gather.identity import pin_identity, verify_identity
+from ...applier.irq import hand_back_bans, restore_irq_masks, set_irq_affinity
+from ...discovery.gather.process import read_identity
+from ...errors import AscendbindError, ConfigError, ProcessGone
+from ...values.cpulist import format_cpulist
+from ...values.frozen import frozen_map
+from ...values.model import Binding, Mode, StepResult
+from ...values.reasons import Outcome, Reason, Step
+from ..watch.bans import carried_bans
+from ..watch.blame import FIX
+from ..watch.held import Held, SeenThread, accepted
+from ..host.replan import Replanned, replan_worker
+from ..watch.lifecycle import (Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan, Restoration,
                               irqs_unproven, left_behind, restoration)
-from .watch.locality import ratios_by_npu
-from .watch.memmove import STOPPING
-from .watch.proof import prove
-from .watch.observe import role_cpus
-from .state.state import encode_record
-from .state.staterecord import IN_FLIGHT, binding_from_json, binding_to_json
+from ..watch.locality import ratios_by_npu
+from ..watch.memmove import STOPPING
+from ..watch.proof import prove
+from ..watch.observe import role_cpus
+from ..state.state import encode_record
+from ..state.staterecord import IN_FLIGHT, binding_from_json, binding_to_json
 
 __all__ = ["Ownership"]
 

@@ -46,40 +46,40 @@ from typing import Any
 
 import structlog
 
-from ..applier import release_binding
-from ..applier.bind import apply_observed, unproven_irqs
-from ..applier.irq import with_planned_irqs
-from ..discovery.gather.identity import recycled, refuse_non_worker, require_live
-from ..values.config import Config
-from ..values.cpulist import format_cpulist
-from ..discovery.gather.process import ProcessView, observe_process, read_identity
-from ..discovery.gather.worker import discover_worker, without_process_table
-from ..errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
-from ..values.frozen import frozen_map
-from ..values.model import Binding, DeviceType, ProcessIdentity
-from ..planner import make_plan, resolve_targets
-from ..values.reasons import Outcome, Step
-from ..values.targeting import TargetRequest
-from .api.auth import Peer, authorize
-from .isolate.keeper import Isolation
-from .watch.held import Held
-from .watch.bans import carried_bans
-from .api.requests import (PlanAsk, _int_field, alignment_of, outcome_of_error, parse_bind_request,
+from ...applier import release_binding
+from ...applier.bind import apply_observed, unproven_irqs
+from ...applier.irq import with_planned_irqs
+from ...discovery.gather.identity import recycled, refuse_non_worker, require_live
+from ...values.config import Config
+from ...values.cpulist import format_cpulist
+from ...discovery.gather.process import ProcessView, observe_process, read_identity
+from ...discovery.gather.worker import discover_worker, without_process_table
+from ...errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
+from ...values.frozen import frozen_map
+from ...values.model import Binding, DeviceType, ProcessIdentity
+from ...planner import make_plan, resolve_targets
+from ...values.reasons import Outcome, Step
+from ...values.targeting import TargetRequest
+from ..api.auth import Peer, authorize
+from ..isolate.keeper import Isolation
+from ..watch.held import Held
+from ..watch.bans import carried_bans
+from ..api.requests import (PlanAsk, _int_field, alignment_of, outcome_of_error, parse_bind_request,
                            recycled_is_a_conflict, resolve_policy)
-from .host.hostcache import HostCache
-from .watch.lifecycle import claim
-from .watch.locality import MemoryLocality, ratios_by_npu
-from .watch.memmove import MemoryMover
-from .watch.npucheck import NpuChecker
-from .watch.proof import kept_on_rebind, proof_of
-from .api.contention import Contention
+from ..host.hostcache import HostCache
+from ..watch.lifecycle import claim
+from ..watch.locality import MemoryLocality, ratios_by_npu
+from ..watch.memmove import MemoryMover
+from ..watch.npucheck import NpuChecker
+from ..watch.proof import kept_on_rebind, proof_of
+from ..api.contention import Contention
 # imported here, not at the first request: Python 3.9 lets a second thread that imports a module
 # while a first is still running it see it half made (ImportError "partially initialized module")
-from .api.status import workers_answer
-from .api.metrics import BindClock, Metrics
-from .watch.observe import role_cpus
+from ..api.status import workers_answer
+from ..api.metrics import BindClock, Metrics
+from ..watch.observe import role_cpus
 from .ownership import Ownership
-from .state.state import StateFile
+from ..state.state import StateFile
 
 __all__ = ["Daemon"]
 

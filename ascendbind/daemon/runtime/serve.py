@@ -55,26 +55,26 @@ import time
 
 import structlog
 
-from .. import __version__
-from ..command import allow_commands, stop_commands
-from ..values.config import Config
-from ..discovery.read.deadline import READERS
-from ..errors import AscendbindError, ConfigError
-from ..values.model import HostFacts
-from ..values.reasons import Step
-from ..planner import lint_config
-from .runtime import systemd
-from .runtime.threadname import name_os_thread
-from .host.autobind import AutoBinder
-from .core import Daemon
-from .isolate.taskwatch import TaskWatch
-from .host.hotplug import HotplugMonitor
-from .api.listen import open_listen_socket
-from .api.metrics import Metrics
-from .api.metricsport import METRICS_LIMITS, start_tcp_listener
-from .watch.reconcile import Reconciler
-from .host.replan import rediscover_and_replan
-from .api.server import API_LIMITS, ApiServer
+from ... import __version__
+from ...command import allow_commands, stop_commands
+from ...values.config import Config
+from ...discovery.read.deadline import READERS
+from ...errors import AscendbindError, ConfigError
+from ...values.model import HostFacts
+from ...values.reasons import Step
+from ...planner import lint_config
+from . import systemd
+from .threadname import name_os_thread
+from ..host.autobind import AutoBinder
+from ..heart.daemon import Daemon
+from ..isolate.taskwatch import TaskWatch
+from ..host.hotplug import HotplugMonitor
+from ..api.listen import open_listen_socket
+from ..api.metrics import Metrics
+from ..api.metricsport import METRICS_LIMITS, start_tcp_listener
+from ..watch.reconcile import Reconciler
+from ..host.replan import rediscover_and_replan
+from ..api.server import API_LIMITS, ApiServer
 
 __all__ = ["serve", "RESTART_KEYS", "STOP_SECONDS"]
 
