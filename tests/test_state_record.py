@@ -79,7 +79,7 @@ def test_a_held_workers_record_is_encoded_again_only_when_it_changed(tmp_path):
     first = held.state_record()
     assert held.state_record() is first  # unchanged: the text of the last save, not a new encoding
     assert json.loads(first) == binding_to_json(b, **held.state_json())
-    held.left_alone, held.left_alone_why = True, "moved again"  # a verdict the reconcile loop reached
+    held.leave_alone("threads", "moved again")  # a verdict the reconcile loop reached
     second = held.state_record()
     assert second is not first and json.loads(second)["left_alone"] is True
     held.binding = dataclasses.replace(b, npus=(3,))  # a new binding (a re-plan)

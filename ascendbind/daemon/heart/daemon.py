@@ -1,11 +1,14 @@
-"""The daemon's one piece of state and the operations on it: bind, release, drop.
+"""The ``Daemon``: the held table, the requests that change it, and its keeping.
 
-``Daemon.held`` maps pid -> Held (the applier's Binding plus reconcile
-bookkeeping). Every change to it happens under ``Daemon.lock`` and is followed by
-a state-file write, so what is on disk is what the daemon holds. The HTTP
-server, the reconcile loop, the locality check, re-planning and auto-bind all
-call in here (the table's keeping is ownership.py's half of the class); none of
-them touches ``held`` or a held record on its own.
+``Daemon.held`` maps pid -> ``Held`` (watch/held.py): the binding and its proof,
+which the table's rules weigh, plus the reconcile loop's memory of the worker.
+Every change to it is a step of the table (step.py): a request entry point
+observes (reads the worker, writes its masks through the applier), says what it
+saw as an event, keeps the table ``step`` returns, and ``run``s the effects,
+all under ``Daemon.lock``; the state file is written before the lock is let go,
+so what is on disk is what the daemon holds. The HTTP server, the reconcile loop,
+the locality check, re-planning and auto-bind call in here; they read the table
+through ``reader`` (table.py) and never take the lock or touch a record's binding.
 
 Identity: a request observes its target once (discovery's ``ProcessView``: pid,
 start time, kernel thread flag, uids, status, cpuset, environ, threads) and
@@ -15,22 +18,30 @@ A bind's observation also pins the process (discovery/read/pin.py): the applier
 binds through that pidfd and confirms its writes against it, undoing any that
 reached a newcomer; a worker gone by then is never held (409 ``pid_recycled``,
 404 ``pid_gone``). The held record keeps a copy, and wherever the worker is
-recognised again its pidfd decides, whatever the start time says.
+recognised again its pidfd decides, whatever the start time says. A restarted
+daemon pins each worker again, proven by the start time and, with pidfs, the
+pidfd inode the state file kept.
 
-Ownership rules:
-* one live worker per NPU unless ``allow_shared_npu``; a bind for an NPU whose
-  owner is dead *replaces* the dead entry (its saved IRQ masks are carried
-  over, since they are the host's originals) instead of answering 409;
-* a live holder that ``npu-smi info``'s process table does not list on that NPU
-  gives way to a newcomer that it does list: the holder is released (its
-  affinity restored) and counted as ``evicted``. Anyone may bind their own idle
-  process to an NPU; only the driver knows who really uses it, so squatting
-  never blocks a real worker. A listed holder is never evicted;
-* IRQ masks are restored only when no live worker owns that NPU any more; the
-  IRQs ascendbind banned in irqbalance likewise go back to it only when no live
-  worker pins them, and until then their ban passes to a worker that does;
-* a worker bound again keeps its first ``original_cpus`` and first saved IRQ
-  masks, so release always returns to the state before ascendbind.
+Ownership (step.py's rules): one live worker per NPU unless
+``allow_shared_npu``; a dead owner is replaced (its saved IRQ masks carried
+over); an unproven holder, or one npu-smi does not list while it lists the
+newcomer, is evicted; IRQ masks and irqbalance bans go back only when no live
+worker needs them; a worker bound again keeps its first ``original_cpus`` and
+first saved IRQ masks, so release always returns to the state before ascendbind.
+
+Write-ahead: a bind is in the state file before its first write. Once every
+check has passed, the applier hands over the binding as it stands before any
+write (``record``); ``write_ahead`` gives it the host's originals the table
+already knows (step.with_originals) and writes it as an *in-flight* record, in
+place of the worker's earlier record if any. The bind's own commit at its end
+replaces it with the held record. A daemon killed in between leaves the
+in-flight record, and the next daemon undoes it at start (``restore``): the
+worker's threads go back to its original CPUs, the IRQ masks it recorded back to
+what they were (those of NPUs no other live worker owns), its bans back to
+irqbalance. Undone, not completed: whatever subset of the writes landed,
+undoing needs only what the record holds; and the caller's request died with
+the daemon unanswered, so "not bound" is what it was told. A bind that fails
+after its record is undone the same way at once.
 """
 
 from __future__ import annotations
@@ -41,45 +52,53 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
 
-from ...applier import release_binding
-from ...applier.bind import apply_observed, unproven_irqs
+from ...applier.bind import apply_observed, bind_irqs_of, unproven_irqs
 from ...applier.irq import with_planned_irqs
-from ...discovery.gather.identity import recycled, refuse_non_worker, require_live
+from ...discovery.gather.identity import (pin_identity, recycled, refuse_non_worker, require_live,
+                                          verify_identity)
+from ...discovery.gather.process import ProcessView, observe_process, read_identity, thread_masks
+from ...discovery.gather.worker import discover_worker, without_process_table
+from ...errors import (AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone,
+                       UsageError)
+from ...planner import make_plan, resolve_targets
 from ...values.config import Config
 from ...values.cpulist import format_cpulist
-from ...discovery.gather.process import ProcessView, observe_process, read_identity
-from ...discovery.gather.worker import discover_worker, without_process_table
-from ...errors import AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone, UsageError
 from ...values.frozen import frozen_map
-from ...values.model import Binding, DeviceType, ProcessIdentity
-from ...planner import make_plan, resolve_targets
-from ...values.reasons import Outcome, Step
+from ...values.model import Binding, DeviceType, ProcessIdentity, StepResult
+from ...values.reasons import Outcome, Reason, Step
 from ...values.targeting import TargetRequest
 from ..api.auth import Peer, authorize
-from ..isolate.keeper import Isolation
-from ..watch.held import Held
-from ..watch.bans import carried_bans
-from ..api.requests import (PlanAsk, _int_field, alignment_of, outcome_of_error, parse_bind_request,
-                           recycled_is_a_conflict, resolve_policy)
-from ..host.hostcache import HostCache
-from ..watch.lifecycle import claim
-from ..watch.locality import MemoryLocality, ratios_by_npu
-from ..watch.memmove import MemoryMover
-from ..watch.npucheck import NpuChecker
-from ..watch.proof import kept_on_rebind, proof_of
 from ..api.contention import Contention
+from ..api.metrics import BindClock, Metrics
+from ..api.requests import (PlanAsk, _int_field, alignment_of, outcome_of_error, parse_bind_request,
+                            recycled_is_a_conflict, resolve_policy)
 # imported here, not at the first request: Python 3.9 lets a second thread that imports a module
 # while a first is still running it see it half made (ImportError "partially initialized module")
 from ..api.status import workers_answer
-from ..api.metrics import BindClock, Metrics
+from ..host.hostcache import HostCache
+from ..host.replan import Replanned as ReplanOutcome, replan_worker
+from ..isolate.keeper import Isolation
+from ..state.state import StateFile, encode_record
+from ..state.staterecord import IN_FLIGHT, binding_from_json, binding_to_json
+from ..watch.blame import FIX
+from ..watch.held import Held
+from ..watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan
+from ..watch.locality import MemoryLocality
+from ..watch.memmove import STOPPING, MemoryMover
+from ..watch.npucheck import NpuChecker
 from ..watch.observe import role_cpus
-from .ownership import Ownership
-from ..state.state import StateFile
+from ..watch.proof import kept_on_rebind, proof_of
+from .effects import Effect, Forget, Note, RestoreAffinity
+from .events import Bound, Event, Gone, Looked, MemoryMoved, NpuChecked, Released, Replanned
+from .run import EffectRunner, Ran
+from .step import (claim, first_allowance, holders, inherit, last_950, leave, pass_bans, restoration_of, step,
+                   with_originals)
+from .table import Holding, Reader, Table
 
 __all__ = ["Daemon"]
 
@@ -89,10 +108,7 @@ log = structlog.get_logger("ascendbind.daemon")
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 
 
-# ------------------------------------------------------------------ the daemon
-
-
-class Daemon(Ownership):
+class Daemon:
     def __init__(self, config: Config, *, metrics: Metrics | None = None, source=None,
                  before_writes: Callable[[int], None] | None = None, confine_self: bool = False) -> None:
         self.config = config
@@ -105,6 +121,8 @@ class Daemon(Ownership):
         self.state = StateFile(config.state_dir, proc_root=config.proc_root)
         self.lock = threading.RLock()
         self.held: dict[int, Held] = {}
+        # what the rooms read the table through: copies made under the lock, never the lock
+        self.reader = Reader(self._locked, lambda: self.held, self._table)
         self.contention = Contention(self)  # what the held workers get of their CPUs, read at scrape time
         self.metrics.attach(self.contention)
         self.started = time.time()
@@ -118,7 +136,6 @@ class Daemon(Ownership):
         self.pid = os.getpid()
         # set by the service to its reconcile loop's poke: the held table changed
         self.held_changed: Callable[[], None] = lambda: None
-        self._saved_held: frozenset[int] = frozenset()
         # the memory step's moves, in the background (memmove.py), and the locality check
         # that measures where a worker's memory is and asks for reruns (locality.py)
         self.mover = MemoryMover(self)
@@ -128,6 +145,10 @@ class Daemon(Ownership):
         # the rest of the host off the bound workers' CPUs; ``confine_self``: this process is the
         # daemon, whose own threads follow the housekeeping CPUs (never a test's in-process Daemon)
         self.isolation = Isolation(confine_self=confine_self)
+        self.runner = EffectRunner(config=config, metrics=self.metrics, mover=self.mover, isolation=self.isolation,
+                                   hosts=self.hosts, state=self.state, records=lambda: self.held,
+                                   bind_irqs=self._bind_irqs_now, poke=lambda: self.held_changed(),
+                                   isolation_host=self)
 
     def close(self) -> None:
         """Stop the background parts: moving pages stop before their next chunk (their marks
@@ -140,39 +161,229 @@ class Daemon(Ownership):
             for h in self.held.values():
                 h.close()
 
-    # ---------------------------------------------------------- state
+    # ---------------------------------------------------------- the table
+
+    def _locked(self, read: Callable[[], Any]) -> Any:
+        with self.lock:
+            return read()
+
+    def _table(self) -> Table:
+        return Table.of(Holding(h.binding, h.proof) for h in self.held.values())
+
+    def _live(self) -> frozenset[int]:
+        """The held pids whose process is still the one bound (their pidfds, or start times, say so)."""
+        return frozenset(pid for pid, h in self.held.items() if self.is_alive(h))
+
+    def _submit(self, event: Event, *, fresh: dict[int, Held] | None = None,
+                later: list[Callable[[], None]] | None = None, commit: bool = True) -> Ran:
+        """Step the table with ``event``, keep the table it returns, and run its effects
+        (under the lock). ``fresh``: the new records the event brings (a bind's).
+        ``commit`` False: the caller writes the state file later (a pass of looks)."""
+        with self.lock:
+            table, effects = step(self._table(), event)
+            return self.run(effects, self._keep(table, fresh or {}), later=later, commit=commit)
+
+    def _keep(self, table: Table, fresh: dict[int, Held]) -> dict[int, Held]:
+        """Make the records follow ``table``: each keeps its binding and proof, the ones
+        not in it leave, ``fresh`` ones come in (in place of an earlier record at their
+        pid). Returns the records that left, pid -> record, for the effects to close."""
+        leaving: dict[int, Held] = {}
+        for pid in list(self.held):
+            now = table.get(pid)
+            if now is None or pid in fresh:
+                leaving[pid] = self.held.pop(pid)
+                continue
+            h = self.held[pid]
+            h.binding, h.proof = now.binding, now.proof
+        for pid, h in fresh.items():
+            now = table.held[pid]
+            h.binding, h.proof = now.binding, now.proof
+            self.held[pid] = h
+        return leaving
+
+    def run(self, effects: tuple[Effect, ...] | list[Effect], leaving: dict[int, Held] | None = None, *,
+            later: list[Callable[[], None]] | None = None, commit: bool = True, window: float = 0.0) -> Ran:
+        """Do what ``step`` asked, under the one lock; then, unless ``commit`` is False, the
+        state file and isolation follow (``EffectRunner.commit``). ``leaving``: the records
+        that just left the table."""
+        with self.lock:
+            self.runner.window = lambda: window
+            ran = self.runner.run(effects, leaving or {})
+            if ran.adopt or ran.hand_over or (commit and ran.persist):
+                self.runner.commit(adopt=ran.adopt, hand_over=ran.hand_over, later=later)
+        return ran
 
     def save(self, timeout: float | None = None, *, later: list[Callable[[], None]] | None = None) -> bool:
-        """Write the state file and sync the gauges from the held table; with ``timeout``, give
-        up (False) when the lock is not had within it (a stop that cannot wait). ``later``: a
-        bind's work for after its answer, where the reconcile loop's poke goes (its first look
-        at the worker would otherwise compete with the answer for the interpreter)."""
+        """Write the state file, isolation following the table (``EffectRunner.commit``); with
+        ``timeout``, give up (False) when the lock is not had within it (a stop that cannot
+        wait). ``later``: a bind's work for after its answer, where the reconcile loop's
+        poke goes."""
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
         try:
-            records = [h.state_record() for h in self.held.values()]
-            try:
-                self.isolation.after_change(self, records)  # writes the state file before any mask
-                self.state.save_encoded(records, isolation=self.isolation.state_json())
-            except (OSError, ConfigError) as exc:
-                # bindings stay in force; the next change retries the write
-                log.error("could not write the state file", path=self.state.path,
-                          error=exc.strerror if isinstance(exc, OSError) else str(exc))
-            self.metrics.bound_workers.set(len(self.held))
-            held = frozenset(map(id, self.held.values()))
-            if held != self._saved_held:  # a worker bound, bound again or gone: the loop looks now
-                self._saved_held = held
-                if later is None:
-                    self.held_changed()
-                else:
-                    later.append(self.held_changed)
-            # a released or gone worker's locality series goes with it
-            self.metrics.memory_local(ratios_by_npu(self.held.values()))
+            self.runner.commit(later=later)
         finally:
             self.lock.release()
         return True
 
-    # ---------------------------------------------------------- bind
+    # ---------------------------------------------------------- start-up
+
+    def restore(self) -> dict[str, int]:
+        """Load the state file: keep live workers, drop gone ones (a bad file is never a crash loop)."""
+        tidied: dict[str, Any] = {}
+        try:
+            tidied = self.state.clean()
+        except (OSError, ConfigError) as exc:
+            log.error("state directory not tidied", error=str(exc))
+        loaded = self.state.load()
+        self.isolation.load(loaded.isolation)  # what an earlier daemon changed on the host, to follow or put back
+        with self.lock:
+            records, live, flying, bad = self._load_records(loaded.workers)
+            self.held = {h.binding.pid: h for h in records}
+            for pid in sorted(set(self.held) - live):
+                self._submit(Gone(pid, live, "exited"), commit=False)
+            gone = len(records) - len(self.held)
+            self._undo_interrupted(flying)
+            self._release_non_workers()
+            kept = len(self.held)
+            self._resume()
+            self.save()
+        for _ in range(loaded.other_boot):
+            self.metrics.dropped_worker("other_boot")
+        log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
+                 skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
+        return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
+
+    def _load_records(self, raws) -> tuple[list[Held], frozenset[int], set[int], int]:
+        """(the state file's records, the pids still alive, those a killed daemon left in
+        flight, how many entries were malformed); each live one pinned again: its pidfd
+        first, then the start time and the pidfd inode the file kept."""
+        records: list[Held] = []
+        live: set[int] = set()
+        flying: set[int] = set()
+        bad = 0
+        for raw in raws:
+            try:
+                b = binding_from_json(raw)
+            except (KeyError, ValueError, TypeError) as exc:
+                bad += 1
+                log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
+                continue
+            h = Held.from_state(b, raw, time.time())
+            if raw.get(IN_FLIGHT) is True:
+                flying.add(b.pid)
+            try:
+                h.pin = pin_identity(b.pid, b.start_time, b.pidfd_ino, self.config.proc_root)
+                live.add(b.pid)
+                if b.pidfd_ino is None and h.pin is not None and h.pin.ino is not None:
+                    h.binding = dataclasses.replace(b, pidfd_ino=h.pin.ino)  # an older record: kept from now on
+            except ProcessGone:
+                pass
+            records.append(h)
+        return records, frozenset(live), flying, bad
+
+    def _undo_interrupted(self, flying: set[int]) -> None:
+        """Undo the binds a killed daemon left in flight (their workers still live)."""
+        for pid in sorted(flying & set(self.held)):
+            h = self.held[pid]
+            leaving = self._keep(self._table().without(pid), {})
+            self._roll_back(h, "restart")
+            self.run([Forget(pid, "interrupted")], leaving, commit=False)
+
+    def _release_non_workers(self) -> None:
+        """A record whose process is no worker (bound by a daemon that did not refuse it):
+        undone, never kept."""
+        for pid in list(self.held):
+            ident = read_identity(pid, self.config.proc_root)
+            why = ident.not_a_worker(self.pid) if ident is not None else None
+            if not why:
+                continue
+            table, r = leave(self._table(), pid, self._live())
+            self.run([RestoreAffinity(r.binding, restore_irqs=True), Forget(pid, "released"),
+                      Note("warning", "state entry is no worker; released", frozen_map({"pid": pid, "reason": why}))],
+                     self._keep(table, {}), commit=False)
+
+    def _resume(self) -> None:
+        """What a restarted daemon takes up again for the records it keeps."""
+        for h in self.held.values():
+            if h.memory_move is not None:  # stopped before its pages moved: move them now
+                self.move_memory(h, h.memory_move[0], "restart")
+            if not h.proof.proven:  # npu-smi may list it by now (watch/proof.py)
+                self.npu_check.submit(h.binding.pid, h.binding.start_time, h.binding.npus, None, None, None)
+
+    # ---------------------------------------------------------- write-ahead
+
+    @contextlib.contextmanager
+    def write_ahead(self, pid: int, pin) -> Iterator[Callable[[Binding], None]]:
+        """The applier's ``record`` for a bind of ``pid`` (under the lock): writes the bind as
+        in flight before its first write. A bind that fails after that is undone here, unless
+        an earlier binding of the worker is still held (its record, written again, covers
+        it); either way the in-flight record leaves the file."""
+        recorded: list[Binding] = []
+
+        def record(intended: Binding) -> None:
+            b = with_originals(self._table(), intended, self._live())
+            self._save_in_flight(b)
+            recorded.append(b)
+
+        try:
+            yield record
+        except BaseException:
+            if recorded:
+                if pid not in self.held:
+                    self._roll_back(Held(recorded[0], time.time(), pin=pin), "failed")
+                self.save()
+            raise
+
+    def _save_in_flight(self, b: Binding) -> None:
+        """The state file with ``b`` as an in-flight record beside the other held workers'. A
+        failed write is logged and the bind goes on, as after any failed save: the daemon's
+        bindings never wait on its disk."""
+        records = [h.state_record() for pid, h in self.held.items() if pid != b.pid]
+        records.append(encode_record(binding_to_json(b, **{IN_FLIGHT: True})))
+        try:
+            self.state.save_encoded(records, isolation=self.isolation.state_json())
+        except (OSError, ConfigError) as exc:
+            log.error("could not record the bind before its writes", pid=b.pid, path=self.state.path,
+                      error=exc.strerror if isinstance(exc, OSError) else str(exc))
+
+    def _roll_back(self, h: Held, why: str) -> None:
+        """Undo a bind that was in flight (``h`` is out of the table): its threads back on its
+        original CPUs, and what it recorded of the IRQs back as a release would put it."""
+        table, live = self._table(), self._live()
+        r = restoration_of(table, h.binding.pid, live, binding=h.binding)
+        self._keep(pass_bans(table, r.passed_bans), {})
+        b = r.binding
+        ran = self.run([RestoreAffinity(b, restore_irqs=True, restore_uvb=last_950(table, h.binding, live))],
+                       {b.pid: h}, commit=False)
+        log.warning("bind in flight undone", pid=b.pid, why=why, irqs_restored=sorted(b.saved_irq_masks),
+                    steps={s.step.value: s.outcome.value for s in ran.steps.get(b.pid, ())})
+
+    # ---------------------------------------------------------- liveness
+
+    def is_alive(self, h: Held) -> bool:
+        try:
+            verify_identity(h.binding.pid, h.binding.start_time, self.config.proc_root, pin=h.pin)
+        except ProcessGone:
+            return False
+        return True
+
+    @staticmethod
+    def still_bound(h: Held, start_time: int | None) -> bool:
+        """Whether a process just observed at ``h``'s pid, started at ``start_time``, is the one
+        ``h`` holds: same start time, and ``h``'s pidfd (where it has one) not exited; then
+        the number never left that process, so the observation is of it."""
+        return h.binding.start_time == start_time and (h.pin is None or not h.pin.exited())
+
+    def live_owner_of(self, npus, *, except_pid: int) -> int | None:
+        with self.lock:
+            found = holders(self._table(), npus, but=(except_pid,), live=self._live())
+        return found[0].pid if found else None
+
+    def holds(self, pid: int) -> bool:
+        return self.reader.holds(pid)
+
+    # ---------------------------------------------------------- observing a worker
 
     def observe(self, peer: Peer, pid: int, *, pin: bool = False, clock: BindClock | None = None) -> ProcessView:
         """The request's one observation of ``pid``, authorized for ``peer`` as soon as its
@@ -190,33 +401,6 @@ class Daemon(Ownership):
         if clock is not None:
             clock.mark("worker")
         return view
-
-    def bind_request(self, peer: Peer, body: Any, *, clock: BindClock | None = None,
-                     later: list[Callable[[], None]] | None = None) -> dict[str, Any]:
-        """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total.
-        ``clock``: marked at each phase of the bind (the caller adds it to the metrics once it
-        has answered). ``later``: see ``bind_process``."""
-        t0 = time.monotonic()
-        try:
-            pid, request, policy = parse_bind_request(body)
-            view = self.observe(peer, pid or peer.pid, pin=True, clock=clock)
-            with view.pin or contextlib.nullcontext():
-                result = self.bind_process(view, request, policy, clock=clock, later=later, caller_uid=peer.uid)
-        except AscendbindError as exc:
-            self.metrics.bind_outcome(outcome_of_error(exc))
-            raise
-        finally:
-            self.metrics.bind_duration.observe(time.monotonic() - t0)
-        self.metrics.bind_outcome(result["outcome"])
-        return result
-
-    def _request_facts(self, target: ProcessIdentity | ProcessView, npus: tuple[int, ...] | None,
-                       policy: PlanAsk | str | None):
-        """(config, host, worker) for one bind or plan request: the policy resolved, the
-        cached static facts (plus a fresh process table when the request names no NPU),
-        and the worker's facts, built from the request's observation of it (``target``;
-        an identity alone is observed now, and must name the process observed)."""
-        return self._facts_of(self._view_of(target), TargetRequest.of(npus), policy)[:3]
 
     def _view_of(self, target: ProcessIdentity | ProcessView, *, pin: bool = False) -> ProcessView:
         """``target`` itself, or a new observation of the process the identity names (with
@@ -250,6 +434,12 @@ class Daemon(Ownership):
             worker = without_process_table(worker, unread)
         return config, host, worker, failure
 
+    def planning_facts(self, h: Held, target: ProcessIdentity) -> tuple:
+        """(config, host, worker) to explain ``h``'s plan with, read now from ``target`` (the
+        worker observed again), its allowance the one its binding was planned from."""
+        config, host, worker, _ = self._facts_of(self._view_of(target), TargetRequest.of(h.binding.npus), h.ask)
+        return config, host, self.allowance(worker, h)
+
     @staticmethod
     def _targets(host, worker, request: TargetRequest, failure: DiscoveryError | None):
         """The rule's decision; without any evidence and with the process table failing, the
@@ -261,15 +451,14 @@ class Daemon(Ownership):
                 raise failure from None
             raise
 
-    def _first_allowance(self, worker, prev: Held | None):
-        """Without a readable cpuset, a bound worker's Cpus_allowed_list is the mask we
-        set: plan from the allowance first seen, so re-planning gives the same plan. A
-        worker the ``host`` isolation level narrowed before its bind (it started while
-        others were bound) is planned, and later released, with its CPUs from before."""
-        if worker.allowed_source != "status":
-            return worker
-        if prev is not None:
-            return dataclasses.replace(worker, allowed_cpus=prev.binding.original_cpus)
+    def allowance(self, worker, prev: Held | None):
+        """The CPUs to plan ``worker`` from (step.first_allowance: a bound worker's first
+        allowance); a worker the ``host`` isolation level narrowed before its bind (it
+        started while others were bound) is planned, and later released, with its CPUs
+        from before."""
+        first = first_allowance(worker, prev.binding if prev is not None else None)
+        if first is not None or worker.allowed_source != "status":
+            return first or worker
         before = self.isolation.before_isolation(t.tid for t in worker.threads)
         if before and not before <= worker.allowed_cpus:
             allowed = worker.allowed_cpus | before
@@ -277,6 +466,27 @@ class Daemon(Ownership):
                     f"planning from their CPUs before it, {format_cpulist(allowed)}")
             return dataclasses.replace(worker, allowed_cpus=allowed, warnings=(*worker.warnings, note))
         return worker
+
+    # ---------------------------------------------------------- bind
+
+    def bind_request(self, peer: Peer, body: Any, *, clock: BindClock | None = None,
+                     later: list[Callable[[], None]] | None = None) -> dict[str, Any]:
+        """POST /v1/bind: validate, authorize, bind; counts every outcome in ascendbind_bind_requests_total.
+        ``clock``: marked at each phase of the bind (the caller adds it to the metrics once it
+        has answered). ``later``: see ``bind_process``."""
+        t0 = time.monotonic()
+        try:
+            pid, request, policy = parse_bind_request(body)
+            view = self.observe(peer, pid or peer.pid, pin=True, clock=clock)
+            with view.pin or contextlib.nullcontext():
+                result = self.bind_process(view, request, policy, clock=clock, later=later, caller_uid=peer.uid)
+        except AscendbindError as exc:
+            self.metrics.bind_outcome(outcome_of_error(exc))
+            raise
+        finally:
+            self.metrics.bind_duration.observe(time.monotonic() - t0)
+        self.metrics.bind_outcome(result["outcome"])
+        return result
 
     def bind_process(self, target: ProcessIdentity | ProcessView, request: TargetRequest | tuple[int, ...] | None,
                      policy: PlanAsk | str | None, *, clock: BindClock | None = None,
@@ -307,93 +517,118 @@ class Daemon(Ownership):
 
     def _bind_view(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None,
                    clock: BindClock, later: list[Callable[[], None]], vouched: tuple = (None, None)) -> dict[str, Any]:
-        pid = view.pid
+        """One bind, step by step: the worker's facts and its NPUs (outside the lock), then,
+        under it, the claim, the plan, the writes and the record; the answer."""
         config, host, worker, failure = self._facts_of(view, request, policy)
         clock.mark("worker")
         decision = self._targets(host, worker, request, failure)
-        targets = decision.npus
         fresh = host.processes if not request.names_npus and failure is None else None
-        listed = self._listed_if_contested(pid, targets, fresh)
-        proof = proof_of(worker, decision, targets, root_uid=vouched[0], listed=listed or vouched[1])
+        listed = self._listed_if_contested(view.pid, decision.npus, fresh)
+        proof = proof_of(worker, decision, decision.npus, root_uid=vouched[0], listed=listed or vouched[1])
         with self.lock:
-            prev = self.held.get(pid)
-            if prev is not None and not self.still_bound(prev, worker.start_time):
-                self.held.pop(pid)
-                self._undo_gone(prev, "recycled")
-                prev = None
-            worker = self._first_allowance(worker, prev)
+            prev = self._earlier_record(view.pid, worker.start_time)
+            worker = self.allowance(worker, prev)
             if prev is not None:
-                proof = kept_on_rebind(proof, prev.proof, prev.binding.npus, targets)
-            replaced, evicted = self._claim(pid, targets, listed, proof.proven)
-            plan = dataclasses.replace(make_plan(host, worker, targets, config), targets=decision)
-            aligned, reason = alignment_of(plan)
-            if plan.errors:
-                if any(e.code in _POLICY_REFUSALS for e in plan.errors):
-                    self.metrics.alignment_failure(reason or "other")
-                first = plan.errors[0]
-                raise PlanImpossible(first.reason, code=first.code, plan=plan)
+                proof = kept_on_rebind(proof, prev.proof, prev.binding.npus, decision.npus)
+            gone = claim(self._table(), view.pid, decision.npus, live=self._live(), listed=listed,
+                         proven=proof.proven, allow_shared=self.config.allow_shared_npu)
+            plan = self._plan(host, worker, decision, config)
             clock.mark("plan")
             if proof.proven:  # an unproven binding isolates nothing, so cannot leave the host without CPUs
-                self.isolation.refuse(self, host, plan, config, pid, *(h.binding.pid for h in (*replaced, *evicted)))
-            # the bind is in the state file before its first write (ownership.py: write-ahead)
-            with self.write_ahead(pid, view.pin) as record, recycled_is_a_conflict():
-                applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
-                                         move_memory=False, before_writes=self.before_writes, record=record,
-                                         among_writes=self.among_writes,
-                                         irqs_skipped=None if proof.proven else unproven_irqs(targets))
-                self.metrics.recycled_writes(applied.binding.step(Step.AFFINITY))
-                if applied.gone is not None:
-                    self._gone_while_binding(applied, prev)
-            if any(b.status == "failed" for b in applied.binding.irqs):
-                self.hosts.forget_irqs()
+                self.isolation.refuse(self, host, plan, config, view.pid, *gone[0], *gone[1])
+            applied = self._apply(plan, worker, host, config, view, proof, prev)
             clock.mark("apply")
-            gone = {h.binding.pid for h in (*replaced, *evicted)}
-            self._leave_npus(prev, targets, gone)  # NPUs a re-bind no longer drives: theirs goes back
-            sharers = [h for other, h in self.held.items()
-                       if other != pid and other not in gone and set(h.binding.npus) & set(targets)]
-            binding = self._inherit(applied.binding, [h for h in (prev, *replaced, *evicted) if h is not None],
-                                    sharers)
-            for h in replaced:
-                self.held.pop(h.binding.pid, None)
-                self.mover.cancel(h.binding.pid, "replaced")
-                h.close()
-                self.metrics.dropped_worker("replaced")
-                log.info("dead owner replaced", pid=h.binding.pid, npus=list(h.binding.npus), by=pid)
-            for h in evicted:
-                self._evict(h, by=pid)
-            ask = PlanAsk.of(policy)
-            held = Held(binding, time.time(), ask.topology_policy, pool_source=ask.pool_source,
-                        facts=(host, worker, config),
-                        pin=view.pin.keep() if view.pin is not None else None, proof=proof)
-            held.remember_threads(applied.threads, role_cpus(plan), plan.thread_classes)
-            self.held[pid] = held
-            self.isolation.hand_over(t.tid for t in worker.threads)
-            memory = binding.step(Step.MEMORY)
-            if memory is not None and memory.outcome is Outcome.PENDING:
-                self.move_memory(held, memory.data["target_node"], "bind")
-            else:
-                self.mover.cancel(pid, "bound again")  # an earlier binding's move, if any
-            if prev is not None:
-                prev.close()
-            self.save(later=later)
+            binding = self._record_bind(view, applied, plan, proof, policy, (host, worker, config), gone, later)
         clock.mark("record")
+        self._after_bind(binding, plan, proof, request, (host, worker), decision, later)
+        return self._answer(binding, plan, proof, worker, decision, (*gone[0], *gone[1]))
+
+    def _earlier_record(self, pid: int, start_time: int) -> Held | None:
+        """The record held at ``pid`` if it is of the process being bound; one of an earlier
+        process at that number is dropped as recycled (under the lock)."""
+        prev = self.held.get(pid)
+        if prev is not None and not self.still_bound(prev, start_time):
+            self._submit(Gone(pid, self._live(), "recycled"), commit=False)
+            return None
+        return prev
+
+    def _plan(self, host, worker, decision, config):
+        """The plan for ``decision``'s NPUs; PlanImpossible (and, for the topology policy's
+        refusals, an alignment failure) when none fits."""
+        plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
+        if plan.errors:
+            if any(e.code in _POLICY_REFUSALS for e in plan.errors):
+                self.metrics.alignment_failure(alignment_of(plan)[1] or "other")
+            first = plan.errors[0]
+            raise PlanImpossible(first.reason, code=first.code, plan=plan)
+        return plan
+
+    def _apply(self, plan, worker, host, config, view: ProcessView, proof, prev: Held | None):
+        """The applier's writes, recorded in the state file before the first (write-ahead);
+        a worker gone meanwhile is never held (``_gone_while_binding``)."""
+        with self.write_ahead(view.pid, view.pin) as record, recycled_is_a_conflict():
+            applied = apply_observed(plan, worker, host, config, view=view, npu_irqs=self.hosts.npu_irqs,
+                                     move_memory=False, before_writes=self.before_writes, record=record,
+                                     among_writes=self.among_writes,
+                                     irqs_skipped=None if proof.proven else unproven_irqs(plan.targets.npus))
+            self.metrics.recycled_writes(applied.binding.step(Step.AFFINITY))
+            if applied.gone is not None:
+                self._gone_while_binding(applied, prev)
+        if any(b.status == "failed" for b in applied.binding.irqs):
+            self.hosts.forget_irqs()
+        return applied
+
+    def _gone_while_binding(self, applied, prev: Held | None) -> None:
+        """The worker exited before the bind was done (``applied.gone``): its number may
+        name a newcomer, which is never held or acted for. An earlier binding of the same
+        process leaves the table too. Raises ProcessGone with that code."""
+        pid = applied.binding.pid
+        if prev is not None and self.held.get(pid) is prev:
+            self._submit(Gone(pid, self._live(), "exited"))
+        self.metrics.step_results(applied.binding.steps)
+        affinity = applied.binding.step(Step.AFFINITY)
+        detail = affinity.detail if affinity is not None else f"process {pid} exited while it was being bound"
+        log.warning("worker gone while being bound; not held", pid=pid, reason=applied.gone, detail=detail)
+        raise ProcessGone(f"{detail}; not bound", code=applied.gone)
+
+    def _record_bind(self, view: ProcessView, applied, plan, proof, policy, facts: tuple, gone: tuple,
+                     later: list[Callable[[], None]]) -> Binding:
+        """The bind, as the table's ``Bound`` event: its record, the dead owners it replaces
+        and the holders it evicts, its memory move; the state file written (under the lock)."""
+        ask = PlanAsk.of(policy)
+        held = Held(applied.binding, time.time(), ask.topology_policy, pool_source=ask.pool_source, facts=facts,
+                    pin=view.pin.keep() if view.pin is not None else None, proof=proof)
+        held.remember_threads(applied.threads, role_cpus(plan), plan.thread_classes)
+        memory = applied.binding.step(Step.MEMORY)
+        node = memory.data["target_node"] if memory is not None and memory.outcome is Outcome.PENDING else None
+        self._submit(Bound(applied.binding, proof, self._live(), gone[0], gone[1], node,
+                           tuple(t.tid for t in facts[1].threads)), fresh={view.pid: held}, later=later)
+        return held.binding
+
+    def _after_bind(self, binding: Binding, plan, proof, request: TargetRequest, facts: tuple, decision,
+                    later: list[Callable[[], None]]) -> None:
+        """A bind's metrics and log lines, and its check against npu-smi queued for after the answer."""
         self.metrics.step_results(binding.steps)
         if request.names_npus or not proof.proven:
             # its npu-smi run (tens of ms of CPU) would otherwise compete with the answer
-            later.append(functools.partial(self.npu_check.submit, pid, binding.start_time, binding.npus, request,
-                                           host, worker))
+            later.append(functools.partial(self.npu_check.submit, binding.pid, binding.start_time, binding.npus,
+                                           request, *facts))
+        aligned, reason = alignment_of(plan)
         if not aligned:
             self.metrics.alignment_failure(reason)
-        outcome = "aligned" if aligned else "unaligned"
-        log.info("worker bound", pid=pid, npus=list(binding.npus), outcome=outcome, failed_step=binding.failed)
+        log.info("worker bound", pid=binding.pid, npus=list(binding.npus),
+                 outcome="aligned" if aligned else "unaligned", failed_step=binding.failed)
         for warning in decision.warnings:  # e.g. a stray context's row left out
-            log.warning("target npu warning", pid=pid, warning=warning)
+            log.warning("target npu warning", pid=binding.pid, warning=warning)
+
+    @staticmethod
+    def _answer(binding: Binding, plan, proof, worker, decision, gone: tuple) -> dict[str, Any]:
         return {
-            "pid": pid,
+            "pid": binding.pid,
             "npus": list(binding.npus),
-            "outcome": outcome,
+            "outcome": "aligned" if alignment_of(plan)[0] else "unaligned",
             "status": "partial" if binding.failed else "bound",
-            "replaced": [h.binding.pid for h in (*replaced, *evicted)],
+            "replaced": list(gone),
             "proof": proof.to_json(),
             "warnings": list(worker.warnings) + list(decision.warnings),
             "plan": plan.to_json(),
@@ -407,8 +642,7 @@ class Daemon(Ownership):
         if self.config.allow_shared_npu:
             return None
         with self.lock:
-            contested = [h for other, h in self.held.items()
-                         if other != pid and set(h.binding.npus) & set(targets) and self.is_alive(h)]
+            contested = holders(self._table(), targets, but=(pid,), live=self._live())
         if not contested:
             return None
         try:
@@ -417,50 +651,6 @@ class Daemon(Ownership):
             log.warning("npu-smi process table unreadable; a live holder keeps its NPU", error=str(exc))
             return None
         return frozenset((r.npu, r.pid) for r in rows)
-
-    def _claim(self, pid: int, targets: tuple[int, ...], listed: frozenset | None,
-               proven: bool = True) -> tuple[list[Held], list[Held]]:
-        """(dead owners of ``targets`` to replace, live holders to evict); Conflict when a
-        live holder keeps its NPU (lifecycle.claim; ``proven``: the newcomer's binding is)."""
-        holders = [(other, h.binding.npus, self.is_alive(h), h.proof.proven) for other, h in self.held.items()
-                   if other != pid and set(h.binding.npus) & set(targets)]
-        replace, evict = claim(pid, targets, holders, listed, allow_shared=self.config.allow_shared_npu,
-                               proven=proven)
-        return [self.held[a.pid] for a in replace], [self.held[a.pid] for a in evict]
-
-    def _evict(self, h: Held, *, by: int) -> None:
-        """Release a live holder that gives its NPU up (unproven, or unlisted by npu-smi):
-        its threads go back to their original CPUs; its saved IRQ masks now travel with the
-        new owner's binding."""
-        b = dataclasses.replace(h.binding, saved_irq_masks=frozen_map({}))
-        steps = release_binding(b, self.config, restore_irqs=False, pin=h.pin)
-        self.held.pop(b.pid, None)
-        self.mover.cancel(b.pid, "evicted")
-        h.close()
-        self.metrics.dropped_worker("evicted")
-        log.warning("unlisted holder evicted" if h.proof.proven else "unproven holder evicted", pid=b.pid,
-                    npus=list(b.npus), by=by,
-                    affinity=next((s.outcome.value for s in steps), None))
-
-    @staticmethod
-    def _inherit(binding: Binding, older: list[Held], sharers: list[Held] = ()) -> Binding:
-        """Keep the oldest saved IRQ masks and original CPUs: those are the host's, not ours;
-        and the older holders' irqbalance bans, which are still ours to lift. ``sharers``:
-        live workers that keep an NPU of this binding (``allow_shared_npu``); the masks this
-        bind read on that NPU's IRQs are theirs (or unchanged, so not saved at all), so the
-        host's masks they saved are kept here too, for whichever of them leaves last."""
-        masks = dict(binding.saved_irq_masks)
-        original = binding.original_cpus
-        for h in older:
-            masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in masks})
-            if h.binding.pid == binding.pid:
-                original = h.binding.original_cpus
-        written = {b.irq for b in binding.irqs}
-        for h in sharers:
-            masks.update({irq: m for irq, m in h.binding.saved_irq_masks.items() if irq in written})
-        return dataclasses.replace(binding, saved_irq_masks=frozen_map(masks), original_cpus=original,
-                                   irqbalance_bans=carried_bans(binding.irqbalance_bans,
-                                                                [h.binding.irqbalance_bans for h in older]))
 
     # ---------------------------------------------------------- release
 
@@ -480,8 +670,7 @@ class Daemon(Ownership):
         if "all" in body and body["all"] is not False:
             raise UsageError(f"field 'all' must be true or false, got {body['all']!r}", code="bad_request")
         pid = _int_field(body, "pid", minimum=1) or peer.pid
-        with self.lock:
-            held = self.held.get(pid)
+        held = self.reader.get(pid)
         try:
             target = require_live(read_identity(pid, self.config.proc_root), pid)
             authorize(peer, target, daemon_pid=self.pid, proc_root=self.config.proc_root, binding=False)
@@ -492,27 +681,260 @@ class Daemon(Ownership):
             raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
         return self.release_pid(pid)
 
+    def release_pid(self, pid: int, reason: str = "released") -> dict[str, Any]:
+        """Give a held worker back to the host: its threads' original CPUs (through its pidfd),
+        and the IRQ masks, bans and UVB masks no other live worker still needs. ``reason``
+        labels the drop (a release, or a named NPU that npu-smi contradicts)."""
+        with self.lock:
+            if pid not in self.held:
+                raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
+            ran = self._submit(Released(pid, self._live(), reason))
+        steps = ran.steps.get(pid)
+        if steps is None:
+            return {"pid": pid, "steps": [], "note": "the process had exited; only IRQ masks were considered"}
+        restored = ran.restored.get(pid, [])
+        log.info("worker released", pid=pid, irqs_restored=restored, reason=reason)
+        return {"pid": pid, "irqs_restored": restored, "steps": [s.to_json() for s in steps]}
+
+    def drop(self, pid: int, reason: str) -> None:
+        with self.lock:
+            if pid in self.held:
+                self._submit(Gone(pid, self._live(), reason))
+
+    # ---------------------------------------------------------- npu-smi's verdict
+
     def npu_checked(self, pid: int, start_time: int, npus: tuple[int, ...], verdict: str, why: str) -> bool:
         """The process table's verdict on a named or unproven bind (watch/npucheck.py), for
-        the binding it was made for only; a contradicted one is undone, a confirmed unproven
-        one becomes proven (ownership.py ``prove_held``). True: still unproven, ask again later."""
+        the binding it was made for only: a contradicted one is undone, a confirmed unproven
+        one becomes proven (step.py). True: still unproven, ask again later."""
         with self.lock:
             h = self.held.get(pid)
             if h is None or h.binding.start_time != start_time or tuple(h.binding.npus) != npus:
                 return False  # released, re-bound or gone meanwhile: the verdict is about another binding
             h.npu_check = {"verdict": verdict, "detail": why}
-            self.metrics.npu_check(verdict)
-            if verdict == "contradicted":
-                log.warning("named NPU contradicted by npu-smi; binding undone", pid=pid, npus=list(npus),
-                            detail=why)
-                self.release_pid(pid, reason="npu_mismatch")
-                return False
-            if verdict == "confirmed":
-                self.prove_held(h, why)
-            else:
-                log.info("named NPU not confirmed by npu-smi", pid=pid, npus=list(npus), verdict=verdict,
-                         detail=why)
+            refused = self._refused(h) if verdict == "confirmed" and not h.proof.proven else None
+            self._submit(NpuChecked(pid, start_time, npus, verdict, why, self._live(), refused,
+                                    self.config.allow_shared_npu))
             return self.held.get(pid) is h and not h.proof.proven
+
+    def _refused(self, h: Held) -> str | None:
+        """Why isolating ``h`` too would leave the host no housekeeping CPU; None: it would not
+        (or the host's facts are not known yet)."""
+        host = self.hosts.known()
+        if host is None:
+            return None
+        plans = [o.binding.plan for o in self.held.values() if o is not h and o.proof.proven]
+        refused = self.isolation.refusal(host, [*plans, h.binding.plan], self.config)
+        return refused.reason if refused is not None else None
+
+    def _bind_irqs_now(self, h: Held, sharers: list[Held]) -> None:
+        """The IRQ step a binding left out while nothing proved it, run now that it is proven
+        (under the lock): written ahead like a bind (its in-flight record holds the masks it
+        will change, read first, or a holder's saved ones for them), and its result, masks,
+        IRQ writes and bans become the held binding's, so a release puts them back."""
+        host = self.hosts.known()
+        if host is None:
+            log.warning("binding proven, host facts not known yet; its IRQs stay as they are",
+                        pid=h.binding.pid)
+            return
+        config = h.facts[2] if h.facts is not None else self.config
+        with self.write_ahead(h.binding.pid, h.pin) as record:
+            bound = bind_irqs_of(h.binding, host, config, npu_irqs=self.hosts.npu_irqs, record=record)
+        binding = inherit(bound, [h.binding], [o.binding for o in sharers])
+        self._keep(self._table().rebound(h.binding.pid, binding), {})
+        irq = bound.step(Step.IRQ)
+        if any(b.status == "failed" for b in bound.irqs):
+            self.hosts.forget_irqs()
+        if irq is not None:
+            self.metrics.step_results([irq])
+        log.info("binding proven; its NPU's IRQs bound", pid=h.binding.pid, npus=list(h.binding.npus),
+                 outcome=irq.outcome.value if irq else None, irqs=[b.irq for b in bound.irqs])
+
+    # ---------------------------------------------------------- a look's actions
+
+    def act(self, h: Held, actions, *, window: float = 0.0) -> bool:
+        """Carry out what lifecycle.decide asked for ``h`` (a ``Drop`` is the worker gone, the
+        rest a ``Looked``); True when the state file must be written (the caller writes it,
+        once per pass). ``window``: the re-assert window, for the log."""
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h:
+                return False  # released or replaced since the look
+            drop = next((a for a in actions if isinstance(a, Drop)), None)
+            if drop is not None:
+                return self._submit(Gone(h.binding.pid, self._live(), drop.reason), commit=False).persist
+            looked = Looked(h.binding.pid, tuple(a for a in actions if isinstance(a, (PinThreads, Reassert, LeaveAlone, NoteLocality))))
+            table, effects = step(self._table(), looked)
+            return self.run(effects, self._keep(table, {}), commit=False, window=window).persist
+
+    @contextlib.contextmanager
+    def looking_at(self, h: Held) -> Iterator[bool]:
+        """Hold the table still while a look at ``h`` reads its threads and keeps their cache
+        current; yields whether ``h`` is still the record held at its pid."""
+        with self.lock:
+            yield self.held.get(h.binding.pid) is h
+
+    # ---------------------------------------------------------- memory moves
+
+    def move_memory(self, h: Held, node: int, why: str, *, ratio_before: float | None = None):
+        """Mark ``h`` as moving its pages to ``node`` and queue the move (under the lock, so a
+        release cannot slip between the two); the job, or None once the mover is closed."""
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h:
+                return None
+            return self.runner.queue_move(h, node, why, ratio_before=ratio_before)
+
+    def rerun_memory(self, h: Held, node: int, now: float, due):
+        """Queue a rerun of ``h``'s memory step when ``due(record)`` still says so (never
+        twice at once); the move job, or None."""
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h or not due(h.record()):
+                return None
+            h.memory_last_run = now
+            return self.move_memory(h, node, "rerun", ratio_before=h.memory_local_ratio)
+
+    def memory_moved(self, job, result: StepResult | None, *, seconds: float = 0.0) -> None:
+        """A move ended (``result`` None: cancelled before it started): count it, and record
+        it on the worker it was for, unless that worker is no longer held as it was, or the
+        daemon is stopping (the mark stays in the state file; the next daemon moves on)."""
+        cancelled = result is None or result.reason is Reason.MOVE_CANCELLED
+        self.metrics.memory_move("cancelled" if cancelled else result.outcome.value,
+                                 job.progress.bytes_moved if job.progress else 0, seconds if result else None)
+        if result is not None:
+            log.info("memory moved" if result.outcome is Outcome.APPLIED else "memory not moved", pid=job.pid,
+                     why=job.why, node=job.node, outcome=result.outcome.value,
+                     reason=result.reason.value if result.reason else None, detail=result.detail,
+                     seconds=round(seconds, 3))
+        if cancelled and job.cancel.why == STOPPING:
+            return
+        h = self._record_move(job, result)
+        if h is None:
+            return
+        if job.why == "rerun" and result is not None:
+            self.metrics.memory_rerun(result.outcome.value)
+        if result is None or self.config.memory_check_seconds <= 0:
+            return
+        # the locality right after the move: what status shows, and whether a rerun helped
+        after = self.locality.measure(h, time.monotonic())
+        if job.why == "rerun":
+            futile = self.locality.futile(job.ratio_before, after)
+            with self.lock:
+                if self.held.get(job.pid) is h:
+                    h.memory_reruns += 1
+                    if futile:
+                        h.memory_futile += 1
+
+    def _record_move(self, job, result: StepResult | None) -> Held | None:
+        """The move's end on its record (the binding's memory step from now on); None when
+        the record is no longer held as it was, or a newer move (a re-plan's) superseded it."""
+        with self.lock:
+            h = self.held.get(job.pid)
+            newer = self.mover.job(job.pid)
+            if h is not job.held or (newer is not None and newer is not job):
+                return None
+            h.memory_move = None
+            if result is None:
+                self.save()
+                return h
+            result = dataclasses.replace(result, data=frozen_map({
+                **result.data, "why": job.why, "started_at": None if job.started_at is None else
+                round(job.started_at, 3), "finished_at": round(time.time(), 3)}))
+            self._submit(MemoryMoved(job.pid, result))
+            self.metrics.step_results([result])
+            return h
+
+    def forget_locality(self) -> None:
+        """The check is switched off: no stale ratios."""
+        with self.lock:
+            if any(h.memory_local_ratio is not None for h in self.held.values()):
+                for h in self.held.values():
+                    h.memory_local_ratio = None
+                    h.memory_checked_at = None
+                self.metrics.memory_local({})
+
+    # ---------------------------------------------------------- re-plan
+
+    def rebind(self, h: Held, plan, worker, host, config) -> Binding | None:
+        """Bind ``h``'s worker by a new ``plan`` (a re-plan, under the lock): written ahead
+        like a bind, the new binding keeps the host's originals of the old one (step.py's
+        ``Replanned``), the thread cache starts over, its pages move afterwards on the
+        mover. None when ``h`` was released or bound again meanwhile."""
+        pid = h.binding.pid
+        with self.lock:
+            if self.held.get(pid) is not h:
+                return None
+            skipped = None if h.proof.proven else unproven_irqs(h.binding.npus)
+            with self.write_ahead(pid, h.pin) as record:
+                binding = apply_observed(plan, worker, host, config, move_memory=False, pin=h.pin, record=record,
+                                         among_writes=self.among_writes, irqs_skipped=skipped).binding
+            self.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
+            return h.binding
+
+    def rebound(self, h: Held, binding: Binding, facts: tuple, masks) -> None:
+        """``h`` bound again by a re-plan (under the lock): the table's ``Replanned`` (the
+        host's originals kept, its move queued), the thread cache started over. The state
+        file is written at once: it replaces the re-plan's in-flight record (write-ahead)."""
+        with self.lock:
+            h.bound_at = time.time()
+            h.remember_threads(masks, role_cpus(binding.plan), binding.plan.thread_classes)
+            h.facts = facts
+            memory = binding.step(Step.MEMORY)
+            node = memory.data["target_node"] if memory is not None and memory.outcome is Outcome.PENDING else None
+            self._submit(Replanned(h.binding.pid, binding, node))
+
+    def replan_cpuset(self, h: Held, a: Replan) -> ReplanOutcome:
+        """Plan ``h`` again because its cpuset, or kubelet's checkpoint, changed (lifecycle's
+        ``Replan``; called outside the lock: the worker's facts are read). The kernel's move
+        of its threads is blamed ``cpuset``, never a tool; the re-plan starts the binding's
+        drift verdicts over, and a cpuset no plan fits leaves the threads alone until the
+        cpuset changes again. A checkpoint change re-plans only a worker the new proof moves
+        onto its own cpuset (planned by the placement rules, or stuck): a lost proof with an
+        unchanged cpuset is kubelet writing its checkpoint before the container's cgroup,
+        whose change re-plans the worker."""
+        news = a.news
+        try:
+            host = self.hosts.get()
+        except AscendbindError as exc:
+            log.warning("cpuset changed, host facts unavailable; binding kept", pid=h.binding.pid, error=str(exc))
+            return ReplanOutcome("failed", None, str(exc))
+        wanted = None
+        if news.why == "checkpoint_changed":
+            stuck, old = h.cpuset_stuck is not None, h.binding.plan.pool_source
+            wanted = lambda plan, _worker: plan.pool_source is not None and (old is None or stuck)  # noqa: E731
+        done = replan_worker(self, h, host, reason=news.why, wanted=wanted)
+        if done.outcome in ("gone", "skipped") or (news.why == "checkpoint_changed" and done.outcome == "failed"):
+            return done
+        with self.lock:
+            if self.held.get(h.binding.pid) is not h:
+                return done
+            self._cpuset_verdict(h, a, done)
+            self.save()
+        return done
+
+    def _cpuset_verdict(self, h: Held, a: Replan, done: ReplanOutcome) -> None:
+        """Record what a re-plan for a changed cpuset came to on ``h`` (under the lock)."""
+        news = a.news
+        h.cpuset_seen = done.allowed if done.allowed is not None else news.after
+        threads = h.drift["threads"]
+        if a.blame is not None:  # the kernel moved the threads
+            if news.moved:
+                h.drift_events += 1
+                self.metrics.drifted(a.blame.culprit)
+            threads.culprit, threads.blame = a.blame.culprit, a.blame.why
+        threads.reasserts.clear()
+        if done.outcome == "failed":
+            h.cpuset_stuck = done.error or "no plan"
+            threads.left_alone = True
+            threads.why = (f"the worker's cpuset is now CPUs {format_cpulist(h.cpuset_seen)} and no plan fits it "
+                           f"({h.cpuset_stuck}); its threads stay where the kernel put them until the cpuset or "
+                           f"kubelet's checkpoint changes again. Fix: {FIX['cpuset']}")
+            log.warning("cpuset changed; no plan fits it, threads left where the kernel put them",
+                        pid=h.binding.pid, cpuset=format_cpulist(h.cpuset_seen), why=news.why, error=done.error)
+            return
+        h.cpuset_stuck = None
+        threads.left_alone, threads.why = False, None
+        log.info("cpuset changed; worker planned again" if done.outcome == "rebound" else
+                 "cpuset changed; the plan stands", pid=h.binding.pid, why=news.why,
+                 before=format_cpulist(news.before), after=format_cpulist(h.cpuset_seen), outcome=done.outcome)
 
     # ---------------------------------------------------------- read-only
 
@@ -526,8 +948,7 @@ class Daemon(Ownership):
         view = self.observe(peer, pid or peer.pid)
         pid = view.pid
         config, host, worker, failure = self._facts_of(view, request, policy)
-        with self.lock:
-            worker = self._first_allowance(worker, self.held.get(pid))
+        worker = self.allowance(worker, self.reader.get(pid))
         decision = self._targets(host, worker, request, failure)
         plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
         if plan.errors:
@@ -548,4 +969,3 @@ class Daemon(Ownership):
             "reconcile": self.reconcile_mode(),
             "uptime_seconds": round(time.time() - self.started, 3),
         }
-

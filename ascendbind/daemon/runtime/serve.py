@@ -227,7 +227,7 @@ class _Service:
         self.daemon.save()
         self.stopping = None
         self._unlink_socket()
-        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.held))
+        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.reader))
 
     def stop_within(self, seconds: float) -> bool:
         """stop(), for at most ``seconds``: False (and logged) when a part was still waiting."""
@@ -239,7 +239,7 @@ class _Service:
         saved = self.daemon.save(timeout=0.2)
         self._unlink_socket()
         log.error("stop did not finish in time; exiting anyway, bindings left in place", seconds=seconds,
-                  waiting_for=self.stopping, state_saved=saved, workers=len(self.daemon.held))
+                  waiting_for=self.stopping, state_saved=saved, workers=len(self.daemon.reader))
         return False
 
     def _unlink_socket(self) -> None:
