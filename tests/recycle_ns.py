@@ -229,8 +229,7 @@ def run_trials(kind: str, trials: int, state_dir: str) -> dict:
                 out["trials"] += 1
                 out["pinned"] += bool(s.moved())
                 out["answers"][what] = out["answers"].get(what, 0) + 1
-                with daemon.lock:
-                    out["held"] += worker.pid in daemon.held and kind != "tid"
+                out["held"] += daemon.reader.holds(worker.pid) and kind != "tid"
             finally:
                 hook.pop()
                 if trial.stranger is not None:
@@ -261,8 +260,7 @@ def _bind(daemon: Daemon, root: Peer, pid: int) -> str:
 def _held_verdict(daemon: Daemon, loop: Reconciler, pid: int, release: int) -> str:
     """What the daemon makes of its bound worker once a same-tick stranger has its pid:
     whether it still calls it alive, then what a reconcile pass or a release does."""
-    with daemon.lock:
-        alive = daemon.is_alive(daemon.held[pid])
+    alive = daemon.is_alive(daemon.reader.get(pid))
     if release:
         try:
             answer = daemon.release_pid(pid)
