@@ -197,7 +197,8 @@ def test_releasing_a_dead_worker_is_its_drop():
 def test_an_event_for_a_record_no_longer_held_does_nothing():
     t = held(_binding(1, 0, 120, 121))
     for e in (Released(5), Gone(5), Looked(5), Replanned(5, _binding(5, 0, 1, 2)),
-              MemoryMoved(5, StepResult(Step.MEMORY, Outcome.APPLIED, None, "moved")), NpuChecked(5, 1, (0,), "confirmed", "x")):
+              MemoryMoved(5, StepResult(Step.MEMORY, Outcome.APPLIED, None, "moved")),
+              NpuChecked(5, 1, (0,), "confirmed", "x")):
         assert step(t, e) == (t, ())
 
 

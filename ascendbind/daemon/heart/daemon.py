@@ -106,6 +106,8 @@ log = structlog.get_logger("ascendbind.daemon")
 
 # plan errors that mean "refused by the topology policy": counted failed, plus an alignment failure
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
+# a look's actions that are the table's ``Looked`` (a drop is ``Gone``; re-plans and reruns run elsewhere)
+_LOOKED = (PinThreads, Reassert, LeaveAlone, NoteLocality)
 
 
 class Daemon:
@@ -762,7 +764,7 @@ class Daemon:
             drop = next((a for a in actions if isinstance(a, Drop)), None)
             if drop is not None:
                 return self._submit(Gone(h.binding.pid, self._live(), drop.reason), commit=False).persist
-            looked = Looked(h.binding.pid, tuple(a for a in actions if isinstance(a, (PinThreads, Reassert, LeaveAlone, NoteLocality))))
+            looked = Looked(h.binding.pid, tuple(a for a in actions if isinstance(a, _LOOKED)))
             table, effects = step(self._table(), looked)
             return self.run(effects, self._keep(table, {}), commit=False, window=window).persist
 

@@ -27,7 +27,7 @@ from ...applier.bind import merge_npu_plans
 from ...applier.irq import hand_back_bans, restore_irq_masks, set_irq_affinity
 from ...errors import AscendbindError, ConfigError
 from ..watch.held import Held, SeenThread, accepted
-from ..watch.lifecycle import LeaveAlone, NoteLocality, PinThreads, Reassert
+from ..watch.lifecycle import MASK_LABELS, LeaveAlone, NoteLocality, PinThreads, Reassert
 from ..watch.locality import ratios_by_npu
 from ..watch.observe import role_cpus
 from .effects import (BindIrqs, CancelMove, Effect, FollowIsolation, Forget, Metric, Note, Persist, QueueMove,
@@ -152,7 +152,7 @@ class EffectRunner:
             self.metrics.drifted(a.blame.culprit)
             h.leave_alone(a.what, a.why)
             log.warning("masks keep moving; no longer re-asserting them", pid=h.binding.pid,
-                        what="IRQ masks" if a.what == "irqs" else "thread masks", culprit=a.blame.culprit,
+                        what=MASK_LABELS[a.what], culprit=a.blame.culprit,
                         reasserts=len(a.times), window_seconds=self.window(), why=a.why)
         elif isinstance(a, NoteLocality):
             h.note_locality(a.ratio, a.at, a.residency, reset_futile=a.reset_futile)

@@ -78,7 +78,7 @@ class Drift:
 
         culprit, blame, alone, why = _KEYS[kind]
         # "unknown" was the label before blame needed evidence: it meant "no evidence"
-        label = "external" if raw.get(culprit) == "unknown" and kind == "threads" else text(culprit)
+        label = "external" if raw.get(culprit) == "unknown" else text(culprit)
         return cls(culprit=label, blame=text(blame), left_alone=bool(raw.get(alone)), why=text(why))
 
 

@@ -80,7 +80,8 @@ from .blame import Blame, Evidence, blame_cpuset, blame_irqs, blame_threads, lef
 from ..api.requests import irq_owners
 
 __all__ = [
-    "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation", "Looks",
+    "REASSERT_LIMIT", "MASK_LABELS", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation",
+    "Looks",
     "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory",
     "CpusetNews", "Replan",
     "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "irqs_unproven",
@@ -88,6 +89,8 @@ __all__ = [
 ]
 
 REASSERT_LIMIT = 3
+# each kind of mask a look holds a worker to ("threads", "irqs"), as a sentence names it
+MASK_LABELS = {"threads": "thread masks", "irqs": "IRQ masks"}
 RERUN_BACKOFF_CAP = 16
 # the band a memory ratio must clear: a rerun that gains less was futile, and only a
 # ratio this far above the threshold resets the backoff
@@ -270,8 +273,8 @@ def _drift(what: str, blame: Blame, times: Iterable[float], now: float, limits: 
            tids: tuple[int, ...] = (), irqs: tuple[tuple[int, frozenset[int]], ...] = ()) -> Reassert | LeaveAlone:
     recent = tuple(t for t in times if now - t <= limits.window)
     if len(recent) >= limits.reassert_limit:
-        label = "IRQ masks" if what == "irqs" else "thread masks"
-        return LeaveAlone(what, blame, left_alone_sentence(label, blame, len(recent), limits.window), recent)
+        sentence = left_alone_sentence(MASK_LABELS[what], blame, len(recent), limits.window)
+        return LeaveAlone(what, blame, sentence, recent)
     return Reassert(what, blame, (*recent, now), tids=tids, irqs=irqs)
 
 
