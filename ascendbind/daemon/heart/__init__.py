@@ -9,7 +9,8 @@ to a bind, what a binding inherits, what a leaving worker gives back).
 daemon.py is the ``Daemon``: its request entry points observe, submit events to
 ``step`` and keep the table it returns, under its one lock; run.py is its effect
 runner, whose commit writes the state file and is the daemon's one way into
-isolation's mutating side. The other rooms are handed the ``Daemon`` and use its
+isolation's mutating side. facts.py is what a request reads of its worker and
+the host before the lock; startup.py reads the state file's records back at start. The other rooms are handed the ``Daemon`` and use its
 reader and its public operations; they never take its lock nor touch its
 private names.
 

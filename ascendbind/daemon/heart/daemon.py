@@ -59,24 +59,21 @@ import structlog
 
 from ...applier.bind import apply_observed, bind_irqs_of, unproven_irqs
 from ...applier.irq import with_planned_irqs
-from ...discovery.gather.identity import (pin_identity, recycled, refuse_non_worker, require_live,
-                                          verify_identity)
+from ...discovery.gather.identity import refuse_non_worker, require_live, verify_identity
 from ...discovery.gather.process import ProcessView, observe_process, read_identity, thread_masks
-from ...discovery.gather.worker import discover_worker, without_process_table
-from ...errors import (AscendbindError, ConfigError, DiscoveryError, NotPermitted, PlanImpossible, ProcessGone,
-                       UsageError)
-from ...planner import make_plan, resolve_targets
+from ...errors import AscendbindError, ConfigError, NotPermitted, PlanImpossible, ProcessGone, UsageError
+from ...planner import make_plan
 from ...values.config import Config
 from ...values.cpulist import format_cpulist
 from ...values.frozen import frozen_map
-from ...values.model import Binding, DeviceType, ProcessIdentity, StepResult
+from ...values.model import Binding, ProcessIdentity, StepResult
 from ...values.reasons import Outcome, Reason, Step
 from ...values.targeting import TargetRequest
 from ..api.auth import Peer, authorize
 from ..api.contention import Contention
 from ..api.metrics import BindClock, Metrics
 from ..api.requests import (PlanAsk, _int_field, alignment_of, outcome_of_error, parse_bind_request,
-                            recycled_is_a_conflict, resolve_policy)
+                            recycled_is_a_conflict)
 # imported here, not at the first request: Python 3.9 lets a second thread that imports a module
 # while a first is still running it see it half made (ImportError "partially initialized module")
 from ..api.status import workers_answer
@@ -84,7 +81,7 @@ from ..host.hostcache import HostCache
 from ..host.replan import Replanned as ReplanOutcome, replan_worker
 from ..isolate.keeper import Isolation
 from ..state.state import StateFile, encode_record
-from ..state.staterecord import IN_FLIGHT, binding_from_json, binding_to_json
+from ..state.staterecord import IN_FLIGHT, binding_to_json
 from ..watch.blame import FIX
 from ..watch.held import Held
 from ..watch.lifecycle import Drop, LeaveAlone, NoteLocality, PinThreads, Reassert, Replan
@@ -95,7 +92,9 @@ from ..watch.observe import role_cpus
 from ..watch.proof import kept_on_rebind, proof_of
 from .effects import Effect, Forget, Note, RestoreAffinity
 from .events import Bound, Event, Gone, Looked, MemoryMoved, NpuChecked, Released, Replanned
+from .facts import facts_of, targets_of, view_of
 from .run import EffectRunner, Ran
+from .startup import load_records
 from .step import (claim, first_allowance, holders, inherit, last_950, leave, pass_bans, restoration_of, step,
                    with_originals)
 from .table import Holding, Reader, Table
@@ -240,7 +239,7 @@ class Daemon:
         loaded = self.state.load()
         self.isolation.load(loaded.isolation)  # what an earlier daemon changed on the host, to follow or put back
         with self.lock:
-            records, live, flying, bad = self._load_records(loaded.workers)
+            records, live, flying, bad = load_records(loaded.workers, self.config.proc_root)
             self.held = {h.binding.pid: h for h in records}
             for pid in sorted(set(self.held) - live):
                 self._submit(Gone(pid, live, "exited"), commit=False)
@@ -255,34 +254,6 @@ class Daemon:
         log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
                  skipped_malformed=bad, moved_aside=loaded.moved_aside or tidied.get("moved_aside"))
         return {"kept": kept, "gone": gone, "other_boot": loaded.other_boot, "malformed": bad}
-
-    def _load_records(self, raws) -> tuple[list[Held], frozenset[int], set[int], int]:
-        """(the state file's records, the pids still alive, those a killed daemon left in
-        flight, how many entries were malformed); each live one pinned again: its pidfd
-        first, then the start time and the pidfd inode the file kept."""
-        records: list[Held] = []
-        live: set[int] = set()
-        flying: set[int] = set()
-        bad = 0
-        for raw in raws:
-            try:
-                b = binding_from_json(raw)
-            except (KeyError, ValueError, TypeError) as exc:
-                bad += 1
-                log.error("state entry skipped", error=f"{type(exc).__name__}: {exc}")
-                continue
-            h = Held.from_state(b, raw, time.time())
-            if raw.get(IN_FLIGHT) is True:
-                flying.add(b.pid)
-            try:
-                h.pin = pin_identity(b.pid, b.start_time, b.pidfd_ino, self.config.proc_root)
-                live.add(b.pid)
-                if b.pidfd_ino is None and h.pin is not None and h.pin.ino is not None:
-                    h.binding = dataclasses.replace(b, pidfd_ino=h.pin.ino)  # an older record: kept from now on
-            except ProcessGone:
-                pass
-            records.append(h)
-        return records, frozenset(live), flying, bad
 
     def _undo_interrupted(self, flying: set[int]) -> None:
         """Undo the binds a killed daemon left in flight (their workers still live)."""
@@ -404,54 +375,12 @@ class Daemon:
             clock.mark("worker")
         return view
 
-    def _view_of(self, target: ProcessIdentity | ProcessView, *, pin: bool = False) -> ProcessView:
-        """``target`` itself, or a new observation of the process the identity names (with
-        ``pin``, holding it: the caller closes ``view.pin``)."""
-        if isinstance(target, ProcessView):
-            return target
-
-        def same(seen: ProcessIdentity) -> None:
-            if seen.start_time != target.start_time:
-                raise recycled(target.pid, seen.start_time, target.start_time)
-
-        with recycled_is_a_conflict():
-            return observe_process(self.hosts.source, target.pid, pin=pin, vet=same)
-
-    def _facts_of(self, view: ProcessView, request: TargetRequest, policy: PlanAsk | str | None):
-        """(config, host, worker, the process table's failure or None). A request that names its
-        NPU costs no npu-smi run: its process table is not read (the worker's evidence says so)."""
-        config = resolve_policy(policy, self.config)
-        host = self.hosts.get()
-        unread = "not read: the request names its NPU" if request.names_npus else None
-        failure = None
-        if unread is None:
-            try:
-                host = dataclasses.replace(host, processes=self.hosts.processes())
-            except DiscoveryError as exc:
-                failure, unread = exc, f"unavailable: {exc}"
-        with recycled_is_a_conflict():
-            worker = discover_worker(self.hosts.source, view.pid, config,
-                                     want_uvb=host.device_type is DeviceType.A950, view=view)
-        if unread is not None:
-            worker = without_process_table(worker, unread)
-        return config, host, worker, failure
-
     def planning_facts(self, h: Held, target: ProcessIdentity) -> tuple:
         """(config, host, worker) to explain ``h``'s plan with, read now from ``target`` (the
         worker observed again), its allowance the one its binding was planned from."""
-        config, host, worker, _ = self._facts_of(self._view_of(target), TargetRequest.of(h.binding.npus), h.ask)
+        config, host, worker, _ = facts_of(self.hosts, self.config, view_of(self.hosts.source, target),
+                                       TargetRequest.of(h.binding.npus), h.ask)
         return config, host, self.allowance(worker, h)
-
-    @staticmethod
-    def _targets(host, worker, request: TargetRequest, failure: DiscoveryError | None):
-        """The rule's decision; without any evidence and with the process table failing, the
-        table's failure (503: ask again) rather than "no target"."""
-        try:
-            return resolve_targets(host, worker, request)
-        except PlanImpossible as exc:
-            if failure is not None and exc.code == "no_target_npu":
-                raise failure from None
-            raise
 
     def allowance(self, worker, prev: Held | None):
         """The CPUs to plan ``worker`` from (step.first_allowance: a bound worker's first
@@ -506,7 +435,7 @@ class Daemon:
         if identity is None:
             raise ProcessGone(f"process {target.pid} has no readable stat", code="pid_gone")
         refuse_non_worker(identity, self.pid)
-        view = self._view_of(target, pin=True)
+        view = view_of(self.hosts.source, target, pin=True)
         deferred: list[Callable[[], None]] = [] if later is None else later
         try:
             with (view.pin if view is not target else None) or contextlib.nullcontext():
@@ -521,9 +450,9 @@ class Daemon:
                    clock: BindClock, later: list[Callable[[], None]], vouched: tuple = (None, None)) -> dict[str, Any]:
         """One bind, step by step: the worker's facts and its NPUs (outside the lock), then,
         under it, the claim, the plan, the writes and the record; the answer."""
-        config, host, worker, failure = self._facts_of(view, request, policy)
+        config, host, worker, failure = facts_of(self.hosts, self.config, view, request, policy)
         clock.mark("worker")
-        decision = self._targets(host, worker, request, failure)
+        decision = targets_of(host, worker, request, failure)
         fresh = host.processes if not request.names_npus and failure is None else None
         listed = self._listed_if_contested(view.pid, decision.npus, fresh)
         proof = proof_of(worker, decision, decision.npus, root_uid=vouched[0], listed=listed or vouched[1])
@@ -949,9 +878,9 @@ class Daemon:
         request = TargetRequest.of(request)
         view = self.observe(peer, pid or peer.pid)
         pid = view.pid
-        config, host, worker, failure = self._facts_of(view, request, policy)
+        config, host, worker, failure = facts_of(self.hosts, self.config, view, request, policy)
         worker = self.allowance(worker, self.reader.get(pid))
-        decision = self._targets(host, worker, request, failure)
+        decision = targets_of(host, worker, request, failure)
         plan = dataclasses.replace(make_plan(host, worker, decision.npus, config), targets=decision)
         if plan.errors:
             raise PlanImpossible(plan.errors[0].reason, code=plan.errors[0].code, plan=plan)
