@@ -348,11 +348,6 @@ class Daemon:
         the number never left that process, so the observation is of it."""
         return h.binding.start_time == start_time and (h.pin is None or not h.pin.exited())
 
-    def live_owner_of(self, npus, *, except_pid: int) -> int | None:
-        with self.lock:
-            found = holders(self._table(), npus, but=(except_pid,), live=self._live())
-        return found[0].pid if found else None
-
     def holds(self, pid: int) -> bool:
         return self.reader.holds(pid)
 
