@@ -16,7 +16,7 @@ from ascendbind.daemon.heart.effects import (BindIrqs, CancelMove, FollowIsolati
                                              QueueMove, Remember, RestoreAffinity, RestoreIrqs)
 from ascendbind.daemon.heart.events import Bound, Gone, Looked, MemoryMoved, NpuChecked, Released, Replanned
 from ascendbind.daemon.heart.step import claim, first_allowance, holders, inherit, step, with_originals
-from ascendbind.daemon.heart.table import EMPTY, Holding, Table
+from ascendbind.daemon.heart.table import EMPTY, Holding, Reader, Table
 from ascendbind.daemon.watch.blame import Blame
 from ascendbind.daemon.watch.lifecycle import NoteLocality, PinThreads, Reassert
 from ascendbind.daemon.watch.proof import Proof
@@ -252,3 +252,29 @@ def test_a_look_persists_only_the_verdicts():
     assert step(t, Looked(1, (pin, note))) == (t, (Remember(1, pin), Remember(1, note)))
     again = Reassert("threads", Blame("external", "no evidence"), (1.0,), tids=(10,))
     assert step(t, Looked(1, (again,))) == (t, (Remember(1, again), Persist()))
+
+
+# ------------------------------------------------------------------ the reader
+
+
+def test_the_reader_hands_out_copies_taken_under_the_lock_never_the_lock():
+    taken = []
+
+    def locked(read):
+        taken.append(True)
+        return read()
+
+    class Rec:
+        def __init__(self, b):
+            self.binding = b
+
+    one, two = Rec(_binding(1, 0, 120, 121)), Rec(_binding(2, 1, 130, 131))
+    records = {1: one}
+    r = Reader(locked, lambda: records, lambda: held(one.binding))
+    copy = r.records()
+    records[2] = two
+    assert list(copy) == [1] and r.holds(2) and r.get(2) is two and len(r) == 2
+    assert r.current(two) and not r.current(Rec(two.binding))  # another record at the same pid is not current
+    assert r.read(lambda now: sorted(now)) == [1, 2] and list(r.table()) == [1]
+    assert len(taken) == 7  # every read but len() went through the lock
+    assert not hasattr(r, "lock")
