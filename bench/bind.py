@@ -149,7 +149,7 @@ class CoreContender:
                      npu_smi=os.path.join(FIXTURE_BIN, "npu-smi"))
         self.daemon = Daemon(cfg)
         if not write_state:  # both writes of a bind: its in-flight record and its final one
-            self.daemon.save = lambda *args, **kwargs: None
+            self.daemon.runner.commit = lambda **kwargs: None  # the final write (and isolation's follow-up)
             self.daemon._save_in_flight = lambda binding: None
         self.root = Peer(os.getpid(), 0, 0)
         self.bound = False
