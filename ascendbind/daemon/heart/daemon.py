@@ -208,8 +208,7 @@ class Daemon:
         state file and isolation follow (``EffectRunner.commit``). ``leaving``: the records
         that just left the table."""
         with self.lock:
-            self.runner.window = lambda: window
-            ran = self.runner.run(effects, leaving or {})
+            ran = self.runner.run(effects, leaving or {}, window=window)
             if ran.adopt or ran.hand_over or (commit and ran.persist):
                 self.runner.commit(adopt=ran.adopt, hand_over=ran.hand_over, later=later)
         return ran

@@ -52,21 +52,23 @@ class Ran:
 
 class EffectRunner:
     def __init__(self, *, config, metrics, mover, isolation, hosts, state, records: Callable[[], Mapping[int, Held]],
-                 bind_irqs: Callable[[Held, list[Held]], None], poke: Callable[[], None], isolation_host: Any,
-                 window: Callable[[], float] = lambda: 0.0) -> None:
+                 bind_irqs: Callable[[Held, list[Held]], None], poke: Callable[[], None], isolation_host: Any) -> None:
         self.config, self.metrics, self.mover, self.isolation = config, metrics, mover, isolation
         self.hosts, self.state, self.records = hosts, state, records
-        self.bind_irqs, self.poke, self.window = bind_irqs, poke, window
+        self.bind_irqs, self.poke = bind_irqs, poke
+        self._window = 0.0  # the re-assert window of the look being run, for the log
         # isolation's methods are handed the daemon today; ``commit`` is the one spot that does it
         self._isolation_host = isolation_host
         self._saved_held: frozenset[int] = frozenset()
 
     # ---------------------------------------------------------- the run
 
-    def run(self, effects: Iterable[Effect], leaving: Mapping[int, Held] = {}) -> Ran:
+    def run(self, effects: Iterable[Effect], leaving: Mapping[int, Held] = {}, *, window: float = 0.0) -> Ran:
         """Do ``effects`` in order; ``Persist`` and ``FollowIsolation`` are gathered for
-        ``commit`` (the caller's, once the run is over)."""
+        ``commit`` (the caller's, once the run is over). ``window``: a look's re-assert
+        window, for the log."""
         ran = Ran()
+        self._window = window
         for e in effects:
             kind = type(e)
             if kind is Persist:
@@ -153,7 +155,7 @@ class EffectRunner:
             h.leave_alone(a.what, a.why)
             log.warning("masks keep moving; no longer re-asserting them", pid=h.binding.pid,
                         what=MASK_LABELS[a.what], culprit=a.blame.culprit,
-                        reasserts=len(a.times), window_seconds=self.window(), why=a.why)
+                        reasserts=len(a.times), window_seconds=self._window, why=a.why)
         elif isinstance(a, NoteLocality):
             h.note_locality(a.ratio, a.at, a.residency, reset_futile=a.reset_futile)
             self.metrics.memory_local(ratios_by_npu(self.records().values()))
