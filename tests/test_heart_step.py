@@ -173,6 +173,11 @@ def test_an_evicted_holder_gets_its_cpus_back_but_its_masks_go_to_the_newcomer()
                                                                                   121: "000000ff"}
 
 
+def test_a_claimed_holder_that_left_meanwhile_is_nobodys_business():
+    t, fx = run(EMPTY, Bound(_binding(9, 0, 120, 121), PROVEN, live={9}, replaced=(2,), evicted=(3,)))
+    assert list(t) == [9] and not any(isinstance(e, (Forget, RestoreAffinity)) for e in fx)
+
+
 def test_a_gone_worker_gives_back_only_what_no_live_worker_needs():
     a, b = _binding(1, 0, 120, 121), _binding(2, 0, 120, 121)
     t, fx = run(held(a, b), Gone(1, live={2}))

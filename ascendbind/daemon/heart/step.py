@@ -182,11 +182,15 @@ def _left_npus(table: Table, prev: Holding | None, e: Bound, gone: Collection[in
 
 
 def _bound(table: Table, e: Bound) -> Stepped:
-    pid, gone = e.binding.pid, (*e.replaced, *e.evicted)
+    pid = e.binding.pid
+    # holders the claim named that left the table meanwhile have nothing left to give up
+    e = dataclasses.replace(e, replaced=tuple(p for p in e.replaced if p in table),
+                            evicted=tuple(p for p in e.evicted if p in table))
+    gone = (*e.replaced, *e.evicted)
     table, effects = _left_npus(table, table.get(pid), e, gone)
     prev = table.get(pid)
     sharers = [h.binding for h in holders(table, e.binding.npus, but=(pid, *gone))]
-    older = [h.binding for h in (prev, *(table.held[p] for p in gone if p in table)) if h is not None]
+    older = [h.binding for h in (prev, *(table.held[p] for p in gone)) if h is not None]
     binding = inherit(e.binding, older, sharers)
     for p in e.replaced:
         effects += [CancelMove(p, "replaced"), Forget(p, "replaced"),
