@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import operator
 import os
 import threading
 import time
@@ -107,6 +108,7 @@ log = structlog.get_logger("ascendbind.daemon")
 _POLICY_REFUSALS = ("topology_rejected", "too_many_numa_nodes")
 # a look's actions that are the table's ``Looked`` (a drop is ``Gone``; re-plans and reruns run elsewhere)
 _LOOKED = (PinThreads, Reassert, LeaveAlone, NoteLocality)
+_TID = operator.attrgetter("tid")
 
 
 class Daemon:
@@ -527,7 +529,7 @@ class Daemon:
         memory = applied.binding.step(Step.MEMORY)
         node = memory.data["target_node"] if memory is not None and memory.outcome is Outcome.PENDING else None
         self._submit(Bound(applied.binding, proof, self._live(), gone[0], gone[1], node,
-                           tuple(t.tid for t in facts[1].threads)), fresh={view.pid: held}, later=later)
+                           tuple(map(_TID, facts[1].threads))), fresh={view.pid: held}, later=later)
         return held.binding
 
     def _after_bind(self, binding: Binding, plan, proof, request: TargetRequest, facts: tuple, decision,

@@ -183,9 +183,10 @@ def _left_npus(table: Table, prev: Holding | None, e: Bound, gone: Collection[in
 
 def _bound(table: Table, e: Bound) -> Stepped:
     pid = e.binding.pid
-    # holders the claim named that left the table meanwhile have nothing left to give up
-    e = dataclasses.replace(e, replaced=tuple(p for p in e.replaced if p in table),
-                            evicted=tuple(p for p in e.evicted if p in table))
+    if any(p not in table for p in (*e.replaced, *e.evicted)):
+        # holders the claim named that left the table meanwhile have nothing left to give up
+        e = dataclasses.replace(e, replaced=tuple(p for p in e.replaced if p in table),
+                                evicted=tuple(p for p in e.evicted if p in table))
     gone = (*e.replaced, *e.evicted)
     table, effects = _left_npus(table, table.get(pid), e, gone)
     prev = table.get(pid)

@@ -62,6 +62,8 @@ class Table:
         return Table(frozen_map({**self.held, **{h.pid: h for h in holdings}}))
 
     def without(self, *pids: int) -> Table:
+        if not any(p in self.held for p in pids):
+            return self  # nothing to take out: the same value (a bind that replaces nobody)
         return Table(frozen_map({p: h for p, h in self.held.items() if p not in pids}))
 
     def rebound(self, pid: int, binding: Binding) -> Table:
