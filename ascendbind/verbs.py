@@ -104,7 +104,7 @@ def _socket_of(args) -> str:
 
 def cmd_serve(args) -> int:
     from .daemon.runtime.logs import configure_logging
-    from .daemon.serve import serve
+    from .daemon.runtime.serve import serve
 
     config = config_from_args(args)
     configure_logging()

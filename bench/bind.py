@@ -71,7 +71,7 @@ from ascendbind.discovery import LiveHost, discover_host, discover_worker  # noq
 from ascendbind.discovery.read.pin import open_pin  # noqa: E402
 from ascendbind.planner import make_plan  # noqa: E402
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
-from ascendbind.daemon.core import Daemon  # noqa: E402
+from ascendbind.daemon.heart.daemon import Daemon  # noqa: E402
 from ascendbind.daemon.api.metrics import BIND_PHASES  # noqa: E402
 from bench.common import write_json  # noqa: E402
 from tests.daemon_harness import DaemonProc, base_env, free_port, metric_value  # noqa: E402
@@ -149,7 +149,7 @@ class CoreContender:
                      npu_smi=os.path.join(FIXTURE_BIN, "npu-smi"))
         self.daemon = Daemon(cfg)
         if not write_state:  # both writes of a bind: its in-flight record and its final one
-            self.daemon.save = lambda *args, **kwargs: None
+            self.daemon.runner.commit = lambda **kwargs: None  # the final write (and isolation's follow-up)
             self.daemon._save_in_flight = lambda binding: None
         self.root = Peer(os.getpid(), 0, 0)
         self.bound = False

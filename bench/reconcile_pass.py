@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascendbind.applier.affinity import role_of  # noqa: E402
 from ascendbind.daemon.api.contention import Contention  # noqa: E402
+from ascendbind.daemon.heart.table import Reader, Table  # noqa: E402
 from ascendbind.daemon.watch.held import SeenThread  # noqa: E402
 from ascendbind.values.config import Config  # noqa: E402
 from ascendbind.daemon.watch.observe import observe_marked, observe_threads, slot_quiet, sweep_slots  # noqa: E402
@@ -79,8 +80,14 @@ class _HeldStub:
 
 
 def telemetry(workers, caches, cpus) -> Contention:
-    daemon = SimpleNamespace(lock=threading.RLock(), config=SimpleNamespace(proc_root="/proc"),
-                             held={w.pid: _HeldStub(w.pid, w.start_time, c, cpus) for w, c in zip(workers, caches)})
+    lock = threading.RLock()
+    held = {w.pid: _HeldStub(w.pid, w.start_time, c, cpus) for w, c in zip(workers, caches)}
+
+    def locked(read):
+        with lock:
+            return read()
+
+    daemon = SimpleNamespace(config=SimpleNamespace(proc_root="/proc"), reader=Reader(locked, lambda: held, Table))
     c = Contention(daemon, log_dir="/nonexistent", min_interval=0)
     c.refresh(force=True)  # the first look (a baseline) is not what a scrape costs
     return c

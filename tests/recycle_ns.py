@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ascendbind.daemon.api.auth import Peer  # noqa: E402
-from ascendbind.daemon.core import Daemon  # noqa: E402
+from ascendbind.daemon.heart.daemon import Daemon  # noqa: E402
 from ascendbind.daemon.watch.reconcile import Reconciler  # noqa: E402
 from ascendbind.errors import AscendbindError  # noqa: E402
 from tests.builders import fixture_config  # noqa: E402
@@ -230,8 +230,7 @@ def run_trials(kind: str, trials: int, state_dir: str) -> dict:
                 out["trials"] += 1
                 out["pinned"] += bool(s.moved())
                 out["answers"][what] = out["answers"].get(what, 0) + 1
-                with daemon.lock:
-                    out["held"] += worker.pid in daemon.held and kind != "tid"
+                out["held"] += daemon.reader.holds(worker.pid) and kind != "tid"
             finally:
                 hook.pop()
                 if trial.stranger is not None:
@@ -262,8 +261,7 @@ def _bind(daemon: Daemon, root: Peer, pid: int) -> str:
 def _held_verdict(daemon: Daemon, loop: Reconciler, pid: int, release: int) -> str:
     """What the daemon makes of its bound worker once a same-tick stranger has its pid:
     whether it still calls it alive, then what a reconcile pass or a release does."""
-    with daemon.lock:
-        alive = daemon.is_alive(daemon.held[pid])
+    alive = daemon.is_alive(daemon.reader.get(pid))
     if release:
         try:
             answer = daemon.release_pid(pid)

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ascendbind.settings import load_config
 from ascendbind.daemon.api.auth import Peer
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost
 from ascendbind.errors import PlanImpossible
 from tests.workers import start_worker

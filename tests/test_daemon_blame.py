@@ -351,9 +351,12 @@ def test_verdicts_survive_the_state_file_and_an_old_unknown_reads_as_external():
 
     b = irq_binding(4242, 0, 120, 121)
     h = Held(b, 1.0)
-    h.culprit, h.blame, h.left_alone, h.left_alone_why = "self", "CPU_AFFINITY_CONF=1 ...", True, "moved again ..."
-    h.irq_culprit, h.irqs_left_alone, h.irqs_left_alone_why = "irqbalance", True, "IRQ masks moved again ..."
+    threads, irqs = h.drift["threads"], h.drift["irqs"]
+    threads.culprit, threads.blame, threads.left_alone, threads.why = "self", "CPU_AFFINITY_CONF=1 ...", True, \
+        "moved again ..."
+    irqs.culprit, irqs.left_alone, irqs.why = "irqbalance", True, "IRQ masks moved again ..."
     back = Held.from_state(b, json.loads(json.dumps(h.state_json())), 9.0)
     assert back.state_json() == h.state_json()
     old = Held.from_state(b, {"culprit": "unknown", "left_alone": True, "blame": ["not", "text"]}, 9.0)
-    assert old.culprit == "external" and old.left_alone and old.blame is None and old.bound_at == 9.0
+    assert old.drift["threads"].culprit == "external" and old.drift["threads"].left_alone
+    assert old.drift["threads"].blame is None and old.bound_at == 9.0

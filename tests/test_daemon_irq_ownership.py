@@ -12,7 +12,7 @@ import shutil
 from ascendbind.daemon.watch.held import Held
 from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.values.frozen import frozen_map
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.step import inherit
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.values.model import Binding, StepResult
 from tests.builders import START, irq_binding, proc_daemon, proc_tree
@@ -30,20 +30,21 @@ def test_moved_irq_mask_is_set_back_and_blamed_on_irqbalance_when_it_runs(tmp_pa
     (proc / "irq/120/smp_affinity").write_text("0000ffff\n")
     assert rec._irqs(h) is True
     assert (proc / "irq/120/smp_affinity").read_text().strip() == "00000004"
-    assert h.irq_culprit == "external" and h.culprit is None  # no irqbalance: no evidence against anyone
+    assert h.drift["irqs"].culprit == "external" and h.drift["threads"].culprit is None  # no irqbalance: no evidence
 
     (proc / "777").mkdir()
     (proc / "777" / "comm").write_text("irqbalance\n")
     (proc / "irq/121/smp_affinity").write_text("0000ffff\n")
-    assert rec._irqs(h) is True and h.irq_culprit == "irqbalance"
+    assert rec._irqs(h) is True and h.drift["irqs"].culprit == "irqbalance"
     assert (proc / "irq/121/smp_affinity").read_text().strip() == "00000008"
 
     # past the per-window limit the IRQs are left to irqbalance, the threads are not
     (proc / "irq/121/smp_affinity").write_text("0000ffff\n")
     rec._irqs(h)
-    assert h.irqs_left_alone and not h.left_alone and h.irq_culprit == "irqbalance"
-    assert "IRQ masks moved again after 2 re-asserts" in h.irqs_left_alone_why
-    assert "blamed irqbalance" in h.irqs_left_alone_why and h.left_alone_why is None
+    irqs, threads = h.drift["irqs"], h.drift["threads"]
+    assert irqs.left_alone and not threads.left_alone and irqs.culprit == "irqbalance"
+    assert "IRQ masks moved again after 2 re-asserts" in irqs.why
+    assert "blamed irqbalance" in irqs.why and threads.why is None
     assert (proc / "irq/121/smp_affinity").read_text().strip() == "0000ffff"
     text = d.metrics.render().decode()
     assert 'ascendbind_drift_total{culprit="irqbalance"} 2.0' in text
@@ -89,7 +90,7 @@ def test_workers_sharing_an_npu_give_the_host_its_irq_masks_back_whichever_leave
         if read_by_second is None:
             second = Binding(400, START, second.npus, second.plan, second.original_cpus, frozen_map({}),
                              second.steps, irqs=second.irqs)
-        second = Daemon._inherit(second, [], [Held(first, 0.0)])
+        second = inherit(second, [], [first])
         assert dict(second.saved_irq_masks) == {140: "000000ff", 141: "0000ff00"}
         d.held = {300: Held(first, 0.0), 400: Held(second, 0.0)}
 

@@ -26,7 +26,7 @@ from ascendbind.values.reasons import Outcome, Step
 from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.api.auth import Peer
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.locality import MemoryLocality, ratios_by_npu
 from ascendbind.daemon.api.metrics import Metrics

@@ -71,7 +71,7 @@ def test_service_keeps_what_the_daemon_needs():
 
 def test_service_fd_limit_covers_the_daemon_budget_and_the_daemon_checks_its_own():
     from ascendbind.daemon.api.metricsport import METRICS_LIMITS
-    from ascendbind.daemon.serve import FD_OVERHEAD
+    from ascendbind.daemon.runtime.serve import FD_OVERHEAD
     from ascendbind.daemon.api.server import API_LIMITS
 
     budget = API_LIMITS.max_total + METRICS_LIMITS.max_total + FD_OVERHEAD
@@ -81,7 +81,7 @@ def test_service_fd_limit_covers_the_daemon_budget_and_the_daemon_checks_its_own
     # started under a smaller soft limit, the daemon raises it to its budget (the hard limit allowing).
     # The hard limit is the unit's 4096, or this machine's where that is lower: raising a hard limit
     # needs CAP_SYS_RESOURCE, which a machine (a container, a VM's bounding set) may not give root
-    code = ("import resource; from ascendbind.daemon.serve import ensure_fd_budget; "
+    code = ("import resource; from ascendbind.daemon.runtime.serve import ensure_fd_budget; "
             "hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096); "
             "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)); "
             f"print(hard, ensure_fd_budget({budget}), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")

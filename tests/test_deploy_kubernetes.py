@@ -370,7 +370,7 @@ def test_image_context_builds_the_package_and_holds_every_copied_file(tmp_path):
 
     with tarfile.open(tmp_path / "dist" / r.stdout.split()[-1]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"ascendbind/daemon/serve.py", "ascendbind/client.py", "pyproject.toml"} <= names
+    assert {"ascendbind/daemon/runtime/serve.py", "ascendbind/client.py", "pyproject.toml"} <= names
     assert not any(n.startswith(("tests/", "deploy/")) for n in names)
 
 

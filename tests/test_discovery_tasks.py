@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from ascendbind.discovery.gather.identity import start_time
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.watch.reconcile import Reconciler
 from ascendbind.discovery.read.tasks import (exited_pidfds, list_tids, open_pidfd, parent_pid, read_cmdline,

@@ -27,7 +27,7 @@ from ascendbind import errors
 from ascendbind.cli import build_parser
 from ascendbind.values.config import CHOICES, ISOLATION_KEYS, PLAN_KEYS, Config
 from ascendbind.settings import OTHER_VARIABLES
-from ascendbind.daemon.serve import RESTART_KEYS
+from ascendbind.daemon.runtime.serve import RESTART_KEYS
 from ascendbind.daemon.api.server import ROUTES, http_status_of
 from ascendbind.discovery.gather.snapshot import record_snapshot
 from ascendbind.planner import ALIGNMENT_FAILURE_REASONS, ERROR_CODES, WARNING_CODES

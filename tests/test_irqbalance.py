@@ -21,7 +21,7 @@ from ascendbind.values.config import Config
 from ascendbind.discovery.gather.process import read_identity
 from ascendbind.daemon.watch.held import Held
 from ascendbind.values.reasons import Outcome, Reason, Step
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.values.model import Binding, IrqbalanceBans
 from tests.irqbalance_harness import ABSTRACT_NAME, Irqbalance, RawClient, fixture_proc_link, listening_names
 from tests.test_applier_irq import host, immutable, make_tree, mask, needs_chattr, plan

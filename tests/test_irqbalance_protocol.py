@@ -17,10 +17,9 @@ import pytest
 
 from ascendbind.applier.irqbalance import MAX_REPLY, IrqbalanceLink, Unreachable, ban_irqs, hand_back
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
-from ascendbind.daemon.watch.held import Held
 from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.step import inherit
 from ascendbind.daemon.watch.bans import carried_bans, split_bans
 from ascendbind.discovery.parse.irqbalance import (
     MAX_COMMAND,
@@ -146,7 +145,7 @@ def test_a_rebound_or_replacing_binding_inherits_the_older_holders_bans():
     # the new bind found 421/423 banned already (by the holder it replaces) and added none
     older = _binding(IrqbalanceBans(812, 2345, frozenset({421, 423})))
     newer = dataclasses.replace(_binding(None), pid=4343)
-    assert Daemon._inherit(newer, [Held(older, 0.0)]).irqbalance_bans == older.irqbalance_bans
+    assert inherit(newer, [older]).irqbalance_bans == older.irqbalance_bans
 
 
 def test_ban_is_the_default_and_warn_stop_stay_choosable():

@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 
 from ascendbind.daemon.watch.blame import Evidence
-from ascendbind.daemon.watch.lifecycle import (CpusetNews, Drop, Evict, LeaveAlone, Limits, Looks, NoteLocality,
-                                               Observation, PinThreads, Reassert, Record, Replan, ReplaceHolder,
-                                               RerunMemory, claim, decide, left_behind,
+from ascendbind.daemon.watch.lifecycle import (CpusetNews, Drop, LeaveAlone, Limits, Looks, NoteLocality,
+                                               Observation, PinThreads, Reassert, Record, Replan,
+                                               RerunMemory, decide, left_behind,
                                                MEMORY_HYSTERESIS, memory_rerun_due, rerun_was_futile, restoration,
                                                wanted)
 from ascendbind.values.decisions import IrqBinding
 from ascendbind.discovery.parse.numa_maps import parse_numa_maps
-from ascendbind.errors import Conflict
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.model import Binding, DeviceType, IrqbalanceBans, Mode, NpuPlan, Plan, StepResult
 from ascendbind.values.reasons import Outcome, Step
@@ -316,29 +315,3 @@ def test_a_rebound_worker_gives_back_what_it_saved_for_the_npus_it_left(name, ol
     assert set(keeps.saved_irq_masks) == kept
     assert (None if keeps.irqbalance_bans is None else set(keeps.irqbalance_bans.irqs)) == kept_bans
     assert keeps.npus == old.npus and keeps.original_cpus == old.original_cpus
-
-
-# ---------------------------------------------------------------- claims
-
-CLAIM_TABLE = [
-    # (name, holders (pid, npus, alive), listed (npu, pid), allow_shared, replaced, evicted)
-    ("a free NPU: nobody gives way", [(2, (5,), True)], None, False, (), ()),
-    ("a dead holder is replaced", [(2, (0,), False)], None, False, (ReplaceHolder(2),), ()),
-    ("an unlisted live holder gives way to a listed newcomer", [(2, (0,), True)], {(0, 9)}, False, (), (Evict(2),)),
-    ("shared NPUs allowed: a live holder stays", [(2, (0,), True)], None, True, (), ()),
-    ("dead and unlisted together", [(2, (0,), False), (3, (1,), True)], {(1, 9)}, False,
-     (ReplaceHolder(2),), (Evict(3),)),
-]
-
-
-@pytest.mark.parametrize("name,holders,listed,shared,replaced,evicted", CLAIM_TABLE,
-                         ids=[row[0] for row in CLAIM_TABLE])
-def test_who_gives_way_when_an_npu_is_claimed(name, holders, listed, shared, replaced, evicted):
-    assert claim(9, (0, 1), holders, listed, allow_shared=shared) == (replaced, evicted)
-
-
-@pytest.mark.parametrize("listed", [None, {(0, 2)}, {(0, 2), (0, 9)}, set()])
-def test_a_live_holder_keeps_its_npu_unless_the_driver_lists_only_the_newcomer(listed):
-    with pytest.raises(Conflict) as exc:
-        claim(9, (0,), [(2, (0,), True)], listed)
-    assert exc.value.code == "npu_busy"

@@ -25,7 +25,7 @@ import pytest
 
 from ascendbind.applier.affinity import bind_tasks
 from ascendbind.daemon.api.auth import Peer
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.state.staterecord import binding_from_json, binding_to_json
 from ascendbind.daemon.watch.npucheck import NpuChecker
 from ascendbind.daemon.watch.reconcile import Reconciler

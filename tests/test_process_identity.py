@@ -20,7 +20,7 @@ from ascendbind.discovery.gather.process import read_identity
 from ascendbind.values.frozen import frozen_map
 from ascendbind.settings import load_config
 from ascendbind.daemon.api.auth import Peer, authorize
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.api.requests import claim_npus, evictable, outcome_of_error
 from ascendbind.discovery import LiveHost, discover_worker
 from ascendbind.discovery.parse.procfs import PF_KTHREAD, parse_stat

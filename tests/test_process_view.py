@@ -15,7 +15,7 @@ import pytest
 
 from ascendbind.applier.affinity import bind_tasks, cpus_for_role, role_of
 from ascendbind.daemon.api.auth import Peer
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.discovery import LiveHost, SnapshotHost
 from ascendbind.discovery.gather.process import ProcessView, observe_process
 from ascendbind.discovery.parse.procfs import cpuset_cgroup, parse_cgroup

@@ -15,7 +15,7 @@ from ascendbind.values.reasons import Outcome, Reason, Step
 from ascendbind.values.frozen import frozen_map
 from ascendbind.values.decisions import IrqBinding
 from ascendbind.settings import load_config
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held
 from ascendbind.daemon.state.state import STATE_VERSION, StateFile, encode_record
 from ascendbind.discovery import SnapshotHost, discover_host, discover_worker
@@ -80,7 +80,7 @@ def test_a_held_workers_record_is_encoded_again_only_when_it_changed(tmp_path):
     first = held.state_record()
     assert held.state_record() is first  # unchanged: the text of the last save, not a new encoding
     assert json.loads(first) == binding_to_json(b, **held.state_json())
-    held.left_alone, held.left_alone_why = True, "moved again"  # a verdict the reconcile loop reached
+    held.leave_alone("threads", "moved again")  # a verdict the reconcile loop reached
     second = held.state_record()
     assert second is not first and json.loads(second)["left_alone"] is True
     held.binding = dataclasses.replace(b, npus=(3,))  # a new binding (a re-plan)

@@ -26,7 +26,7 @@ import pytest
 from ascendbind.applier.affinity import bind_tasks
 from ascendbind.discovery.gather.identity import start_time
 from ascendbind.applier.irq import set_irq_affinity
-from ascendbind.daemon.core import Daemon
+from ascendbind.daemon.heart.daemon import Daemon
 from ascendbind.daemon.watch.held import Held, SeenThread
 from ascendbind.daemon.watch.observe import COMM_SWEEP_PASSES, role_cpus, sweep_slots
 from ascendbind.daemon.watch.reconcile import Reconciler
@@ -408,7 +408,7 @@ def test_with_events_an_irq_mask_moved_between_quiet_passes_is_set_back_by_the_n
         assert quiet_runs >= 1  # the IRQ mask is where the binding set it: the pass stays quiet
         set_irq_affinity(irq, set(CPUS))  # someone else moves it
         rec.pass_once()
-        assert parse_mask(read_irq_mask(irq)) == {CPUS[0]} and h.irq_culprit is not None
+        assert parse_mask(read_irq_mask(irq)) == {CPUS[0]} and h.drift["irqs"].culprit is not None
         assert metric_value(d.metrics.render().decode(), "ascendbind_reconcile_quiet_runs_total") == quiet_runs
 
 
@@ -437,7 +437,7 @@ def test_with_events_drift_of_a_plain_thread_is_set_back_by_its_share_of_the_swe
             assert cpus_allowed_of(w.pid, tid) == frozenset(CPUS) and h.drift_events == 0
         rec.pass_once()  # the k-th: its share
         assert cpus_allowed_of(w.pid, tid) == main
-        assert h.drift_events == 1 and h.culprit == "external"
+        assert h.drift_events == 1 and h.drift["threads"].culprit == "external"
 
 
 @two_cpus

@@ -157,7 +157,7 @@ class _View:
 
 class Contention:
     """The contention series of one daemon (a collector on its registry) and the figures
-    ``/v1/workers`` shows. ``daemon``: anything with ``held``, ``lock`` and ``config.proc_root``."""
+    ``/v1/workers`` shows. ``daemon``: anything with a ``reader`` of the held table and ``config.proc_root``."""
 
     def __init__(self, daemon, *, log_dir: str = LOG_DIR, min_interval: float = MIN_INTERVAL) -> None:
         self.daemon = daemon
@@ -202,8 +202,8 @@ class Contention:
         the daemon's lock."""
         if not force and time.monotonic() - self._at < self.min_interval:
             return
-        with self.daemon.lock:  # taken first and let go: worker_json runs under it and takes ours
-            views = [_View(h) for h in self.daemon.held.values() if h.binding.plan.npus]
+        # copied under the daemon's lock and let go: worker_json runs under it and takes ours
+        views = self.daemon.reader.read(lambda held: [_View(h) for h in held.values() if h.binding.plan.npus])
         with self._lock:
             proc_root = self.daemon.config.proc_root
             live = {v.key for v in views}
@@ -348,8 +348,8 @@ class Contention:
 
     def collect(self) -> Iterable:
         self.refresh()
-        with self.daemon.lock:  # a look reused from before a release must not show its worker
-            held = {(h.binding.pid, h.binding.start_time) for h in self.daemon.held.values()}
+        # a look reused from before a release must not show its worker
+        held = {(h.binding.pid, h.binding.start_time) for h in self.daemon.reader.records().values()}
         with self._lock:
             for key in [k for k in self._workers if k not in held]:
                 self._forget(key)  # its series leave now, not at the next look

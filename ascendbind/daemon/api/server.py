@@ -109,7 +109,7 @@ def _where(exc: BaseException) -> str:
 
 class ApiServer:
     """The API on ``sock`` (already bound and listening): ``serve()`` blocks, ``stop()`` ends it.
-    Each request is handed to ``daemon``, the ``Daemon`` (core.py) that alone changes what it holds."""
+    Each request is handed to ``daemon``, the ``Daemon`` (heart/daemon.py) that alone changes what it holds."""
 
     def __init__(self, sock: socket.socket, daemon, *, limits: Limits = API_LIMITS) -> None:
         self.daemon = daemon

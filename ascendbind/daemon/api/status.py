@@ -61,14 +61,13 @@ def workers_answer(daemon, query: str = "", peer: Peer | None = None) -> dict[st
     """The answer to ``GET /v1/workers?query`` asked by ``peer`` (None: the daemon itself)."""
     pid, explain = parse_workers_query(query)
     daemon.contention.refresh(force=True)  # a look of its own, outside the daemon's lock
-    with daemon.lock:
-        if pid is None:
-            return {"workers": [_record(daemon, h) for _, h in sorted(daemon.held.items())],
-                    "isolation": daemon.isolation.to_json(daemon.config)}
-        h = daemon.held.get(pid)
-        if h is None:
-            raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
-        record = _record(daemon, h)
+    if pid is None:
+        return daemon.reader.read(lambda held: {"workers": [_record(daemon, h) for _, h in sorted(held.items())],
+                                                "isolation": daemon.isolation.to_json(daemon.config)})
+    h = daemon.reader.get(pid)
+    if h is None:
+        raise ProcessGone(f"process {pid} is not bound by this daemon", code="not_bound")
+    record = daemon.reader.read(lambda _: _record(daemon, h))
     if explain:
         if peer is not None and not peer.is_root:
             _authorize_explain(daemon, peer, h)
@@ -101,7 +100,6 @@ def explain_held(daemon, h) -> str:
     target = require_identity(b.pid, daemon.config.proc_root)
     if not daemon.still_bound(h, target.start_time):
         raise ProcessGone(f"process {b.pid} is no longer the bound worker (pid reused)", code="not_bound")
-    config, host, worker = daemon._request_facts(target, b.npus, h.ask)
-    worker = daemon._first_allowance(worker, h)
+    config, host, worker = daemon.planning_facts(h, target)
     return ("note: this binding predates the daemon's start; the facts below were read now, the plan is the "
             "one bound\n" + explain_plan(host, worker, b.plan, config))

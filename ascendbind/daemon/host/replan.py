@@ -19,13 +19,10 @@ from collections.abc import Callable
 
 import structlog
 
-from ...applier.bind import apply_observed, unproven_irqs
 from ...discovery import discover_worker
-from ...discovery.gather.process import thread_masks
 from ...errors import AscendbindError, DiscoveryError
 from ...values.model import DeviceType, Plan, WorkerFacts
 from ...planner import make_plan
-from ...values.reasons import Outcome, Step
 from ..api.requests import resolve_policy
 
 __all__ = ["rediscover_and_replan", "replan_worker", "Replanned"]
@@ -57,9 +54,7 @@ def rediscover_and_replan(daemon, *, classes_changed: bool = False) -> dict:
         log.info("rediscovered: host unchanged")
         return {"changed": False, "rebound": []}
     rebound: list[int] = []
-    with daemon.lock:
-        held = sorted(daemon.held.items())
-    for pid, h in held:
+    for pid, h in sorted(daemon.reader.records().items()):
         if not daemon.is_alive(h):
             continue
         done = replan_worker(daemon, h, host, reason="host_changed" if changed else "classes_changed")
@@ -84,8 +79,7 @@ def replan_worker(daemon, h, host, *, reason: str,
         worker = discover_worker(daemon.hosts.source, pid, config, want_uvb=host.device_type is DeviceType.A950)
         if not daemon.still_bound(h, worker.start_time):
             return Replanned("gone")  # recycled: the reconcile loop drops the entry; never bind the newcomer
-        if worker.allowed_source == "status":
-            worker = dataclasses.replace(worker, allowed_cpus=h.binding.original_cpus)
+        worker = daemon.allowance(worker, h)  # planned from the allowance it was first bound with
         # the same NPUs as bound, for the same reasons: the decision travels on
         plan = dataclasses.replace(make_plan(host, worker, h.binding.npus, config), targets=h.binding.plan.targets)
         allowed = worker.allowed_cpus
@@ -101,19 +95,10 @@ def replan_worker(daemon, h, host, *, reason: str,
                 and plan.thread_classes == old.thread_classes:  # a class's role moves threads too
             daemon.metrics.replanned(reason, "unchanged")
             return Replanned("unchanged", allowed)
-        with daemon.lock:
-            if daemon.held.get(pid) is not h:
-                return Replanned("gone")  # released or bound again meanwhile
-            # its pages move afterwards, on the mover, like a bind's; the new binding is in the
-            # state file before its first write, as a bind's is (ownership.py: write-ahead)
-            skipped = None if h.proof.proven else unproven_irqs(h.binding.npus)
-            with daemon.write_ahead(pid, h.pin) as record:
-                binding = apply_observed(plan, worker, host, config, move_memory=False, pin=h.pin, record=record,
-                                         among_writes=daemon.among_writes, irqs_skipped=skipped).binding
-            daemon.rebound(h, binding, (host, worker, config), thread_masks(pid, proc_root=config.proc_root))
-            memory = binding.step(Step.MEMORY)
-            if memory is not None and memory.outcome is Outcome.PENDING:
-                daemon.move_memory(h, memory.data["target_node"], "replan")
+        # written ahead like a bind, its pages moved afterwards on the mover (the Daemon's rebind)
+        binding = daemon.rebind(h, plan, worker, host, config)
+        if binding is None:
+            return Replanned("gone")  # released or bound again meanwhile
         daemon.metrics.step_results(binding.steps)
         daemon.metrics.replanned(reason, "rebound")
         log.info("worker planned again", pid=pid, why=reason,

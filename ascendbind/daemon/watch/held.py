@@ -1,7 +1,7 @@
 """``Held``: one bound worker as the daemon holds it, with the reconcile loop's memory of it.
 
-A record is changed only by the ``Daemon`` (ownership.py), from the actions the
-lifecycle rules return; the one exception is the thread cache (``threads``),
+A record is changed only by the ``Daemon`` (heart/), from the effects its table's rules
+(heart/step.py) return; the one exception is the thread cache (``threads``),
 which the observer (observe.py) keeps current as it looks."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..api.requests import PlanAsk, alignment_of
 from ..state.staterecord import binding_to_json
 from ..state.state import encode_record
 
-__all__ = ["Held", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists", "memory_state"]
+__all__ = ["Held", "Drift", "KINDS", "SeenThread", "YOUNG_PASSES", "accepted", "cpulists", "memory_state"]
 
 # passes during which a newly seen thread's comm is read again (see reconcile.comm_due)
 YOUNG_PASSES = 3
@@ -46,6 +46,46 @@ class SeenThread:
         return f"SeenThread({format_cpulist(self.mask)!r}, {self.role!r}, young={self.young})"
 
 
+# the two kinds of mask the reconcile loop holds a worker to: its threads' and its NPU's IRQs'
+KINDS = ("threads", "irqs")
+
+# where each kind's verdict lives in the state file and in /v1/workers' "drift": (culprit, blame,
+# left alone, why); None: not kept (an IRQ mask's culprit says it all). The names are the file's
+# since before the kinds shared one record: an existing state file loads as it always did.
+_KEYS = {"threads": ("culprit", "blame", "left_alone", "left_alone_why"),
+         "irqs": ("irq_culprit", None, "irqs_left_alone", "irqs_left_alone_why")}
+
+
+@dataclass
+class Drift:
+    """What the reconcile loop concluded about one kind of mask of a worker."""
+
+    reasserts: deque = field(default_factory=deque)  # monotonic times of recent re-asserts
+    culprit: str | None = None  # who moved the masks last (metrics.CULPRITS)
+    blame: str | None = None  # the sentence behind ``culprit``: the evidence, or its absence
+    left_alone: bool = False  # re-asserted too often: no longer set back
+    why: str | None = None  # why it is left alone, for the status
+
+    def to_json(self, kind: str) -> dict[str, Any]:
+        return {k: v for k, v in zip(_KEYS[kind], (self.culprit, self.blame, self.left_alone, self.why))
+                if k is not None}
+
+    @classmethod
+    def from_json(cls, kind: str, raw: Mapping[str, Any]) -> Drift:
+        def text(key: str | None) -> str | None:
+            v = raw.get(key) if key is not None else None
+            return v[:2000] if isinstance(v, str) else None
+
+        culprit, blame, alone, why = _KEYS[kind]
+        # "unknown" was the label before blame needed evidence: it meant "no evidence"
+        label = "external" if raw.get(culprit) == "unknown" else text(culprit)
+        return cls(culprit=label, blame=text(blame), left_alone=bool(raw.get(alone)), why=text(why))
+
+
+def _drifts() -> dict[str, Drift]:
+    return {kind: Drift() for kind in KINDS}
+
+
 @dataclass
 class Held:
     """One bound worker and what the reconcile loop remembers about it."""
@@ -54,15 +94,7 @@ class Held:
     bound_at: float
     policy: str | None = None  # the request's topology_policy, None: the node's
     threads: dict[int, SeenThread] = field(default_factory=dict)  # tid -> mask/role we set or accepted
-    reasserts: deque = field(default_factory=deque)  # monotonic times of recent thread re-asserts
-    irq_reasserts: deque = field(default_factory=deque)
-    culprit: str | None = None  # who moved the threads last (metrics.CULPRITS)
-    blame: str | None = None  # the sentence behind ``culprit``: the evidence, or its absence
-    left_alone: bool = False
-    left_alone_why: str | None = None
-    irq_culprit: str | None = None
-    irqs_left_alone: bool = False
-    irqs_left_alone_why: str | None = None
+    drift: dict[str, Drift] = field(default_factory=_drifts)  # kind (KINDS) -> the loop's verdict on it
     drift_events: int = 0
     late_threads: int = 0
     # the locality check (locality.py); times are time.monotonic()
@@ -110,10 +142,29 @@ class Held:
 
     def record(self) -> Record:
         """What the lifecycle rules weigh of this worker, as a frozen value."""
-        return Record(self.binding.pid, threads_left_alone=self.left_alone, irqs_left_alone=self.irqs_left_alone,
-                      reasserts=tuple(self.reasserts), irq_reasserts=tuple(self.irq_reasserts),
+        threads, irqs = self.drift["threads"], self.drift["irqs"]
+        return Record(self.binding.pid, threads_left_alone=threads.left_alone, irqs_left_alone=irqs.left_alone,
+                      reasserts=tuple(threads.reasserts), irq_reasserts=tuple(irqs.reasserts),
                       memory_last_run=self.memory_last_run, memory_futile=self.memory_futile,
                       memory_ratio=self.memory_local_ratio, memory_moving=self.memory_move is not None)
+
+    def count_drift(self, what: str, blame, times) -> None:
+        """One more drift of ``what`` ("threads" or "irqs"), blamed on ``blame``; ``times``:
+        the re-asserts within the window."""
+        self.drift_events += 1
+        d = self.drift[what]
+        d.culprit, d.reasserts = blame.culprit, deque(times)
+        if _KEYS[what][1] is not None:
+            d.blame = blame.why
+
+    def leave_alone(self, what: str, why: str) -> None:
+        """Stop re-asserting ``what``; ``why`` is what the status says."""
+        self.drift[what].left_alone, self.drift[what].why = True, why
+
+    def note_locality(self, ratio: float | None, at: float, residency, *, reset_futile: bool) -> None:
+        self.memory_checked_at, self.memory_local_ratio, self.memory_residency = at, ratio, residency
+        if reset_futile:
+            self.memory_futile = 0
 
     def remember_threads(self, masks: Mapping[int, tuple[str, frozenset[int]]],
                          role_cpus: Mapping[str, frozenset[int]], classes: Sequence[ThreadClass] = ()) -> None:
@@ -130,10 +181,8 @@ class Held:
     def state_json(self) -> dict[str, Any]:
         """What the state file keeps beside the binding, so a restart remembers the verdicts."""
         return {"bound_at": self.bound_at, "topology_policy": self.policy, "pool_source": self.pool_source,
-                "culprit": self.culprit,
-                "blame": self.blame, "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
-                "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
-                "irqs_left_alone_why": self.irqs_left_alone_why, "proof": self.proof.to_json(),
+                **self.drift["threads"].to_json("threads"), **self.drift["irqs"].to_json("irqs"),
+                "proof": self.proof.to_json(),
                 "memory_move": None if self.memory_move is None else
                 {"node": self.memory_move[0], "why": self.memory_move[1]}}
 
@@ -152,19 +201,10 @@ class Held:
     @classmethod
     def from_state(cls, binding: Binding, raw: Mapping[str, Any], now: float) -> Held:
         """Inverse of state_json (entries written before a field existed get its default)."""
-        def text(key: str) -> str | None:
-            v = raw.get(key)
-            return v[:2000] if isinstance(v, str) else None
-
         h = cls(binding, float(raw.get("bound_at") or now), raw.get("topology_policy"))
         source = raw.get("pool_source")
         h.pool_source = source if source in CHOICES["pool_source"] else None
-        # "unknown" was the label before blame needed evidence: it meant "no evidence"
-        h.culprit = "external" if raw.get("culprit") == "unknown" else text("culprit")
-        h.irq_culprit = text("irq_culprit")
-        h.blame, h.left_alone_why, h.irqs_left_alone_why = text("blame"), text("left_alone_why"), \
-            text("irqs_left_alone_why")
-        h.left_alone, h.irqs_left_alone = bool(raw.get("left_alone")), bool(raw.get("irqs_left_alone"))
+        h.drift = {kind: Drift.from_json(kind, raw) for kind in KINDS}
         h.proof = Proof.from_json(raw.get("proof"))
         move = raw.get("memory_move")
         if isinstance(move, dict) and type(move.get("node")) is int and move["node"] >= 0:
@@ -191,10 +231,8 @@ class Held:
             "plan": b.plan.to_json(),
             "original_cpus": sorted(b.original_cpus),
             "steps": [s.to_json() for s in b.steps],
-            "drift": {"events": self.drift_events, "culprit": self.culprit, "blame": self.blame,
-                      "left_alone": self.left_alone, "left_alone_why": self.left_alone_why,
-                      "irq_culprit": self.irq_culprit, "irqs_left_alone": self.irqs_left_alone,
-                      "irqs_left_alone_why": self.irqs_left_alone_why},
+            "drift": {"events": self.drift_events, **self.drift["threads"].to_json("threads"),
+                      **self.drift["irqs"].to_json("irqs")},
             "late_threads_pinned": self.late_threads,
             "npu_check": self.npu_check,
             "proof": self.proof.to_json(),

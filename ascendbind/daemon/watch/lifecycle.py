@@ -60,11 +60,8 @@ NPUs it no longer drives, so what its earlier binding saved for them goes back
 exactly as a release of those NPUs would put it (``restoration`` over them); the
 new binding inherits only what belongs to the NPUs it still drives.
 
-Claims (``claim``): a bind for an NPU whose holder is dead replaces the holder
-(its saved masks carry over); an unproven live holder (proof.py) is evicted by a
-proven newcomer and shares with an unproven one; a proven live holder npu-smi
-does not list there, while it lists a proven newcomer, is evicted; any other
-live holder keeps the NPU (requests.claim_npus raises the 409).
+Who gives way to a bind, and what a binding inherits, are the held table's
+rules (daemon/heart/step.py): they weigh every held worker, not one look.
 """
 
 from __future__ import annotations
@@ -80,17 +77,20 @@ from ...values.reasons import Reason, Step
 from .bans import split_bans
 from ...values.cpulist import format_cpulist
 from .blame import Blame, Evidence, blame_cpuset, blame_irqs, blame_threads, left_alone_sentence
-from ..api.requests import claim_npus, irq_owners
+from ..api.requests import irq_owners
 
 __all__ = [
-    "REASSERT_LIMIT", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation", "Looks",
-    "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory", "ReplaceHolder", "Evict",
+    "REASSERT_LIMIT", "MASK_LABELS", "RERUN_BACKOFF_CAP", "MEMORY_HYSTERESIS", "Limits", "Record", "Observation",
+    "Looks",
+    "PinThreads", "Reassert", "LeaveAlone", "Drop", "NoteLocality", "RerunMemory",
     "CpusetNews", "Replan",
     "Restoration", "decide", "wanted", "memory_rerun_due", "rerun_was_futile", "restoration", "irqs_unproven",
-    "left_behind", "claim",
+    "left_behind",
 ]
 
 REASSERT_LIMIT = 3
+# each kind of mask a look holds a worker to ("threads", "irqs"), as a sentence names it
+MASK_LABELS = {"threads": "thread masks", "irqs": "IRQ masks"}
 RERUN_BACKOFF_CAP = 16
 # the band a memory ratio must clear: a rerun that gains less was futile, and only a
 # ratio this far above the threshold resets the backoff
@@ -227,21 +227,6 @@ class RerunMemory:
     ratio: float
 
 
-@dataclass(frozen=True)
-class ReplaceHolder:
-    """A dead holder of a claimed NPU: forgotten, its saved IRQ masks carried over."""
-
-    pid: int
-
-
-@dataclass(frozen=True)
-class Evict:
-    """A live holder that gives its NPU up (unproven, or npu-smi does not list it while it
-    lists the newcomer): released, its saved IRQ masks carried over."""
-
-    pid: int
-
-
 # typing.Union: a runtime ``X | Y`` of classes needs Python 3.10
 Action = Union[PinThreads, Reassert, LeaveAlone, Drop, NoteLocality, RerunMemory, Replan]
 
@@ -288,8 +273,8 @@ def _drift(what: str, blame: Blame, times: Iterable[float], now: float, limits: 
            tids: tuple[int, ...] = (), irqs: tuple[tuple[int, frozenset[int]], ...] = ()) -> Reassert | LeaveAlone:
     recent = tuple(t for t in times if now - t <= limits.window)
     if len(recent) >= limits.reassert_limit:
-        label = "IRQ masks" if what == "irqs" else "thread masks"
-        return LeaveAlone(what, blame, left_alone_sentence(label, blame, len(recent), limits.window), recent)
+        sentence = left_alone_sentence(MASK_LABELS[what], blame, len(recent), limits.window)
+        return LeaveAlone(what, blame, sentence, recent)
     return Reassert(what, blame, (*recent, now), tids=tids, irqs=irqs)
 
 
@@ -363,11 +348,3 @@ def left_behind(old: Binding, npus: Collection[int], others: Mapping[int, Bindin
                    irqbalance_bans=None if bans is None else bans.only(bans.irqs - leaving))
     return restoration(gone, others, is_950=False), kept
 
-
-def claim(pid: int, targets: Iterable[int], holders: Iterable[tuple], listed: Collection[tuple[int, int]] | None, *,
-          allow_shared: bool = False, proven: bool = True) -> tuple[tuple[ReplaceHolder, ...], tuple[Evict, ...]]:
-    """Who gives way when ``pid`` binds ``targets`` (holders: (pid, npus, alive[, proven])
-    of the others held; ``proven``: the newcomer's binding is); Conflict ``npu_busy`` when
-    a live holder keeps an NPU."""
-    dead, evict = claim_npus(pid, targets, holders, listed, allow_shared=allow_shared, proven=proven)
-    return tuple(ReplaceHolder(p) for p in dead), tuple(Evict(p) for p in evict)

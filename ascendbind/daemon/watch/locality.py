@@ -81,7 +81,7 @@ def _check_due(h, now: float, interval: float) -> bool:
 
 
 class MemoryLocality:
-    """The check and the rerun for one daemon (``daemon.held``, ``daemon.lock``,
+    """The check and the rerun for one daemon (``daemon.reader``, ``daemon.looking_at``,
     ``daemon.hosts.source``, ``daemon.metrics``, ``daemon.config``)."""
 
     def __init__(self, daemon, *, numa_maps_limit: int = NUMA_MAPS_LIMIT) -> None:
@@ -154,8 +154,7 @@ class MemoryLocality:
 
     def due(self, now: float) -> list:
         interval = self.daemon.config.memory_check_seconds
-        with self.daemon.lock:
-            return [h for _, h in sorted(self.daemon.held.items()) if _check_due(h, now, interval)]
+        return [h for _, h in sorted(self.daemon.reader.records().items()) if _check_due(h, now, interval)]
 
     def run_round(self, due: list, now: float | None = None):
         """Measure each of ``due``, then ask the mover for a rerun of the worst one that
@@ -195,8 +194,8 @@ class MemoryLocality:
             ratio = local_ratio(residency.private_kib, pool_nodes(b))
             result = "measured" if ratio is not None else "no_pages"
         d.metrics.memory_check(result)
-        with d.lock:
-            if d.held.get(b.pid) is not h:
+        with d.looking_at(h) as current:
+            if not current:
                 return None
             obs = Observation(memory_measured=True, memory_ratio=ratio, memory_residency=residency)
             actions = decide(h.record(), obs, now, self._limits())

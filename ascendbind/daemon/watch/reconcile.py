@@ -195,8 +195,7 @@ class Reconciler:
         d = self.daemon
         t0, c0 = time.monotonic(), time.thread_time()
         self.passes += 1
-        with d.lock:
-            held = dict(d.held)
+        held = d.reader.records()
         self._checkpoint(held)
         if self._quiet(held):
             d.metrics.reconcile_quiet_runs.inc()
@@ -223,7 +222,7 @@ class Reconciler:
             return False  # a worker over its event budget sends no events: only a listing sees its threads
         if poller.poll(0) or self._pool_proof_due:
             return False  # events queued (or the socket's error: lost events), or a worker exited
-        with self.daemon.lock:  # the records as the full look would see them
+        def quiet(_) -> bool:
             for pid, h in held.items():
                 if self._cpuset_news(h) is not None:
                     return False
@@ -233,15 +232,15 @@ class Reconciler:
                     return False
                 if looks.irqs and h.binding.irqs and self._moved_irqs(h):
                     return False
-        return True
+            return True
+        return self.daemon.reader.read(quiet)  # the records as the full look would see them
 
     def news_pass(self) -> None:
         """Between passes, woken by the events socket: the workers the events name get
         their look (a thread born or renamed into a role is pinned now, not a pass later);
         nobody else is looked at. Events lost or unknown: a full look."""
         d = self.daemon
-        with d.lock:
-            held = dict(d.held)
+        held = d.reader.records()
         events = self.thread_events.events(self.passes, held, d.config.thread_events, d.config.thread_event_budget)
         if events is None:
             return  # listing mode: the passes look, as they always did
@@ -261,9 +260,9 @@ class Reconciler:
         limits, dirty = self.limits, False
         replans: list[tuple[object, Replan]] = []
         for pid in news:
-            with d.lock:
-                h = d.held.get(pid)
-                if h is None or h is not held[pid]:
+            h = held[pid]
+            with d.looking_at(h) as current:
+                if not current:
                     continue
                 obs = self.observe(h, check_identity=pid not in proven or pid in exited, events=events)
                 if obs != _NOTHING:
@@ -288,9 +287,9 @@ class Reconciler:
         dirty = False
         replans: list[tuple[object, Replan]] = []
         for pid in sorted(held):
-            with d.lock:
-                h = d.held.get(pid)
-                if h is None or h is not held[pid]:
+            h = held[pid]
+            with d.looking_at(h) as current:
+                if not current:
                     continue
                 obs = self.observe(h, check_identity=pid in maybe_gone, events=events)
                 if obs != _NOTHING:  # a look that saw nothing calls for nothing (lifecycle's rule)

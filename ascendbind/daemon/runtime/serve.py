@@ -55,26 +55,26 @@ import time
 
 import structlog
 
-from .. import __version__
-from ..command import allow_commands, stop_commands
-from ..values.config import Config
-from ..discovery.read.deadline import READERS
-from ..errors import AscendbindError, ConfigError
-from ..values.model import HostFacts
-from ..values.reasons import Step
-from ..planner import lint_config
-from .runtime import systemd
-from .runtime.threadname import name_os_thread
-from .host.autobind import AutoBinder
-from .core import Daemon
-from .isolate.taskwatch import TaskWatch
-from .host.hotplug import HotplugMonitor
-from .api.listen import open_listen_socket
-from .api.metrics import Metrics
-from .api.metricsport import METRICS_LIMITS, start_tcp_listener
-from .watch.reconcile import Reconciler
-from .host.replan import rediscover_and_replan
-from .api.server import API_LIMITS, ApiServer
+from ... import __version__
+from ...command import allow_commands, stop_commands
+from ...values.config import Config
+from ...discovery.read.deadline import READERS
+from ...errors import AscendbindError, ConfigError
+from ...values.model import HostFacts
+from ...values.reasons import Step
+from ...planner import lint_config
+from . import systemd
+from .threadname import name_os_thread
+from ..host.autobind import AutoBinder
+from ..heart.daemon import Daemon
+from ..isolate.taskwatch import TaskWatch
+from ..host.hotplug import HotplugMonitor
+from ..api.listen import open_listen_socket
+from ..api.metrics import Metrics
+from ..api.metricsport import METRICS_LIMITS, start_tcp_listener
+from ..watch.reconcile import Reconciler
+from ..host.replan import rediscover_and_replan
+from ..api.server import API_LIMITS, ApiServer
 
 __all__ = ["serve", "RESTART_KEYS", "STOP_SECONDS"]
 
@@ -228,7 +228,7 @@ class _Service:
         self.daemon.save()
         self.stopping = None
         self._unlink_socket()
-        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.held))
+        log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.reader))
 
     def stop_within(self, seconds: float) -> bool:
         """stop(), for at most ``seconds``: False (and logged) when a part was still waiting."""
@@ -240,7 +240,7 @@ class _Service:
         saved = self.daemon.save(timeout=0.2)
         self._unlink_socket()
         log.error("stop did not finish in time; exiting anyway, bindings left in place", seconds=seconds,
-                  waiting_for=self.stopping, state_saved=saved, workers=len(self.daemon.held))
+                  waiting_for=self.stopping, state_saved=saved, workers=len(self.daemon.reader))
         return False
 
     def _unlink_socket(self) -> None:
