@@ -192,7 +192,7 @@ def test_a_restarted_daemon_lifts_a_gone_workers_bans_once_no_live_worker_pins_t
         both.steps[0], data={"npus": [*both.steps[0].data["npus"], *npu1.steps[0].data["npus"]]}),),
         irqs=(*both.irqs, *npu1.irqs))
     first.held = {100: Held(both, 0.0), 200: Held(irq_binding(200, 1, 130, 131, cpus=(4, 5)), 0.0)}
-    first.save()
+    first.commit()
 
     (proc / "100" / "stat").unlink()  # worker 100 exits while no daemon runs
     second = Daemon(config)

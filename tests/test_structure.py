@@ -525,9 +525,6 @@ def test_only_the_daemon_changes_the_held_table():
     assert changers == {"daemon/heart/daemon.py"}, changers
 
 
-# rooms that still take the daemon's lock; each entry must still do so (a fixed file leaves the list)
-LOCK_EXCEPTIONS: dict[str, str] = {
-}
 _DAEMON_NAMES = {"daemon", "d", "self.daemon", "self._daemon"}
 
 
@@ -561,12 +558,8 @@ ROOM_FILES = sorted(p for p in (PKG / "daemon").rglob("*.py") if "heart" not in 
 def test_rooms_read_the_held_table_through_its_reader(path):
     """heart/ holds the daemon's lock and its private names; a room is handed the ``Daemon``
     and uses its reader and its public operations."""
-    rel = str(path.relative_to(PKG))
     found = daemon_reaches(_tree(path))
-    if rel in LOCK_EXCEPTIONS:
-        assert found, f"{rel} no longer reaches into the daemon: take it off LOCK_EXCEPTIONS"
-        pytest.xfail(f"{rel}: {LOCK_EXCEPTIONS[rel]}")
-    assert not found, f"{rel} reaches into the daemon (use daemon.reader or a public operation): {found}"
+    assert not found, f"{path.relative_to(PKG)} reaches into the daemon (use daemon.reader or a public operation): {found}"
 
 
 def test_the_reader_check_catches_a_room_that_reaches_in():

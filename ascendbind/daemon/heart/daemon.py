@@ -235,10 +235,10 @@ class Daemon:
                 self.runner.commit(adopt=ran.adopt, hand_over=ran.hand_over, later=later)
         return ran
 
-    def save(self, timeout: float | None = None, *, later: list[Callable[[], None]] | None = None) -> bool:
-        """Write the state file, isolation following the table (``EffectRunner.commit``); with
-        ``timeout``, give up (False) when the lock is not had within it (a stop that cannot
-        wait). ``later``: a bind's work for after its answer, where the reconcile loop's
+    def commit(self, timeout: float | None = None, *, later: list[Callable[[], None]] | None = None) -> bool:
+        """Commit the held table as it stands: isolation follows it, then the state file and the
+        gauges (``EffectRunner.commit``, the one place either is reached); with ``timeout``,
+        give up (False) when the lock is not had within it (a stop that cannot wait). ``later``: a bind's work for after its answer, where the reconcile loop's
         poke goes."""
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
@@ -269,7 +269,7 @@ class Daemon:
             self._release_non_workers()
             kept = len(self.held)
             self._resume()
-            self.save()
+            self.commit()
         for _ in range(loaded.other_boot):
             self.metrics.dropped_worker("other_boot")
         log.info("state restored", kept=kept, dropped_gone=gone, dropped_other_boot=loaded.other_boot,
@@ -326,7 +326,7 @@ class Daemon:
             if recorded:
                 if pid not in self.held:
                     self._roll_back(Held(recorded[0], time.time(), pin=pin), "failed")
-                self.save()
+                self.commit()
             raise
 
     def _save_in_flight(self, b: Binding) -> None:
@@ -780,7 +780,7 @@ class Daemon:
                 return None
             h.memory_move = None
             if result is None:
-                self.save()
+                self.commit()
                 return h
             result = dataclasses.replace(result, data=frozen_map({
                 **result.data, "why": job.why, "started_at": None if job.started_at is None else
@@ -854,7 +854,7 @@ class Daemon:
             if self.held.get(h.binding.pid) is not h:
                 return done
             self._cpuset_verdict(h, a, done)
-            self.save()
+            self.commit()
         return done
 
     def _cpuset_verdict(self, h: Held, a: Replan, done: ReplanOutcome) -> None:

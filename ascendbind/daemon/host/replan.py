@@ -60,7 +60,7 @@ def rediscover_and_replan(daemon, *, classes_changed: bool = False) -> dict:
         done = replan_worker(daemon, h, host, reason="host_changed" if changed else "classes_changed")
         if done.outcome == "rebound":
             rebound.append(pid)
-    daemon.save()
+    daemon.commit()
     log.info("rediscovered: host changed" if changed else "rediscovered: thread classes changed", rebound=rebound)
     return {"changed": changed, "rebound": rebound}
 

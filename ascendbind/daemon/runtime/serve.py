@@ -104,7 +104,7 @@ class _Service:
         self.tcp = None
         self.reconciler = Reconciler(self.daemon)
         self.taskwatch = TaskWatch(self.daemon.isolation, config=lambda: self.daemon.config,
-                                   adopt=self.daemon.adopt_tasks, commit=self.daemon.save)
+                                   adopt=self.daemon.adopt_tasks, commit=self.daemon.commit)
         self.hotplug = HotplugMonitor(lambda: rediscover_and_replan(self.daemon))
         self.autobind: AutoBinder | None = None
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -167,7 +167,7 @@ class _Service:
             return  # logged by the cache; requests answer 503 until it works
         log.info("host discovered", device_type=facts.device_type.value, npus=len(facts.chips),
                  cpus=len(facts.cpus))
-        self.daemon.save()  # isolation needs the host's facts: it follows the restored workers now
+        self.daemon.commit()  # isolation needs the host's facts: it follows the restored workers now
 
     def _watchdog(self, interval: float) -> None:
         # ping only while the reconcile loop makes progress: a wedged daemon gets restarted
@@ -199,7 +199,7 @@ class _Service:
             self.autobind.stop()
             self.autobind = None
         log.info("SIGHUP: config reloaded")
-        self.daemon.save()  # isolation follows the new level now, not at the next change
+        self.daemon.commit()  # isolation follows the new level now, not at the next change
         threading.Thread(target=rediscover_and_replan, args=(self.daemon,), kwargs={"classes_changed": classes_changed},
                          name="rediscover", daemon=True).start()
 
@@ -225,7 +225,7 @@ class _Service:
         self.stopping = "isolation"
         self.daemon.stop_isolation()
         self.stopping = "state file"
-        self.daemon.save()
+        self.daemon.commit()
         self.stopping = None
         self._unlink_socket()
         log.info("ascendbind stopped; bindings left in place", workers=len(self.daemon.reader))
@@ -237,7 +237,7 @@ class _Service:
         t.join(seconds)
         if not t.is_alive():
             return True
-        saved = self.daemon.save(timeout=0.2)
+        saved = self.daemon.commit(timeout=0.2)
         self._unlink_socket()
         log.error("stop did not finish in time; exiting anyway, bindings left in place", seconds=seconds,
                   waiting_for=self.stopping, state_saved=saved, workers=len(self.daemon.reader))

@@ -269,7 +269,7 @@ class Reconciler:
                     dirty |= self._act(h, obs, limits, replans)
         self._replan(replans)
         if dirty:
-            d.save()
+            d.commit()
 
     def _look(self, held, events: EventLook | None = None) -> None:
         """One look at every held worker, and the actions they call for (``events``: read
@@ -296,7 +296,7 @@ class Reconciler:
                     dirty |= self._act(h, obs, limits, replans)
         self._replan(replans)
         if dirty:
-            d.save()
+            d.commit()
         self._arm_quiet(held, events)
 
     def _act(self, h, obs: Observation, limits: Limits, replans: list) -> bool:

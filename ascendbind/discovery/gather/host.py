@@ -16,7 +16,7 @@ worker plus one ``comm`` per thread; it runs ``ps -Te`` only when ``want_uvb``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...values.config import Config
