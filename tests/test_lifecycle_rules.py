@@ -44,35 +44,35 @@ DECIDE_TABLE = [
      Observation(gone="exited", to_pin=((7, "acl"),), drifted=(8,), moved_irqs=IRQS), (Drop("exited"),)),
     ("recycled: dropped as recycled", R, Observation(gone="recycled"), (Drop("recycled"),)),
     ("a gone worker left alone is dropped all the same",
-     Record(42, threads_left_alone=True, irqs_left_alone=True), Observation(gone="exited"), (Drop("exited"),)),
+     Record(42, left_alone=frozenset({"threads", "irqs"})), Observation(gone="exited"), (Drop("exited"),)),
     ("late or renamed threads are pinned", R, Observation(to_pin=((7, "acl"), (9, "release"))),
      (PinThreads(((7, "acl"), (9, "release"))),)),
-    ("threads left alone: a late thread is not pinned either", Record(42, threads_left_alone=True),
+    ("threads left alone: a late thread is not pinned either", Record(42, left_alone=frozenset({"threads"})),
      Observation(to_pin=((7, "acl"),), drifted=(8,)), ()),
     ("first drift: re-asserted, the window starts", R, Observation(drifted=(8, 9)),
      (Reassert("threads", decide(R, Observation(drifted=(8,)), NOW, LIMITS)[0].blame, (NOW,), tids=(8, 9)),)),
-    ("second drift inside the window: re-asserted, both counted", Record(42, reasserts=(NOW - 30,)),
+    ("second drift inside the window: re-asserted, both counted", Record(42, reasserts={"threads": (NOW - 30,)}),
      Observation(drifted=(8,)), "reassert:2"),
-    ("third drift inside the window: the last re-assert", Record(42, reasserts=(NOW - 50, NOW - 10)),
+    ("third drift inside the window: the last re-assert", Record(42, reasserts={"threads": (NOW - 50, NOW - 10)}),
      Observation(drifted=(8,)), "reassert:3"),
-    ("fourth inside the window: left alone", Record(42, reasserts=(NOW - 50, NOW - 30, NOW - 10)),
+    ("fourth inside the window: left alone", Record(42, reasserts={"threads": (NOW - 50, NOW - 30, NOW - 10)}),
      Observation(drifted=(8,)), "alone:3"),
-    ("re-asserts older than the window do not count", Record(42, reasserts=(NOW - 300, NOW - 200, NOW - 61)),
+    ("re-asserts older than the window do not count", Record(42, reasserts={"threads": (NOW - 300, NOW - 200, NOW - 61)}),
      Observation(drifted=(8,)), "reassert:1"),
-    ("exactly the window's age still counts", Record(42, reasserts=(NOW - 60, NOW - 59, NOW - 1)),
+    ("exactly the window's age still counts", Record(42, reasserts={"threads": (NOW - 60, NOW - 59, NOW - 1)}),
      Observation(drifted=(8,)), "alone:3"),
-    ("old and recent mixed: only the recent ones count", Record(42, reasserts=(NOW - 120, NOW - 20, NOW - 5)),
+    ("old and recent mixed: only the recent ones count", Record(42, reasserts={"threads": (NOW - 120, NOW - 20, NOW - 5)}),
      Observation(drifted=(8,)), "reassert:3"),
     ("pin and drift in one look: pinned first, then re-asserted", R,
      Observation(to_pin=((7, "acl"),), drifted=(8,)), "pin+reassert:1"),
     ("IRQ masks moved: re-asserted", R, Observation(moved_irqs=IRQS), "irq-reassert:1"),
-    ("IRQ masks left alone: nothing, even when they move", Record(42, irqs_left_alone=True),
+    ("IRQ masks left alone: nothing, even when they move", Record(42, left_alone=frozenset({"irqs"})),
      Observation(moved_irqs=IRQS), ()),
-    ("IRQ masks past the limit: left alone", Record(42, irq_reasserts=(NOW - 3, NOW - 2, NOW - 1)),
+    ("IRQ masks past the limit: left alone", Record(42, reasserts={"irqs": (NOW - 3, NOW - 2, NOW - 1)}),
      Observation(moved_irqs=IRQS), "irq-alone:3"),
-    ("thread and IRQ budgets are separate", Record(42, reasserts=(NOW - 3, NOW - 2, NOW - 1)),
+    ("thread and IRQ budgets are separate", Record(42, reasserts={"threads": (NOW - 3, NOW - 2, NOW - 1)}),
      Observation(drifted=(8,), moved_irqs=IRQS), "alone:3+irq-reassert:1"),
-    ("threads left alone, IRQs still watched", Record(42, threads_left_alone=True),
+    ("threads left alone, IRQs still watched", Record(42, left_alone=frozenset({"threads"})),
      Observation(drifted=(8,), moved_irqs=IRQS), "irq-reassert:1"),
 ]
 
@@ -114,7 +114,7 @@ def test_the_culprit_comes_from_the_evidence_and_never_changes_the_verdict(evide
     fresh = decide(R, obs, NOW, LIMITS)
     assert [type(a) for a in fresh] == [Reassert, Reassert]
     assert (fresh[0].blame.culprit, fresh[1].blame.culprit) == (threads, irqs)
-    spent = Record(42, reasserts=(NOW - 3, NOW - 2, NOW - 1), irq_reasserts=(NOW - 3, NOW - 2, NOW - 1))
+    spent = Record(42, reasserts={"threads": (NOW - 3, NOW - 2, NOW - 1), "irqs": (NOW - 3, NOW - 2, NOW - 1)})
     tired = decide(spent, obs, NOW, LIMITS)
     assert [type(a) for a in tired] == [LeaveAlone, LeaveAlone]  # whoever did it
     assert (_culprit(tired[:1]), _culprit(tired[1:])) == (threads, irqs)
@@ -122,17 +122,17 @@ def test_the_culprit_comes_from_the_evidence_and_never_changes_the_verdict(evide
 
 @pytest.mark.parametrize("record,looks", [
     (R, Looks(threads=True, irqs=True)),
-    (Record(42, threads_left_alone=True), Looks(threads=False, irqs=True)),
-    (Record(42, irqs_left_alone=True), Looks(threads=True, irqs=False)),
-    (Record(42, threads_left_alone=True, irqs_left_alone=True), Looks(threads=False, irqs=False)),
+    (Record(42, left_alone=frozenset({"threads"})), Looks(threads=False, irqs=True)),
+    (Record(42, left_alone=frozenset({"irqs"})), Looks(threads=True, irqs=False)),
+    (Record(42, left_alone=frozenset({"threads", "irqs"})), Looks(threads=False, irqs=False)),
 ])
 def test_a_look_reads_nothing_that_is_left_alone(record, looks):
     assert wanted(record) == looks
 
 
 @pytest.mark.parametrize("record", [
-    R, Record(42, threads_left_alone=True, irqs_left_alone=True), Record(42, reasserts=(1.0, 2.0, 3.0)),
-    Record(42, memory_ratio=0.1, memory_last_run=0.0), Record(42, memory_futile=5, irq_reasserts=(9.0,)),
+    R, Record(42, left_alone=frozenset({"threads", "irqs"})), Record(42, reasserts={"threads": (1.0, 2.0, 3.0)}),
+    Record(42, memory_ratio=0.1, memory_last_run=0.0), Record(42, memory_futile=5, reasserts={"irqs": (9.0,)}),
 ])
 def test_a_look_that_saw_nothing_calls_for_nothing(record):
     # the reconcile shell skips asking when a look saw nothing; this is what lets it
@@ -143,9 +143,9 @@ def test_a_limit_of_one_leaves_alone_at_the_second_drift():
     one = Limits(reassert_limit=1, window=10.0)
     first = decide(R, Observation(drifted=(8,)), NOW, one)
     assert isinstance(first[0], Reassert) and first[0].times == (NOW,)
-    second = decide(Record(42, reasserts=first[0].times), Observation(drifted=(8,)), NOW + 5, one)
+    second = decide(Record(42, reasserts={"threads": first[0].times}), Observation(drifted=(8,)), NOW + 5, one)
     assert isinstance(second[0], LeaveAlone) and "after 1 re-asserts within 10 s" in second[0].why
-    later = decide(Record(42, reasserts=first[0].times), Observation(drifted=(8,)), NOW + 11, one)
+    later = decide(Record(42, reasserts={"threads": first[0].times}), Observation(drifted=(8,)), NOW + 11, one)
     assert isinstance(later[0], Reassert) and later[0].times == (NOW + 11,)
 
 
@@ -154,8 +154,8 @@ def test_a_limit_of_one_leaves_alone_at_the_second_drift():
 MOVED = CpusetNews(frozenset({1}), frozenset({0}), "cpuset_changed", moved=True)
 
 
-@pytest.mark.parametrize("record", [R, Record(42, threads_left_alone=True),
-                                    Record(42, reasserts=(NOW - 50, NOW - 30, NOW - 10))],
+@pytest.mark.parametrize("record", [R, Record(42, left_alone=frozenset({"threads"})),
+                                    Record(42, reasserts={"threads": (NOW - 50, NOW - 30, NOW - 10)})],
                          ids=["bound", "left alone", "budget spent"])
 def test_a_changed_cpuset_is_replanned_never_reasserted_nor_blamed_on_a_tool(record):
     # the kernel moved the threads into the new cpuset: the look's drift is its move, not a

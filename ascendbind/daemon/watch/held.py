@@ -17,7 +17,7 @@ from ...values.config import CHOICES
 from ...values.cpulist import format_cpulist
 from ...discovery.read.pin import ProcessPin
 from ...discovery.parse.numa_maps import NumaResidency
-from ...values.frozen import plain
+from ...values.frozen import frozen_map, plain
 from ...values.model import Binding, NpuPlan
 from ...values.reasons import Step
 from ...values.threadclass import ThreadClass
@@ -142,9 +142,8 @@ class Held:
 
     def record(self) -> Record:
         """What the lifecycle rules weigh of this worker, as a frozen value."""
-        threads, irqs = self.drift["threads"], self.drift["irqs"]
-        return Record(self.binding.pid, threads_left_alone=threads.left_alone, irqs_left_alone=irqs.left_alone,
-                      reasserts=tuple(threads.reasserts), irq_reasserts=tuple(irqs.reasserts),
+        return Record(self.binding.pid, left_alone=frozenset(k for k, d in self.drift.items() if d.left_alone),
+                      reasserts=frozen_map({k: tuple(d.reasserts) for k, d in self.drift.items()}),
                       memory_last_run=self.memory_last_run, memory_futile=self.memory_futile,
                       memory_ratio=self.memory_local_ratio, memory_moving=self.memory_move is not None)
 

@@ -67,7 +67,7 @@ rules (daemon/heart/step.py): they weigh every held worker, not one look.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from ...discovery.parse.numa_maps import NumaResidency
@@ -115,10 +115,9 @@ class Record:
     """What the rules need to know of a held worker: its verdicts and recent history."""
 
     pid: int
-    threads_left_alone: bool = False
-    irqs_left_alone: bool = False
-    reasserts: tuple[float, ...] = ()  # monotonic times of recent thread re-asserts
-    irq_reasserts: tuple[float, ...] = ()
+    left_alone: frozenset[str] = frozenset()  # the kinds of mask ("threads", "irqs") no longer set back
+    # per kind of mask, the monotonic times of its recent re-asserts
+    reasserts: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: frozen_map({}))
     memory_last_run: float = 0.0  # the last memory step (the bind's own counts)
     memory_futile: int = 0  # reruns in a row that left the ratio below the threshold
     memory_ratio: float | None = None  # the last check's ratio (None: none measured)
@@ -236,7 +235,7 @@ Action = Union[PinThreads, Reassert, LeaveAlone, Drop, NoteLocality, RerunMemory
 
 def wanted(record: Record) -> Looks:
     """What a look should read: nothing of what is left alone (that costs nothing)."""
-    return Looks(threads=not record.threads_left_alone, irqs=not record.irqs_left_alone)
+    return Looks(threads="threads" not in record.left_alone, irqs="irqs" not in record.left_alone)
 
 
 def decide(record: Record, obs: Observation, now: float, limits: Limits) -> tuple[Action, ...]:
@@ -249,15 +248,15 @@ def decide(record: Record, obs: Observation, now: float, limits: Limits) -> tupl
     if news is not None:
         blame = blame_cpuset(format_cpulist(news.before), format_cpulist(news.after)) if moved else None
         actions.append(Replan(news, blame))
-    if not moved and not record.threads_left_alone:
+    if not moved and "threads" not in record.left_alone:
         if obs.to_pin:
             actions.append(PinThreads(tuple(obs.to_pin)))
         if obs.drifted:
             blame = blame_threads(obs.evidence if obs.evidence is not None else Evidence())
-            actions.append(_drift("threads", blame, record.reasserts, now, limits, tids=tuple(obs.drifted)))
-    if not record.irqs_left_alone and obs.moved_irqs:
+            actions.append(_drift("threads", blame, record.reasserts.get("threads", ()), now, limits, tids=tuple(obs.drifted)))
+    if "irqs" not in record.left_alone and obs.moved_irqs:
         blame = blame_irqs(obs.irqbalance_running)
-        actions.append(_drift("irqs", blame, record.irq_reasserts, now, limits, irqs=tuple(obs.moved_irqs)))
+        actions.append(_drift("irqs", blame, record.reasserts.get("irqs", ()), now, limits, irqs=tuple(obs.moved_irqs)))
     if obs.memory_measured:
         ratio = obs.memory_ratio
         # (a hair of slack: 0.8 + 0.05 is 0.8500000000000001 in binary)
