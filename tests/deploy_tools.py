@@ -7,9 +7,11 @@ reason on a developer's machine, but fails it in CI (``CI=true``), where
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,17 @@ K8S = DEPLOY / "kubernetes"
 RULES = DEPLOY / "prometheus" / "ascendbind.rules.yml"
 RULES_TEST = DEPLOY / "prometheus" / "tests" / "ascendbind.rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "ascendbind-dashboard.json"
+
+
+@contextlib.contextmanager
+def running(thing, start: Callable[[], object], stop: Callable[[], object]) -> Iterator:
+    """``thing`` once ``start()`` returns, and ``stop()`` however the block ends, also when
+    ``start`` itself fails half way (a service booted half way still has processes to end)."""
+    try:
+        start()
+        yield thing
+    finally:
+        stop()
 
 
 def in_ci() -> bool:

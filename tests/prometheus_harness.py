@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from tests.daemon_harness import free_port
-from tests.deploy_tools import missing
+from tests.deploy_tools import missing, running
 
 SCALE = 120
 # one scrape and one evaluation per "shipped" minute / SCALE (60 s / 120)
@@ -227,8 +227,5 @@ class Prometheus:
 @contextlib.contextmanager
 def running_prometheus(directory: Path, rules: Path, targets: dict[str, list[str]]) -> Iterator[Prometheus]:
     prom = Prometheus(directory, rules, targets)
-    try:
-        prom.wait_ready()
+    with running(prom, prom.wait_ready, prom.stop):
         yield prom
-    finally:
-        prom.stop()

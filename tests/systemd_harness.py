@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.deploy_tools import missing
+from tests.deploy_tools import missing, running
 from tests.workers import _CHILD, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -322,8 +322,5 @@ class GuestWorker(Worker):
 @contextlib.contextmanager
 def booted(directory: Path, binds: list[tuple[str, str, bool]], os_root: Path | None = None) -> Iterator[Container]:
     c = Container(directory, binds, os_root)
-    try:
-        c.boot()
+    with running(c, c.boot, c.shutdown):
         yield c
-    finally:
-        c.shutdown()
