@@ -334,11 +334,12 @@ def _images(dest: str, pause_bin: str) -> tuple[str, str, bool]:
 
 
 def _cached(cache: str = CACHE) -> dict | None:
-    path = os.path.join(cache_dir(cache), "manifest.json")
-    if not os.path.exists(path):
+    """The built kubelet's manifest, None when no build finished (the manifest is its last write)."""
+    try:
+        with open(os.path.join(cache_dir(cache), "manifest.json")) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
         return None
-    with open(path) as fh:
-        return json.load(fh)
 
 
 def _build(cache: str, log) -> dict[str, float]:
