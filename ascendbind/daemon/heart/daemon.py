@@ -238,8 +238,8 @@ class Daemon:
     def commit(self, timeout: float | None = None, *, later: list[Callable[[], None]] | None = None) -> bool:
         """Commit the held table as it stands: isolation follows it, then the state file and the
         gauges (``EffectRunner.commit``, the one place either is reached); with ``timeout``,
-        give up (False) when the lock is not had within it (a stop that cannot wait). ``later``: a bind's work for after its answer, where the reconcile loop's
-        poke goes."""
+        give up (False) when the lock is not had within it (a stop that cannot wait).
+        ``later``: a bind's work for after its answer, where the reconcile loop's poke goes."""
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
         try:

@@ -201,15 +201,10 @@ class EffectRunner:
         held = self.records()
         if hand_over:
             self.isolation.hand_over(hand_over)
-        records = [h.state_record() for h in held.values()]
-        bindings = [h.binding for h in held.values()]
-
-        def persist() -> None:
-            self.state.save_encoded(records, isolation=self.isolation.state_json())
-
+        persist = self._writer(held)
         try:
             # isolation follows the table; it writes the state file (persist) before any mask
-            self.isolation.commit(self.hosts.known(), bindings, self.config, persist,
+            self.isolation.commit(self.hosts.known(), [h.binding for h in held.values()], self.config, persist,
                                   isolating=frozenset(pid for pid, h in held.items() if h.proof.proven))
             persist()
         except (OSError, ConfigError) as exc:
@@ -234,15 +229,18 @@ class EffectRunner:
         CPUs, each mask in the state file before it is written (under the daemon's lock)."""
         held = self.records()
         return self.isolation.adopt(list(pids), [h.binding for h in held.values()], self.config,
-                                    lambda: self._persist(held))
+                                    self._writer(held))
 
     def stop_isolation(self) -> None:
         """The daemon stops: every mask isolation changed goes back (bindings stay)."""
         held = self.records()
-        self.isolation.stop(self.config, lambda: self._persist(held))
+        self.isolation.stop(self.config, self._writer(held))
 
-    def _persist(self, held: Mapping[int, Held]) -> None:
-        self.state.save_encoded([h.state_record() for h in held.values()], isolation=self.isolation.state_json())
+    def _writer(self, held: Mapping[int, Held]) -> Callable[[], None]:
+        """Isolation's ``persist``: the state file with ``held``'s records, encoded once however
+        often isolation writes it, beside isolation's record as it is at each write."""
+        records = [h.state_record() for h in held.values()]
+        return lambda: self.state.save_encoded(records, isolation=self.isolation.state_json())
 
 
 def remember(h: Held, threads) -> None:
